@@ -1,0 +1,3 @@
+from dstui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""DeepSpeed config generation and validation.
+
+A template from ``configs/deepspeed/`` holds what settings do not cover
+(bucket sizes, communication options, ...); the condition's settings are
+written over it, and ``ds_overrides`` over that. Validation is DeepSpeed's
+own: :class:`deepspeed.runtime.config.DeepSpeedConfig`, imported lazily so
+that the core stays light.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from dstui.errors import SpecError
+from dstui.paths import CONFIGS_DIR
+from dstui.spec import RunSpec, Settings
+
+TEMPLATES_DIR = CONFIGS_DIR / "deepspeed"
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def template_path(name: str, *, spec_dir: Path | None = None) -> Path:
+    candidates = [Path(name)]
+    if spec_dir is not None:
+        candidates.append(spec_dir / name)
+    candidates.append(TEMPLATES_DIR / name)
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(name)
+
+
+def load_template(name: str, *, spec_dir: Path | None = None, condition: str | None = None) -> dict:
+    try:
+        path = template_path(name, spec_dir=spec_dir)
+    except FileNotFoundError:
+        raise SpecError(
+            f"DeepSpeed config template '{name}' not found (looked in {TEMPLATES_DIR})",
+            condition=condition,
+            field="ds_config",
+        ) from None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError(f"invalid JSON: {e}", file=str(path), condition=condition) from None
+    if not isinstance(data, dict):
+        raise SpecError("a DeepSpeed config must be a JSON object", file=str(path), condition=condition)
+    return data
+
+
+def _offload(device: str, nvme_path: str) -> dict[str, Any]:
+    block: dict[str, Any] = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        block["nvme_path"] = nvme_path
+    return block
+
+
+def from_settings(s: Settings) -> dict[str, Any]:
+    """The part of a ds_config that a condition's settings decide."""
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "steps_per_print": max(s.steps, 1) * 10,  # dstui logs itself; keep DeepSpeed quiet
+        "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": s.zero_stage},
+        "bf16": {"enabled": s.dtype == "bf16"},
+        "fp16": {"enabled": s.dtype == "fp16"},
+    }
+    if s.dtype == "fp16":
+        cfg["fp16"].update({"initial_scale_power": 8, "loss_scale_window": 100})
+    if not s.torch_adam:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": s.lr, "weight_decay": 0.0}}
+    elif s.offload != "none":
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    if s.offload != "none":
+        cfg["zero_optimization"]["offload_optimizer"] = _offload(s.offload, s.nvme_path)
+    if s.offload_params != "none":
+        cfg["zero_optimization"]["offload_param"] = _offload(s.offload_params, s.nvme_path)
+    if s.deepcompile:
+        cfg["compile"] = {"deepcompile": True}
+    if s.sequence_parallel > 1:
+        cfg["sequence_parallel_size"] = s.sequence_parallel
+    return cfg
+
+
+def build(run: RunSpec, *, spec_dir: Path | None = None) -> dict[str, Any]:
+    s = run.settings
+    base = load_template(s.ds_config, spec_dir=spec_dir, condition=run.condition)
+    return deep_merge(deep_merge(base, from_settings(s)), s.ds_overrides)
+
+
+class _WorldSize:
+    """Just enough of an mpu for DeepSpeedConfig to compute batch sizes."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._n
+
+
+def validate(cfg: dict[str, Any], *, world_size: int, condition: str | None = None, file: str | None = None) -> None:
+    """Check a config with DeepSpeed's own models; raise SpecError naming the field."""
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:  # pragma: no cover - deepspeed is a runtime need
+        raise SpecError("deepspeed is not installed; cannot validate", condition=condition) from None
+    from pydantic import ValidationError
+
+    try:
+        DeepSpeedConfig(copy.deepcopy(cfg), mpu=_WorldSize(world_size))
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err.get("loc", ())) or e.title
+        raise SpecError(f"DeepSpeed: {err['msg']} (in {e.title})", file=file, condition=condition, field=field) from None
+    except (AssertionError, ValueError, KeyError, TypeError) as e:
+        raise SpecError(f"DeepSpeed: {e}", file=file, condition=condition, field="ds_config") from None
+
+
+def world_size(s: Settings) -> int:
+    """Data-parallel ranks: all ranks divided by the sequence-parallel degree."""
+    return max(1, s.gpus * s.nodes // s.sequence_parallel)
+
+
+def build_and_validate(runs: list[RunSpec], *, file: str | None = None, spec_dir: Path | None = None) -> dict[str, dict]:
+    """Configs for every run, keyed by run name; the first bad one raises."""
+    out: dict[str, dict] = {}
+    checked: dict[str, None] = {}
+    for run in runs:
+        cfg = build(run, spec_dir=spec_dir)
+        blob = json.dumps(cfg, sort_keys=True) + str(world_size(run.settings))
+        if blob not in checked and run.settings.kind != "command":
+            validate(cfg, world_size=world_size(run.settings), condition=run.condition, file=file)
+            checked[blob] = None
+        out[run.name] = cfg
+    return out
+
+
+def flatten(cfg: dict[str, Any], prefix: str = "ds.") -> dict[str, str]:
+    """Dotted keys for MLflow params (e.g. ds.zero_optimization.stage)."""
+    flat: dict[str, str] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = json.dumps(value) if not isinstance(value, str) else value
+    return flat
