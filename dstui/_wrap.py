@@ -1,0 +1,49 @@
+"""Session leader of a run: starts the job, waits, records how it ended.
+
+The supervisor may die or be restarted while a run goes on; the exit status of
+a process is only known to its parent, so this tiny wrapper (stdlib only, fast
+to start) is that parent and writes ``exit.json`` into the run folder.
+Usage: python -m dstui._wrap RUN_DIR -- ARGV...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main(argv: list[str]) -> int:
+    run_dir, sep, cmd = argv[0], argv[1], argv[2:]
+    assert sep == "--" and cmd, "usage: _wrap RUN_DIR -- ARGV..."
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"dstui: cannot start {cmd[0]!r}: {e}", flush=True)
+        _write(run_dir, {"exit_code": 127, "signal": None, "error": str(e)})
+        return 127
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    code = child.wait()
+    sig = -code if code < 0 else None
+    _write(run_dir, {"exit_code": code, "signal": sig, "ended": time.time()})
+    return code if code >= 0 else 128 + (sig or 0)
+
+
+def _write(run_dir: str, data: dict) -> None:
+    path = os.path.join(run_dir, "exit.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

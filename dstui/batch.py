@@ -1,0 +1,165 @@
+"""Batches: validate a spec completely, then lay out its run folders.
+
+Everything that can be wrong with a spec is found here, before a folder, a
+process or an MLflow run exists: a bad spec leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dstui import dsconfig, launch, paths
+from dstui.errors import DstuiError
+from dstui.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
+from dstui.spec import ExperimentSpec, RunSpec, expand_file
+
+
+@dataclass
+class Plan:
+    """A validated spec, ready to lay out: runs, their configs and revision envs."""
+
+    spec_path: Path
+    spec: ExperimentSpec
+    runs: list[RunSpec]
+    ds_configs: dict[str, dict]
+    revisions: dict[str, dict[str, Any]]
+
+
+def plan(
+    spec_path: str | Path,
+    *,
+    validate: bool = True,
+    resolve_revisions: bool = True,
+    progress: Callable[[str], None] = print,
+) -> Plan:
+    spec_path = Path(spec_path).resolve()
+    spec, runs = expand_file(spec_path)
+    file = str(spec_path)
+    if validate:
+        configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
+    else:
+        configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent) for r in runs}
+    revisions: dict[str, dict[str, Any]] = {}
+    if spec.revisions and resolve_revisions:
+        from dstui import revisions as rev_mod
+
+        resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
+        revisions = {name: _as_dict(r) for name, r in resolved.items()}
+    return Plan(spec_path, spec, runs, configs, revisions)
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(obj) if is_dataclass(obj) else dict(obj)
+
+
+def new_batch_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> BatchDir:
+    runs_root = runs_root or paths.runs_dir()
+    bid = new_batch_id(p.spec.name)
+    while (runs_root / bid).exists():  # two batches in the same second
+        time.sleep(1.0)
+        bid = new_batch_id(p.spec.name)
+    batch = BatchDir(runs_root / bid)
+    batch.path.mkdir(parents=True)
+    _write_info(batch, p, parallel, tracking_uri)
+    for run in p.runs:
+        launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
+    return batch
+
+
+def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | None) -> None:
+    write_json_atomic(
+        batch.batch_file,
+        {
+            "id": batch.id,
+            "experiment": p.spec.name,
+            "spec_path": str(p.spec_path),
+            "spec": p.spec.model_dump(mode="json"),
+            "runs": [r.name for r in p.runs],
+            "parallel": parallel,
+            "created": time.time(),
+            "cwd": os.getcwd(),
+            "tracking_uri": tracking_uri or paths.tracking_uri(),
+            "revisions": p.revisions,
+        },
+    )
+
+
+def latest_batch_for(experiment: str, runs_root: Path | None = None) -> BatchDir | None:
+    for b in list_batches(runs_root or paths.runs_dir()):
+        if b.info().get("experiment") == experiment:
+            return b
+    return None
+
+
+def reset_run(rd: RunDir) -> None:
+    """Queue a run again, keeping the previous attempt's files under attempts/N/."""
+    attempts = rd.path / "attempts"
+    n = len(list(attempts.iterdir())) + 1 if attempts.exists() else 1
+    keep = attempts / str(n)
+    keep.mkdir(parents=True)
+    for f in rd.path.iterdir():
+        if f.is_file() and f.name not in ("spec.json", "ds_config.json"):
+            shutil.move(str(f), keep / f.name)
+    old = RunDir(keep).status()
+    rd.update_status(
+        **{k: old.get(k) for k in ("name", "condition", "revision", "repeat", "key", "order", "steps_total")},
+        state="queued",
+        steps_done=0,
+        attempt=n + 1,
+    )
+
+
+def resume(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> tuple[BatchDir, dict[str, int]]:
+    """Re-use the newest batch of this spec: keep done runs with the same key, re-queue the rest."""
+    batch = latest_batch_for(p.spec.name, runs_root)
+    if batch is None:
+        return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
+    from dstui.supervisor import is_supervised
+
+    if is_supervised(batch):
+        raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`")
+    counts = {"kept": 0, "requeued": 0, "new": 0}
+    info = batch.info()
+    for run in p.runs:
+        rd = RunDir(batch.path / run.name)
+        st = rd.status()
+        if st.get("key") == run.key and st.get("state") == "done":
+            counts["kept"] += 1
+            continue
+        if rd.path.exists() and st.get("key") == run.key and st.get("state") in FINAL_STATES:
+            reset_run(rd)
+            counts["requeued"] += 1
+        elif st.get("key") != run.key or not rd.path.exists():
+            if rd.path.exists():
+                shutil.rmtree(rd.path)
+            counts["new"] += 1
+        launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
+    info.update(runs=[r.name for r in p.runs], parallel=parallel, finalized=False, resumed=time.time())
+    write_json_atomic(batch.batch_file, info)
+    return batch, counts
+
+
+def retry(rd: RunDir) -> None:
+    if rd.state not in FINAL_STATES:
+        raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
+    from dstui.supervisor import is_supervised
+
+    batch = rd.batch
+    reset_run(rd)
+    batch.update_info(finalized=False)
+    if not is_supervised(batch):
+        from dstui.supervisor import spawn
+
+        spawn(batch)

@@ -1,0 +1,207 @@
+"""PNG charts for reports (matplotlib, Agg backend, imported on first use).
+
+Each function takes numbers computed in :mod:`dstui.analysis` and writes one
+file. Choices made so that charts stay legible with many conditions and long
+labels: horizontal bars (labels read left to right, never rotated), value
+labels at the bar ends, legends outside the plotting area, units in every axis
+title, and figure height that grows with the number of conditions. Long
+histories are decimated before drawing: a 10,000-step curve on a 1,000-pixel
+wide chart shows nothing more than 2,000 points do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MAX_POINTS = 2000
+MAX_LABEL = 48
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def short_label(text: str, limit: int = MAX_LABEL) -> str:
+    """Labels longer than ``limit`` keep their start and end (where names differ)."""
+    if len(text) <= limit:
+        return text
+    keep = (limit - 1) // 2
+    return text[:keep] + "…" + text[-(limit - 1 - keep) :]
+
+
+def _decimate(x: Any, *ys: Any) -> tuple[Any, ...]:
+    import numpy as np
+
+    n = len(x)
+    if n <= MAX_POINTS:
+        return (x, *ys)
+    idx = np.unique(np.linspace(0, n - 1, MAX_POINTS).astype(int))
+    return (x[idx], *(y[idx] for y in ys))
+
+
+def time_unit(values: Sequence[float]) -> tuple[str, float]:
+    """('ms', 1000) when every value is below a second, else ('s', 1)."""
+    finite = [v for v in values if v is not None]
+    if finite and max(finite) < 1.0:
+        return "ms", 1000.0
+    return "s", 1.0
+
+
+def fmt_num(v: float) -> str:
+    """Three significant digits, no scientific notation for everyday magnitudes."""
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    if a >= 0.01:
+        return f"{v:.3f}"
+    return f"{v:.2e}"
+
+
+def loss_curves(
+    series: Sequence[tuple[str, Any, Any, Any, Any]], path: Path, *, title: str = "Training loss"
+) -> Path:
+    """One line per condition (mean over repeats) with a shaded min-max band.
+
+    ``series``: (label, steps, mean, min, max). The legend sits below the
+    axes so it never hides a curve, whatever the number of conditions.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    for i, (label, steps, mean, lo, hi) in enumerate(series):
+        color = cmap(i % cmap.N)
+        x, m, a, b = _decimate(steps, mean, lo, hi)
+        style = "-" if i < 10 else "--"
+        ax.plot(x, m, style, color=color, lw=1.6, label=short_label(label))
+        if (b - a).any():
+            ax.fill_between(x, a, b, color=color, alpha=0.18, lw=0)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(title + " (line: mean of repeats; band: min-max)")
+    ax.grid(True, alpha=0.3)
+    ncol = 1 if len(series) <= 3 else 2 if len(series) <= 8 else 3
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=9, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def hbars(
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    path: Path,
+    *,
+    xlabel: str,
+    title: str,
+    errors: Sequence[float | None] | None = None,
+    markers: Sequence[str] | None = None,
+    highlight: str | None = None,
+    value_fmt: Any = fmt_num,
+) -> Path:
+    """Horizontal bars with value labels; conditions without a value show a marker text.
+
+    ``markers`` (e.g. 'OOM', 'failed') are printed in place of a bar so a
+    failed condition stays visible instead of silently missing.
+    """
+    plt = _plt()
+    n = len(labels)
+    fig, ax = plt.subplots(figsize=(10, max(2.2, 0.45 * n + 1.3)))
+    ys = list(range(n))[::-1]
+    vals = [v if v is not None else 0.0 for v in values]
+    errs = [e if e is not None else 0.0 for e in errors] if errors else None
+    colors = ["#d62728" if highlight and lab == highlight else "#4c72b0" for lab in labels]
+    ax.barh(
+        ys,
+        vals,
+        xerr=errs,
+        color=colors,
+        alpha=0.85,
+        capsize=4 if errs else 0,
+        error_kw={"elinewidth": 1.2, "ecolor": "#333333"},
+    )
+    top = max([v + (errs[i] if errs else 0.0) for i, v in enumerate(vals)] + [0.0])
+    span = top if top > 0 else 1.0
+    for i, (y, v) in enumerate(zip(ys, values, strict=True)):
+        if v is None:
+            text = markers[i] if markers and markers[i] else "no data"
+            ax.text(span * 0.01, y, text, va="center", ha="left", fontsize=9, color="#d62728", fontweight="bold")
+            continue
+        end = v + (errs[i] if errs else 0.0)
+        label = value_fmt(v)
+        if errs and errors and errors[i]:
+            label += f" ± {value_fmt(errors[i])}"
+        ax.text(end + span * 0.01, y, label, va="center", ha="left", fontsize=9)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([short_label(lab) for lab in labels], fontsize=9)
+    ax.set_xlim(0, span * 1.28)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def tradeoff(
+    points: Sequence[tuple[str, float, float]], front: Sequence[str], path: Path, *, time_label: str
+) -> Path:
+    """Iteration time vs peak memory; the Pareto-optimal conditions are joined by a line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, t, mem in points:
+        on = label in front
+        ax.scatter([t], [mem], s=60 if on else 35, color="#d62728" if on else "#4c72b0", zorder=3)
+        ax.annotate(short_label(label, 32), (t, mem), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    fr = sorted([p for p in points if p[0] in front], key=lambda p: p[1])
+    if len(fr) > 1:
+        ax.plot([p[1] for p in fr], [p[2] for p in fr], "-", color="#d62728", alpha=0.5, zorder=2)
+    ax.set_xlabel(time_label)
+    ax.set_ylabel("peak memory (GB)")
+    ax.set_title("Speed / memory trade-off (red: no other condition is both faster and smaller)")
+    ax.grid(True, alpha=0.3)
+    ax.margins(x=0.25, y=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def iter_time_series(
+    series: Sequence[tuple[str, Any, Any]], path: Path, *, unit: str, scale: float, warmup: dict[str, int]
+) -> Path:
+    """Per-step iteration time of each condition's first repeat (warm-up shaded), for data quality."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 5))
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    for i, (label, steps, values) in enumerate(series):
+        x, y = _decimate(steps, values)
+        ax.plot(x, y * scale, lw=1.0, color=cmap(i % cmap.N), label=short_label(label))
+    wmax = max(warmup.values(), default=0)
+    if wmax:
+        ax.axvspan(ax.get_xlim()[0], wmax + 0.5, color="#999999", alpha=0.15, lw=0, label="warm-up (excluded)")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"iteration time ({unit}, log scale)")
+    ax.set_title("Iteration time per step (first repeat of each condition)")
+    ax.grid(True, alpha=0.3, which="both")
+    ncol = 1 if len(series) <= 3 else 2 if len(series) <= 8 else 3
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=9, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,87 @@
+"""Command line: `dstui` opens the TUI; `dstui <command>` does the same work headless.
+
+Commands live in :mod:`dstui.commands`, one module each with
+``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen command's
+module is imported, so `dstui status` does not pay for pandas or mlflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dstui import __version__
+from dstui.errors import DstuiError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tui": ("dstui.commands.tui", "open the terminal UI (the default)"),
+    "demo": ("dstui.commands.demo", "launch the smoke spec and watch it live in the TUI"),
+    "list": ("dstui.commands.list_runs", "expand a spec into its runs (nothing is launched)"),
+    "run": ("dstui.commands.run", "validate a spec, launch its runs, follow them, track in MLflow"),
+    "status": ("dstui.commands.status", "show batches and runs from their folders"),
+    "cancel": ("dstui.commands.cancel", "cancel a run (kills its whole process group)"),
+    "retry": ("dstui.commands.retry", "queue a failed or killed run again"),
+    "report": ("dstui.commands.report", "export a markdown report with charts from MLflow"),
+    "import": ("dstui.commands.import_", "import seed-format logs into MLflow"),
+    "compare": ("dstui.commands.compare", "compare DeepSpeed revisions against a baseline"),
+    "ui": ("dstui.commands.ui", "print (or start) the `mlflow ui` command for these runs"),
+    "supervise": ("dstui.commands.supervise", argparse.SUPPRESS),
+}
+
+EPILOG = """\
+examples:
+  dstui                                        open the TUI
+  dstui demo                                   a real tiny DeepSpeed batch, watched live
+  dstui list configs/experiments/smoke.yaml    the expanded runs, nothing launched
+  dstui run  configs/experiments/smoke.yaml    launch, follow, track in MLflow
+  dstui status                                 what is running / done / failed
+  dstui report --experiment smoke -o report/   markdown report with charts
+
+state lives in ./runs (run folders) and ./mlruns (MLflow SQLite store);
+set DSTUI_HOME to use another folder and MLFLOW_TRACKING_URI for a team server.
+"""
+
+
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dstui",
+        description="Compose, launch, watch, track and report DeepSpeed experiments.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"dstui {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        kwargs = {} if help_text == argparse.SUPPRESS else {"help": help_text, "description": help_text}
+        p = sub.add_parser(name, **kwargs, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if load in (name, "*"):
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None and not any(a in ("-h", "--help", "--version") for a in argv):
+        argv = ["tui", *argv]
+        first = "tui"
+    parser = build_parser(first if first in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except DstuiError as e:
+        print(f"dstui: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ndstui: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""`dstui status [BATCH]`: batches and runs, read from their folders.
+
+Also takes over any unfinished batch whose supervisor died, so metrics
+ingestion resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from dstui import paths, supervisor
+from dstui.commands._common import RUN_HEADER, run_row, table
+from dstui.errors import DstuiError
+from dstui.rundir import BatchDir, list_batches
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("batch", nargs="?", help="batch id or folder (default: the newest batches)")
+    p.add_argument("-n", type=int, default=3, help="how many recent batches to show (default 3)")
+    p.add_argument("--no-takeover", action="store_true", help="do not restart dead supervisors")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = paths.runs_dir()
+    if args.batch:
+        b = BatchDir((root / args.batch) if (root / args.batch).is_dir() else Path(args.batch))
+        if not b.batch_file.exists():
+            raise DstuiError(f"no batch '{args.batch}' under {root}")
+        batches = [b]
+    else:
+        batches = list_batches(root)[: args.n]
+    if not batches:
+        print(f"no batches under {root}; start one with `dstui run SPEC` or `dstui demo`")
+        return 0
+    for b in batches:
+        info = b.info()
+        live = supervisor.is_supervised(b)
+        note = "supervised" if live else ("finished" if info.get("finalized") else "supervisor not running")
+        if not live and not info.get("finalized") and not args.no_takeover:
+            supervisor.spawn(b)
+            note = "supervisor restarted (took over)"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.get("created", 0)))
+        print(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}")
+        print(table([run_row(rd) for rd in b.runs()], RUN_HEADER))
+        print()
+    return 0

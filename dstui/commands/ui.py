@@ -1,0 +1,25 @@
+"""`dstui ui`: the `mlflow ui` command for these runs (bound to 127.0.0.1)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+
+from dstui import paths, tracking
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--start", action="store_true", help="start it instead of printing it")
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = tracking.run_ui_command(paths.tracking_uri(), port=args.port, host=args.host)
+    if args.start:
+        os.execvp(argv[0], argv)
+    print(shlex.join(argv))
+    print(f"\nover SSH: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
+          f"then open http://127.0.0.1:{args.port}")  # fmt: skip
+    return 0

@@ -1,0 +1,216 @@
+"""Turn a RunSpec into an argv, an environment and a run folder, and start it.
+
+Every run is an argv list started in its own process session (so the whole
+job — launcher and ranks — is one process group that can be killed at once
+and does not die with the terminal). Nothing is ever passed through a shell:
+values from a spec cannot inject commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dstui.paths import RUNNERS_DIR
+from dstui.rundir import RunDir, write_json_atomic
+from dstui.spec import RunSpec, Settings
+
+# Settings forwarded to the bundled runners, as --dash-form flags.
+TRAIN_ARGS = (
+    "model", "load_weights", "dataset", "dataset_config", "dataset_percent", "seq_length",
+    "micro_batch", "grad_accum", "steps", "warmup_steps", "log_interval", "dtype", "zero_stage",
+    "offload", "offload_params", "nvme_path", "deepcompile", "compile", "activation_checkpointing",
+    "sequence_parallel", "sp_mode", "lr", "torch_adam", "seed", "deterministic",
+)  # fmt: skip
+VERIFY_ARGS = (
+    "model", "seq_length", "micro_batch", "steps", "seed", "lr", "dtype", "zero_stage", "offload",
+    "offload_params", "nvme_path", "torch_adam", "rtol", "atol", "compile", "deepcompile",
+)  # fmt: skip
+RUNNER_SCRIPTS = {"train": RUNNERS_DIR / "train.py", "verify": RUNNERS_DIR / "compare_loss.py"}
+
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def is_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(m in upper for m in SECRET_MARKERS)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def runner_args(s: Settings, names: tuple[str, ...]) -> list[str]:
+    args: list[str] = []
+    for name in names:
+        value = getattr(s, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def launcher_args(s: Settings, *, port: int, gpu_slice: list[int] | None = None) -> list[str]:
+    """Arguments of DeepSpeed's own launcher (single node or via its multi-node backends)."""
+    lc = s.launcher
+    args: list[str] = []
+    if lc.hostfile:
+        args += ["--hostfile", lc.hostfile]
+    if lc.launcher:
+        args += ["--launcher", lc.launcher]
+    if lc.master_addr:
+        args += ["--master_addr", lc.master_addr]
+    args += ["--master_port", str(lc.master_port or port)]
+    include = lc.include
+    if gpu_slice is not None and not include:
+        include = "localhost:" + ",".join(str(g) for g in gpu_slice)
+    if include or lc.exclude:
+        # DeepSpeed refuses --num_gpus/--num_nodes together with include/exclude.
+        if include:
+            args += ["--include", include]
+        if lc.exclude:
+            args += ["--exclude", lc.exclude]
+    else:
+        if s.nodes > 1:
+            args += ["--num_nodes", str(s.nodes)]
+        args += ["--num_gpus", str(s.gpus)]
+    return args + list(lc.extra_args)
+
+
+def substitute(argv: list[str], values: dict[str, str]) -> list[str]:
+    """Fill {metrics_file}-style placeholders in a user command, element by element."""
+    out = []
+    for arg in argv:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def build_argv(
+    run: RunSpec,
+    rd: RunDir,
+    *,
+    python: str | None = None,
+    port: int | None = None,
+    gpu_slice: list[int] | None = None,
+) -> list[str]:
+    s = run.settings
+    port = port or free_port()
+    python = python or sys.executable
+    if s.kind == "command":
+        assert s.command is not None
+        return substitute(
+            list(s.command),
+            {
+                "metrics_file": str(rd.metrics_file),
+                "ds_config": str(rd.ds_config_file),
+                "run_dir": str(rd.path),
+                "master_port": str(port),
+                "python": python,
+            },
+        )
+    script = RUNNER_SCRIPTS[s.kind]
+    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
+    return [
+        python, "-m", "deepspeed.launcher.runner",
+        *launcher_args(s, port=port, gpu_slice=gpu_slice),
+        str(script),
+        *runner_args(s, names),
+        "--ds-config", str(rd.ds_config_file),
+        "--metrics-file", str(rd.metrics_file),
+        *s.extra_args,
+    ]  # fmt: skip
+
+
+def build_env(run: RunSpec, rd: RunDir, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(run.settings.env)
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "DSTUI_RUN_DIR": str(rd.path),
+            "DSTUI_METRICS_FILE": str(rd.metrics_file),
+            "DSTUI_DS_CONFIG": str(rd.ds_config_file),
+            "DSTUI_RUN_KEY": run.key,
+        }
+    )
+    return env
+
+
+def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:
+    """Create the run folder with everything known before launch; state 'queued'."""
+    rd = RunDir(batch_path / run.name)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    spec = run.model_dump(mode="json")
+    spec.update(name=run.name, key=run.key, revision_info=revision or {})
+    write_json_atomic(rd.spec_file, spec)
+    write_json_atomic(rd.ds_config_file, ds_config)
+    if not rd.status_file.exists():
+        rd.update_status(
+            name=run.name,
+            condition=run.condition,
+            revision=run.revision,
+            repeat=run.repeat,
+            key=run.key,
+            order=run.order,
+            state="queued",
+            steps_total=run.settings.steps,
+            steps_done=0,
+        )
+    return rd
+
+
+def load_runspec(rd: RunDir) -> RunSpec:
+    data = json.loads(rd.spec_file.read_text())
+    return RunSpec.model_validate({k: data[k] for k in RunSpec.model_fields if k in data})
+
+
+def start(
+    run: RunSpec,
+    rd: RunDir,
+    *,
+    python: str | None = None,
+    gpu_slice: list[int] | None = None,
+    cwd: str | None = None,
+) -> subprocess.Popen:
+    """Start the run in a new session; stdout+stderr of all ranks go to stdout.log.
+
+    The job runs under :mod:`dstui._wrap`, which records its exit status in
+    the run folder, so a restarted supervisor still learns how it ended.
+    """
+    argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
+    rd.cmd_file.write_text(shlex.join(argv) + "\n")
+    rd.exit_file.unlink(missing_ok=True)
+    env = build_env(run, rd)
+    with open(rd.log_file, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dstui._wrap", str(rd.path), "--", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd or str(rd.path),
+            start_new_session=True,
+            close_fds=True,
+        )
+    rd.update_status(
+        state="running",
+        pid=proc.pid,
+        pgid=proc.pid,
+        started=time.time(),
+        argv=argv,
+        gpu_slice=gpu_slice,
+    )
+    return proc

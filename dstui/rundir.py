@@ -1,0 +1,190 @@
+"""Run and batch folders: the contract between launcher, supervisor, CLI and TUI.
+
+Anything that wants to know about a run reads its folder, so a run launched by
+the CLI can be watched by a TUI started an hour later. Writes are atomic
+(temp file + rename) so a reader never sees half a status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ACTIVE_STATES = ("queued", "starting", "running")
+FINAL_STATES = ("done", "failed", "killed")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    # file names: the layout lives here and nowhere else
+    @property
+    def status_file(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def system_file(self) -> Path:
+        return self.path / "system.jsonl"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "stdout.log"
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
+    def ds_config_file(self) -> Path:
+        return self.path / "ds_config.json"
+
+    @property
+    def cmd_file(self) -> Path:
+        return self.path / "cmd.txt"
+
+    @property
+    def ingest_file(self) -> Path:
+        return self.path / "ingest.json"
+
+    @property
+    def exit_file(self) -> Path:
+        return self.path / "exit.json"
+
+    @property
+    def cancel_file(self) -> Path:
+        return self.path / "cancel.request"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def batch(self) -> BatchDir:
+        return BatchDir(self.path.parent)
+
+    def status(self) -> dict[str, Any]:
+        return read_json(self.status_file, {}) or {}
+
+    def update_status(self, **fields: Any) -> dict[str, Any]:
+        st = self.status()
+        st.update(fields)
+        st["updated"] = time.time()
+        write_json_atomic(self.status_file, st)
+        return st
+
+    @property
+    def state(self) -> str:
+        return self.status().get("state", "unknown")
+
+    def spec(self) -> dict[str, Any]:
+        return read_json(self.spec_file, {}) or {}
+
+    def log_tail(self, n_bytes: int = 8192) -> str:
+        try:
+            with open(self.log_file, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - n_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass(frozen=True)
+class BatchDir:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def batch_file(self) -> Path:
+        return self.path / "batch.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "supervisor.lock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "supervisor.log"
+
+    def info(self) -> dict[str, Any]:
+        return read_json(self.batch_file, {}) or {}
+
+    def update_info(self, **fields: Any) -> dict[str, Any]:
+        info = self.info()
+        info.update(fields)
+        write_json_atomic(self.batch_file, info)
+        return info
+
+    def runs(self) -> list[RunDir]:
+        """Runs in launch order (as recorded in batch.json; folders otherwise)."""
+        order = self.info().get("runs")
+        if order:
+            return [RunDir(self.path / name) for name in order if (self.path / name).is_dir()]
+        try:
+            return sorted(
+                (RunDir(p) for p in self.path.iterdir() if (p / "spec.json").exists()),
+                key=lambda r: r.spec().get("order", 0),
+            )
+        except FileNotFoundError:
+            return []
+
+    def is_finished(self) -> bool:
+        return all(r.state in FINAL_STATES for r in self.runs())
+
+
+def list_batches(root: Path) -> list[BatchDir]:
+    """Batches under a runs folder, newest first."""
+    if not root.is_dir():
+        return []
+    batches = [BatchDir(p) for p in root.iterdir() if (p / "batch.json").exists()]
+    return sorted(batches, key=lambda b: b.info().get("created", 0), reverse=True)
+
+
+def find_run(root: Path, ref: str) -> RunDir | None:
+    """A run by path, 'batch/run', or bare run name (newest batch first)."""
+    p = Path(ref)
+    if (p / "status.json").exists():
+        return RunDir(p.resolve())
+    if (root / ref / "status.json").exists():
+        return RunDir((root / ref).resolve())
+    for batch in list_batches(root):
+        cand = batch.path / ref
+        if (cand / "status.json").exists():
+            return RunDir(cand)
+    return None

@@ -1,0 +1,165 @@
+"""MLflow tracking: experiment per spec, parent run per batch, child run per RunSpec.
+
+Only the supervisor and the importers write. Metrics go through
+``log_batch`` in chunks of at most 1000 values with the record's own
+timestamp: MLflow's SQL store ignores an identical (key, step, timestamp,
+value) row, so re-sending after a crash cannot duplicate a point.
+mlflow is imported lazily: the TUI must start without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dstui import paths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mlflow import MlflowClient
+
+MAX_BATCH = 1000
+MAX_PARAM_LEN = 6000
+MAX_PARAMS_PER_CALL = 100
+
+
+def _quiet_mlflow() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import logging
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def client(uri: str | None = None) -> MlflowClient:
+    _quiet_mlflow()
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri or paths.tracking_uri())
+
+
+def ensure_experiment(c: MlflowClient, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    location = None
+    if c.tracking_uri.startswith("sqlite:"):
+        location = f"{paths.artifact_root()}/{name}"
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def create_run(
+    c: MlflowClient,
+    experiment_id: str,
+    name: str,
+    *,
+    tags: dict[str, str],
+    parent_id: str | None = None,
+) -> str:
+    tags = {k: str(v) for k, v in tags.items() if v is not None}
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    run = c.create_run(experiment_id, run_name=name, tags=tags)
+    return run.info.run_id
+
+
+def log_params(c: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [
+        Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items()) if v is not None
+    ]
+    for i in range(0, len(items), MAX_PARAMS_PER_CALL):
+        c.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_CALL])
+
+
+def set_tags(c: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items() if v is not None]
+    for i in range(0, len(items), MAX_PARAMS_PER_CALL):
+        c.log_batch(run_id, tags=items[i : i + MAX_PARAMS_PER_CALL])
+
+
+def log_metrics(c: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
+    """Send (key, value, timestamp_ms, step) points in log_batch chunks; returns the count."""
+    from mlflow.entities import Metric
+
+    batch: list[Metric] = []
+    n = 0
+    for key, value, ts, step in points:
+        batch.append(Metric(key, value, ts, step))
+        if len(batch) == MAX_BATCH:
+            c.log_batch(run_id, metrics=batch)
+            n += len(batch)
+            batch = []
+    if batch:
+        c.log_batch(run_id, metrics=batch)
+        n += len(batch)
+    return n
+
+
+def finish(c: MlflowClient, run_id: str, status: str) -> None:
+    c.set_terminated(run_id, status=status)
+
+
+def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "run") -> None:
+    """Upload the run folder's small files (never anything whose name looks secret)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / folder.name
+        staged.mkdir()
+        for p in folder.iterdir():
+            if p.is_file() and not p.name.startswith(".") and p.name != "cancel.request":
+                shutil.copy2(p, staged / p.name)
+        c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
+
+
+def versions_tags(header: dict[str, Any]) -> dict[str, Any]:
+    """Tags from a runner's header record: versions and hardware."""
+    tags: dict[str, Any] = {}
+    for name, version in (header.get("versions") or {}).items():
+        tags[f"dstui.version.{name}"] = version
+    for key in ("hostname", "device", "gpu_name", "gpu_count", "world_size", "deepspeed_git_sha"):
+        if header.get(key) is not None:
+            tags[f"dstui.{key}"] = header[key]
+    return tags
+
+
+def host_tags() -> dict[str, str]:
+    import dstui
+
+    return {
+        "dstui.version.dstui": dstui.__version__,
+        "dstui.version.python": platform.python_version(),
+        "dstui.hostname": platform.node(),
+    }
+
+
+def run_ui_command(uri: str | None = None, port: int = 5000, host: str = "127.0.0.1") -> list[str]:
+    """The `mlflow ui` argv for these runs, bound to loopback unless asked otherwise."""
+    uri = uri or paths.tracking_uri()
+    argv = ["mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    if uri.startswith("sqlite:"):
+        argv += ["--default-artifact-root", paths.artifact_root()]
+    return argv
+
+
+def ping(c: MlflowClient) -> bool:
+    with contextlib.suppress(Exception):
+        c.search_experiments(max_results=1)
+        return True
+    return False

@@ -1,0 +1,351 @@
+"""Helpers shared by the bundled runners: model, data, memory, FLOPs, versions.
+
+The runners are the only place where torch, deepspeed and transformers are
+imported (see docs/ARCHITECTURE.md). The heavy imports stay inside functions
+so that ``--help`` and argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+MODELS_DIR = REPO_DIR / "configs" / "models"
+DATA_DIR = REPO_DIR / "configs" / "data"
+TINY_CORPUS = DATA_DIR / "tiny-corpus.txt"
+
+# Dense (no sparsity) peak TFLOP/s per GPU by dtype, from the vendors' data
+# sheets. Matched by substring of torch.cuda.get_device_name(), most specific
+# first; "H100 PCIe" must win over "H100". Unknown GPUs and CPUs give None, and
+# then no MFU is reported rather than a made-up one.
+_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
+    ("H800", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
+    ("GH200", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
+    ("B200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 80.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
+    ("A800", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
+    ("A40", {"bf16": 149.7, "fp16": 149.7, "fp32": 37.4}),
+    ("A10G", {"bf16": 70.0, "fp16": 70.0, "fp32": 31.2}),
+    ("A10", {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2}),
+    ("L40S", {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6}),
+    ("L40", {"bf16": 181.0, "fp16": 181.0, "fp32": 90.5}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+    ("MI300X", {"bf16": 1307.0, "fp16": 1307.0, "fp32": 163.4}),
+    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 47.9}),
+]
+
+
+class RunnerError(Exception):
+    """A problem the user can fix (bad preset, bad dataset, ...): printed without a traceback."""
+
+
+# -- models -----------------------------------------------------------------
+
+
+def presets() -> list[str]:
+    """Names of the model presets shipped in configs/models/."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def is_preset(name: str) -> bool:
+    return (MODELS_DIR / f"{name}.json").is_file()
+
+
+def looks_like_hub_or_path(name: str) -> bool:
+    """A hub id has an owner ('org/name'); a local path exists. Anything else is a typo of a preset."""
+    return "/" in name or Path(name).exists()
+
+
+def model_config(name: str) -> Any:
+    """The transformers config of a preset, a local path or a hub id (config only, no weights)."""
+    from transformers import AutoConfig
+
+    if is_preset(name):
+        cfg = json.loads((MODELS_DIR / f"{name}.json").read_text())
+        model_type = cfg.pop("model_type", None)
+        if not model_type:
+            raise RunnerError(f"model preset '{name}' has no 'model_type' ({MODELS_DIR / name}.json)")
+        return AutoConfig.for_model(model_type, **cfg)
+    if not looks_like_hub_or_path(name):
+        raise RunnerError(
+            f"unknown model '{name}': not a preset in {MODELS_DIR} (available: "
+            f"{', '.join(presets())}), a local path or a hub id (org/name)"
+        )
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise RunnerError(f"cannot load the config of model '{name}': {e}") from None
+
+
+def build_model(name: str, config: Any, *, load_weights: bool, attn_implementation: str) -> Any:
+    """A causal LM: random init from ``config`` (seeded by the caller), or pretrained weights."""
+    from transformers import AutoModelForCausalLM
+
+    if load_weights:
+        if is_preset(name):
+            raise RunnerError(f"--load-weights needs a hub id or a local path; '{name}' is a preset (config only)")
+        return AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+def count_params(model: Any) -> int:
+    """Parameters counted before DeepSpeed partitions them (ZeRO-3 would show 0 afterwards)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def arch(config: Any) -> tuple[int, int, int, int, int]:
+    """(layers, hidden, heads, kv_heads, vocab) under the names llama- and gpt2-style configs use."""
+    c = text_config(config)
+    layers = getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", 0)
+    hidden = getattr(c, "hidden_size", None) or getattr(c, "n_embd", 0)
+    heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", 1)
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    return int(layers), int(hidden), int(heads), int(kv_heads), int(c.vocab_size)
+
+
+def flops_per_token(params: int, layers: int, hidden: int, seq_length: int) -> float:
+    """Training FLOPs per token: 6*N + 12*L*H*S.
+
+    6*N is forward (2N) plus backward (4N) for the dense weights (Kaplan et al.
+    2020); 12*L*H*S is the attention score/value matmuls, forward and backward
+    (PaLM appendix B). Recomputation by activation checkpointing is not
+    counted, so MFU stays comparable across conditions.
+    """
+    return 6.0 * params + 12.0 * layers * hidden * seq_length
+
+
+def peak_tflops(gpu_name: str | None, dtype: str) -> float | None:
+    if not gpu_name:
+        return None
+    for key, table in _PEAK_TFLOPS:
+        if key.lower() in gpu_name.lower():
+            return table.get(dtype)
+    return None
+
+
+# -- data -------------------------------------------------------------------
+
+
+def byte_tokens(text: str | bytes, vocab: int) -> Any:
+    """Token = byte value: no tokenizer download, fits any vocabulary of 256 or more."""
+    import torch
+
+    if vocab < 256:
+        raise RunnerError(f"byte-level tokens need a vocabulary of at least 256 (the model has {vocab})")
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def _tokenizer(name: str) -> Any | None:
+    """The model's own tokenizer for hub/local models; None for presets or models without one."""
+    if is_preset(name):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _hf_split(percent: float) -> str:
+    pct = int(percent) if float(percent).is_integer() else percent
+    return f"train[:{pct}%]"
+
+
+def load_tokens(
+    dataset: str,
+    *,
+    dataset_config: str | None,
+    percent: float,
+    model_name: str,
+    vocab: int,
+    seq_length: int,
+    samples_needed: int,
+    seed: int,
+) -> tuple[Any, str]:
+    """A flat token stream and a short description of where it came from."""
+    import torch
+
+    if dataset == "synthetic":
+        gen = torch.Generator().manual_seed(seed)
+        n = max(samples_needed, 1) * seq_length
+        return torch.randint(0, vocab, (n,), generator=gen), f"synthetic ({vocab} tokens)"
+
+    tok = _tokenizer(model_name)
+    if dataset == "tiny-corpus":
+        if not TINY_CORPUS.is_file():
+            raise RunnerError(f"the shipped corpus is missing: {TINY_CORPUS}")
+        text = TINY_CORPUS.read_text(encoding="utf-8")
+        text = text[: max(1, int(len(text) * percent / 100.0))]
+        if tok is None:
+            return byte_tokens(text, vocab), "tiny-corpus (bytes)"
+        return torch.tensor(tok(text)["input_ids"], dtype=torch.long), f"tiny-corpus ({model_name} tokenizer)"
+
+    # Any other name is a Hugging Face dataset. This needs the hub (or its
+    # cache) and so cannot run in the offline CI, but it is what users run.
+    try:
+        import datasets
+    except ImportError:
+        raise RunnerError("the 'datasets' package is needed for HF datasets; pip install datasets") from None
+    split = _hf_split(percent)
+    try:
+        ds = datasets.load_dataset(dataset, dataset_config, split=split)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types; all mean "cannot load"
+        raise RunnerError(f"cannot load dataset '{dataset}' ({dataset_config}, {split}): {e}") from None
+    column = "text" if "text" in ds.column_names else next(
+        (c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"), None
+    )
+    if column is None:
+        raise RunnerError(f"dataset '{dataset}' has no text column (columns: {ds.column_names})")
+    texts = [t for t in ds[column] if t]
+    if tok is None:
+        return byte_tokens("\n".join(texts), vocab), f"{dataset} (bytes)"
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    ids: list[int] = []
+    for out in tok(texts)["input_ids"]:
+        ids.extend(out + eos)
+    return torch.tensor(ids, dtype=torch.long), f"{dataset} ({model_name} tokenizer)"
+
+
+def pack(tokens: Any, seq_length: int) -> Any:
+    """Cut the stream into [n, seq_length] blocks (the tail that does not fill a block is dropped)."""
+    n = tokens.numel() // seq_length
+    if n == 0:
+        raise RunnerError(f"the dataset has {tokens.numel()} tokens, fewer than one sequence of {seq_length}")
+    return tokens[: n * seq_length].view(n, seq_length).contiguous()
+
+
+@dataclass
+class ShardedBatches:
+    """Deterministic micro batches of one data-parallel shard, epoch after epoch.
+
+    ``epoch`` (0-based) is the epoch of the batch handed out last.
+
+    The same split as torch's DistributedSampler (shuffle with seed+epoch,
+    every ``replicas``-th index from ``rank``), done here so that any rank can
+    reproduce any other rank's batches: the sequence-parallel check needs that.
+    """
+
+    blocks: Any
+    micro_batch: int
+    replicas: int
+    rank: int
+    seed: int
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        per_rank = self.blocks.shape[0] // self.replicas
+        if per_rank < self.micro_batch:
+            raise RunnerError(
+                f"the dataset has {self.blocks.shape[0]} sequences: too few for {self.replicas} "
+                f"data-parallel ranks x micro batch {self.micro_batch}"
+            )
+        self.batches_per_epoch = per_rank // self.micro_batch
+
+    def _order(self, epoch: int) -> Any:
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed + epoch)
+        perm = torch.randperm(self.blocks.shape[0], generator=gen)
+        usable = (self.blocks.shape[0] // self.replicas) * self.replicas
+        return perm[:usable][self.rank :: self.replicas]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import torch
+
+        while True:
+            order = self._order(self.epoch)
+            for b in range(self.batches_per_epoch):
+                idx = order[b * self.micro_batch : (b + 1) * self.micro_batch]
+                ids = self.blocks[idx]
+                pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids).contiguous()
+                yield {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
+            self.epoch += 1
+
+
+# -- memory, devices, versions ----------------------------------------------
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (CPU runs report host memory)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux (bytes on macOS, where this is a slight over-report).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def memory(accel: Any, on_cpu: bool) -> tuple[int, int]:
+    """(allocated, peak) in bytes: accelerator memory on a GPU, process RSS on CPU."""
+    if on_cpu:
+        return rss_bytes(), peak_rss_bytes()
+    return int(accel.memory_allocated()), int(accel.max_memory_allocated())
+
+
+def device_info(accel: Any) -> dict[str, Any]:
+    name = accel.device_name()
+    on_cpu = name == "cpu"
+    gpu_name = None
+    gpu_count = 0
+    if not on_cpu:
+        gpu_count = int(accel.device_count())
+        try:
+            import torch
+
+            gpu_name = torch.cuda.get_device_name(accel.current_device()) if name == "cuda" else name
+        except Exception:  # noqa: BLE001 - naming a device must never stop a run
+            gpu_name = name
+    return {"device": name, "on_cpu": on_cpu, "gpu_name": gpu_name, "gpu_count": gpu_count}
+
+
+def versions() -> dict[str, Any]:
+    import deepspeed
+    import torch
+    import transformers
+
+    return {
+        "deepspeed": deepspeed.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def deepspeed_git_sha() -> str | None:
+    try:
+        from deepspeed import git_version_info
+    except ImportError:
+        return None
+    sha = getattr(git_version_info, "git_hash", None)
+    return sha if sha and sha != "unknown" else None
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,161 @@
+"""Pure helpers of the ZeRO-vs-PyTorch parity runner (``runners/compare_loss.py``).
+
+They live apart from the runner so that unit tests can check the comparison
+semantics and the option aliases without starting a process group or
+importing DeepSpeed. Only torch is needed here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# The seed (DeepSpeedExamples' compare_loss.py) spells dtypes as torch names;
+# dstui Settings use short names. Both are accepted, the short one is canonical.
+DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "torch.float": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "torch.half": "fp16",
+}
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def canonical_dtype(text: str) -> str:
+    """``torch.bfloat16`` / ``bfloat16`` / ``bf16`` -> ``bf16`` (argparse ``type=``)."""
+    key = text.strip().lower()
+    if key not in DTYPE_ALIASES:
+        known = ", ".join(sorted(set(DTYPE_ALIASES.values())))
+        raise ValueError(f"unknown dtype '{text}' (use {known} or torch.<name>)")
+    return DTYPE_ALIASES[key]
+
+
+def option_names(setting: str, *extra: str) -> list[str]:
+    """Dash form of a dstui setting name first, then its underscore form and extras.
+
+    ``--zero-stage`` is what dstui's launcher writes; ``--zero_stage`` is what
+    people who used the seed script type. Both must keep working.
+    """
+    dash = "--" + setting.replace("_", "-")
+    names = [dash]
+    under = "--" + setting
+    if under != dash:
+        names.append(under)
+    names.extend(e for e in extra if e not in names)
+    return names
+
+
+def synthetic_batch(
+    seed: int, step: int, *, global_batch: int, seq_length: int, vocab_size: int
+) -> torch.Tensor:
+    """Token ids of one optimizer step's global batch, identical on every rank.
+
+    Drawn from a private generator keyed by (seed, step) so that the data do not
+    depend on how much of the global RNG the model init or DeepSpeed consumed.
+    Each rank slices its own micro-batch out of it (see :func:`rank_slice`).
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(0, vocab_size, (global_batch, seq_length), generator=gen)
+
+
+def rank_slice(batch: torch.Tensor, rank: int, micro_batch: int) -> torch.Tensor:
+    return batch[rank * micro_batch : (rank + 1) * micro_batch]
+
+
+@dataclass
+class Diff:
+    """How far a DeepSpeed tensor set is from the baseline's.
+
+    ``ok`` uses :func:`torch.allclose` semantics element-wise,
+    ``|ds - base| <= atol + rtol * |base|``, with NaN never close; so
+    ``rtol = atol = 0`` means bit-for-bit equality (up to -0.0 == 0.0).
+    ``max_rel`` divides by ``|base|`` clamped to the smallest normal float so
+    that it stays finite (a difference where the baseline is exactly zero shows
+    as a huge number instead of ``inf``, which JSON and MLflow handle badly).
+    """
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    ok: bool = True
+    worst: str = ""
+    count: int = 0
+    _worst_abs: float = field(default=-1.0, repr=False)
+
+    def add(self, name: str, ds: torch.Tensor, base: torch.Tensor, rtol: float, atol: float) -> None:
+        """Fold one tensor pair in (both are compared in float64 on the CPU)."""
+        if ds.shape != base.shape:
+            raise ValueError(f"{name}: shape {tuple(ds.shape)} != baseline {tuple(base.shape)}")
+        a = ds.detach().to("cpu", torch.float64)
+        b = base.detach().to("cpu", torch.float64)
+        self.count += 1
+        if not torch.allclose(a, b, rtol=rtol, atol=atol):
+            self.ok = False
+        if a.numel() == 0:
+            return
+        absdiff = (a - b).abs()
+        # NaN in either side: count it as an infinite difference, not a silent 0.
+        absdiff = torch.where(torch.isnan(absdiff), torch.full_like(absdiff, math.inf), absdiff)
+        tiny = torch.finfo(torch.float32).tiny
+        rel = absdiff / b.abs().clamp_min(tiny)
+        m_abs = float(absdiff.max())
+        m_rel = float(rel.max())
+        if m_abs > self._worst_abs:
+            self._worst_abs = m_abs
+            self.worst = name
+        self.max_abs = max(self.max_abs, m_abs)
+        self.max_rel = max(self.max_rel, m_rel)
+
+
+def compare_named(
+    pairs: Iterable[tuple[str, torch.Tensor, torch.Tensor]], rtol: float, atol: float
+) -> Diff:
+    """A :class:`Diff` over (name, deepspeed, baseline) triples."""
+    diff = Diff()
+    for name, ds, base in pairs:
+        diff.add(name, ds, base, rtol, atol)
+    return diff
+
+
+def scalar_diff(ds: float, base: float, rtol: float, atol: float) -> tuple[float, bool]:
+    """Absolute difference of two losses and whether they are close (allclose rules)."""
+    if math.isnan(ds) or math.isnan(base):
+        return math.inf, False
+    d = abs(ds - base)
+    return d, d <= atol + rtol * abs(base)
+
+
+def verdict_line(first_step: int | None, reason: str) -> str:
+    """The final human line rank 0 prints; scripts grep for ``PASS`` / ``FAIL``."""
+    if first_step is None:
+        return "PASS"
+    return f"FAIL (first diverging step {first_step}: {reason})"
+
+
+def divergence_reason(rec: dict[str, float], rtol: float, atol: float, worst: Sequence[str]) -> str:
+    """Name what diverged first in a step: loss, gradients or parameters."""
+    parts = []
+    if not rec.get("loss_within_tol", 1):
+        parts.append(f"loss |d|={rec['loss_abs_diff']:.3e}")
+    if not rec.get("grad_within_tol", 1):
+        parts.append(f"grad max|d|={rec['grad_max_abs_diff']:.3e}")
+    if not rec.get("param_within_tol", 1):
+        parts.append(f"param max|d|={rec['param_max_abs_diff']:.3e}")
+    where = f" worst in {', '.join(w for w in worst if w)}" if any(worst) else ""
+    return "; ".join(parts) + f" > rtol={rtol:g} atol={atol:g}" + where
