@@ -660,7 +660,10 @@ def loss_parity(
             p.mem_ratio = c.mem_peak_max / base.mem_peak_max
         band = loss_band(c)
         if base_band is None or band is None:
-            p.note = "no loss history" if band is None else "baseline has no loss history"
+            if band is None:
+                p.note = "no usable runs" if not c.n_usable else "no loss history"
+            else:
+                p.note = "baseline has no loss history"
             out.append(p)
             continue
         common, ia, ib = np.intersect1d(band[0], base_band[0], return_indices=True)
@@ -714,13 +717,21 @@ def level_of(run: RunData) -> str:
 
 
 def wants_grid(runs: Sequence[RunData]) -> bool:
-    """A grid helps when runs carry model and micro_batch and at least one varies."""
+    """A grid helps when model or micro_batch is an axis of the experiment.
+
+    That is: within one ZeRO/offload level, two runs share the model but not
+    the micro batch, or the micro batch but not the model. A plain ZeRO 1/2/3
+    comparison (one model, one micro batch) gets no grid.
+    """
     train = [r for r in runs if r.kind != "verify"]
     if not train or not all("model" in r.params and "micro_batch" in r.params for r in train):
         return False
-    models = {r.params["model"] for r in train}
-    mbs = {r.params["micro_batch"] for r in train}
-    return len(models) > 1 or len(mbs) > 1
+    seen: dict[tuple[str, str], set[str]] = {}
+    for r in train:
+        level = level_of(r)
+        seen.setdefault((level, "m:" + r.params["model"]), set()).add(r.params["micro_batch"])
+        seen.setdefault((level, "b:" + r.params["micro_batch"]), set()).add(r.params["model"])
+    return any(len(v) > 1 for v in seen.values())
 
 
 def _sort_key(v: Any) -> tuple[int, Any]:

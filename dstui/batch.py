@@ -44,7 +44,7 @@ def plan(
     if validate:
         configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
     else:
-        configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent) for r in runs}
+        configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent, file=file) for r in runs}
     revisions: dict[str, dict[str, Any]] = {}
     if spec.revisions and resolve_revisions:
         from dstui import revisions as rev_mod

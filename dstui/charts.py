@@ -71,15 +71,31 @@ def fmt_num(v: float) -> str:
 
 
 def loss_curves(
-    series: Sequence[tuple[str, Any, Any, Any, Any]], path: Path, *, title: str = "Training loss"
+    series: Sequence[tuple[str, Any, Any, Any, Any]],
+    path: Path,
+    *,
+    baseline: str | None = None,
+    title: str = "Training loss",
 ) -> Path:
     """One line per condition (mean over repeats) with a shaded min-max band.
 
-    ``series``: (label, steps, mean, min, max). The legend sits below the
-    axes so it never hides a curve, whatever the number of conditions.
+    ``series``: (label, steps, mean, min, max). With a ``baseline`` a second
+    panel shows each condition's mean loss minus the baseline's on common
+    steps: parity differences of 1e-4 are invisible on a loss axis spanning 2.
+    The legend sits below the axes so it never hides a curve.
     """
+    import numpy as np
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    base = next((s for s in series if s[0] == baseline), None) if baseline else None
+    with_diff = base is not None and len(series) > 1
+    if with_diff:
+        fig, (ax, dx) = plt.subplots(
+            2, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(10, 5.5))
+        dx = None
     cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
     for i, (label, steps, mean, lo, hi) in enumerate(series):
         color = cmap(i % cmap.N)
@@ -88,12 +104,30 @@ def loss_curves(
         ax.plot(x, m, style, color=color, lw=1.6, label=short_label(label))
         if (b - a).any():
             ax.fill_between(x, a, b, color=color, alpha=0.18, lw=0)
-    ax.set_xlabel("optimizer step")
+        if dx is not None and base is not None and label != baseline:
+            common, ia, ib = np.intersect1d(steps, base[1], return_indices=True)
+            if len(common):
+                cx, cd = _decimate(common, mean[ia] - base[2][ib])
+                dx.plot(cx, cd, style, color=color, lw=1.2)
     ax.set_ylabel("loss")
     ax.set_title(title + " (line: mean of repeats; band: min-max)")
     ax.grid(True, alpha=0.3)
+    bottom = ax
+    if dx is not None:
+        dx.axhline(0.0, color="#333333", lw=0.8)
+        dx.set_ylabel(f"loss - {short_label(str(baseline), 20)}")
+        dx.grid(True, alpha=0.3)
+        bottom = dx
+    bottom.set_xlabel("optimizer step")
     ncol = 1 if len(series) <= 3 else 2 if len(series) <= 8 else 3
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=9, frameon=False)
+    bottom.legend(
+        *ax.get_legend_handles_labels(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3 if dx is not None else -0.14),
+        ncol=ncol,
+        fontsize=9,
+        frameon=False,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -182,24 +216,49 @@ def tradeoff(
 
 
 def iter_time_series(
-    series: Sequence[tuple[str, Any, Any]], path: Path, *, unit: str, scale: float, warmup: dict[str, int]
+    series: Sequence[tuple[str, Sequence[tuple[Any, Any]], Sequence[tuple[Any, Any]]]],
+    path: Path,
+    *,
+    unit: str,
+    scale: float,
+    warmup: int,
 ) -> Path:
-    """Per-step iteration time of each condition's first repeat (warm-up shaded), for data quality."""
+    """Per-step iteration time of every usable repeat (one colour per condition).
+
+    ``series``: (label, [(steps, values) per repeat], [(step, value) outliers]).
+    Warm-up is shaded and outliers are crossed, so the reader sees what the
+    statistics left out and what they kept. Log scale: a 20 s compile step
+    and 0.2 s steady steps both stay readable.
+    """
+    import matplotlib.ticker as mticker
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 5))
     cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
-    for i, (label, steps, values) in enumerate(series):
-        x, y = _decimate(steps, values)
-        ax.plot(x, y * scale, lw=1.0, color=cmap(i % cmap.N), label=short_label(label))
-    wmax = max(warmup.values(), default=0)
-    if wmax:
-        ax.axvspan(ax.get_xlim()[0], wmax + 0.5, color="#999999", alpha=0.15, lw=0, label="warm-up (excluded)")
+    marked = False
+    for i, (label, repeats, outliers) in enumerate(series):
+        color = cmap(i % cmap.N)
+        for j, (steps, values) in enumerate(repeats):
+            x, y = _decimate(steps, values)
+            ax.plot(x, y * scale, lw=1.0, color=color, alpha=0.9 if j == 0 else 0.5,
+                    label=short_label(label) if j == 0 else None)
+        if outliers:
+            ax.scatter([s for s, _ in outliers], [v * scale for _, v in outliers], marker="x", s=50,
+                       color="#d62728", zorder=4, label=None if marked else "outlier (> 3x run median)")
+            marked = True
+    if warmup:
+        ax.axvspan(ax.get_xlim()[0], warmup + 0.5, color="#999999", alpha=0.15, lw=0, label="warm-up (excluded)")
     ax.set_yscale("log")
+    fmt = mticker.FuncFormatter(lambda v, _pos: fmt_num(v))
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(fmt)
+    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(f"iteration time ({unit}, log scale)")
-    ax.set_title("Iteration time per step (first repeat of each condition)")
+    ax.set_title("Iteration time per step (all usable repeats)")
     ax.grid(True, alpha=0.3, which="both")
-    ncol = 1 if len(series) <= 3 else 2 if len(series) <= 8 else 3
+    n = len(series) + (1 if warmup else 0) + (1 if marked else 0)
+    ncol = 1 if n <= 3 else 2 if n <= 8 else 3
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=9, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -42,12 +42,15 @@ def template_path(name: str, *, spec_dir: Path | None = None) -> Path:
     raise FileNotFoundError(name)
 
 
-def load_template(name: str, *, spec_dir: Path | None = None, condition: str | None = None) -> dict:
+def load_template(
+    name: str, *, spec_dir: Path | None = None, condition: str | None = None, file: str | None = None
+) -> dict:
     try:
         path = template_path(name, spec_dir=spec_dir)
     except FileNotFoundError:
         raise SpecError(
             f"DeepSpeed config template '{name}' not found (looked in {TEMPLATES_DIR})",
+            file=file,
             condition=condition,
             field="ds_config",
         ) from None
@@ -95,9 +98,9 @@ def from_settings(s: Settings) -> dict[str, Any]:
     return cfg
 
 
-def build(run: RunSpec, *, spec_dir: Path | None = None) -> dict[str, Any]:
+def build(run: RunSpec, *, spec_dir: Path | None = None, file: str | None = None) -> dict[str, Any]:
     s = run.settings
-    base = load_template(s.ds_config, spec_dir=spec_dir, condition=run.condition)
+    base = load_template(s.ds_config, spec_dir=spec_dir, condition=run.condition, file=file)
     return deep_merge(deep_merge(base, from_settings(s)), s.ds_overrides)
 
 
@@ -139,7 +142,7 @@ def build_and_validate(runs: list[RunSpec], *, file: str | None = None, spec_dir
     out: dict[str, dict] = {}
     checked: dict[str, None] = {}
     for run in runs:
-        cfg = build(run, spec_dir=spec_dir)
+        cfg = build(run, spec_dir=spec_dir, file=file)
         blob = json.dumps(cfg, sort_keys=True) + str(world_size(run.settings))
         if blob not in checked and run.settings.kind != "command":
             validate(cfg, world_size=world_size(run.settings), condition=run.condition, file=file)

@@ -560,6 +560,10 @@ class Supervisor:
             fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
         elif st.get("revision_mismatch"):
             fields.update(state="failed")
+        elif code == 0 and not st.get("steps_done") and not summary:
+            fmt = (rd.spec().get("settings") or {}).get("metrics_format", "jsonl")
+            expected = "metrics.jsonl records" if fmt == "jsonl" else "'Epoch .., Step .., Loss: ..' lines"
+            fields.update(state="failed", reason=f"exited 0 but wrote no metrics (expected {expected})")
         elif code == 0:
             fields.update(state="done", reason=None)
         elif summary.get("verdict") == "FAIL":
@@ -587,11 +591,15 @@ class Supervisor:
         t.save()
 
     def _finalize_run(self, t: Tracked, rd: RunDir) -> None:
-        # drain whatever the job wrote last
-        t.pending.extend(self._read_points(t, rd))
-        self._flush(t, rd)
-        if t.pending:
-            return
+        # drain whatever the job wrote last (reads are capped per call, so loop)
+        while True:
+            before = (t.metrics.offset, t.system.offset)
+            t.pending.extend(self._read_points(t, rd))
+            self._flush(t, rd)
+            if t.pending:
+                return  # MLflow is down: try again on the next pass
+            if (t.metrics.offset, t.system.offset) == before:
+                break
         c = self.mlflow()
         rid = self.child_run_id(rd)
         if c is None or rid is None:
@@ -658,6 +666,10 @@ def _stable_ts(rd: RunDir, rec: dict) -> int:
 
 
 def main(batch_path: str) -> int:
+    # An unreachable tracking server must not stall following the runs: fail fast,
+    # keep the metrics on disk, retry on a later pass.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout
     )

@@ -72,6 +72,12 @@ def looks_like_hub_or_path(name: str) -> bool:
 
 def model_config(name: str) -> Any:
     """The transformers config of a preset, a local path or a hub id (config only, no weights)."""
+    # Name checks first: a typo should not wait for transformers to import.
+    if not is_preset(name) and not looks_like_hub_or_path(name):
+        raise RunnerError(
+            f"unknown model '{name}': not a preset in {MODELS_DIR} (available: "
+            f"{', '.join(presets())}), a local path or a hub id (org/name)"
+        )
     from transformers import AutoConfig
 
     if is_preset(name):
@@ -80,11 +86,6 @@ def model_config(name: str) -> Any:
         if not model_type:
             raise RunnerError(f"model preset '{name}' has no 'model_type' ({MODELS_DIR / name}.json)")
         return AutoConfig.for_model(model_type, **cfg)
-    if not looks_like_hub_or_path(name):
-        raise RunnerError(
-            f"unknown model '{name}': not a preset in {MODELS_DIR} (available: "
-            f"{', '.join(presets())}), a local path or a hub id (org/name)"
-        )
     try:
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
@@ -305,7 +306,10 @@ def peak_rss_bytes() -> int:
 def memory(accel: Any, on_cpu: bool) -> tuple[int, int]:
     """(allocated, peak) in bytes: accelerator memory on a GPU, process RSS on CPU."""
     if on_cpu:
-        return rss_bytes(), peak_rss_bytes()
+        rss = rss_bytes()
+        # ru_maxrss and statm count pages slightly differently; a peak below the
+        # current value would read as nonsense in a chart.
+        return rss, max(rss, peak_rss_bytes())
     return int(accel.memory_allocated()), int(accel.max_memory_allocated())
 
 

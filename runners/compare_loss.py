@@ -373,7 +373,7 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
         gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         writer.write(
             HEADER,
-            kind="verify",
+            runner="compare_loss",
             config={**vars(args), "world_size": world, "zero_stage": stage, "dtype": dtype_name},
             ds_config=cfg,
             versions=versions(),
@@ -496,6 +496,11 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
             first_step = step
             first_reason = divergence_reason(rec, rtol, atol, [
                 gdiff.worst if not gdiff.ok else "", pdiff.worst if not pdiff.ok else ""])
+        if rank == 0 and first_step == step:
+            for what, d in (("grad", gdiff), ("param", pdiff)):
+                for name, dmax, bad, n in sorted(d.offenders, key=lambda o: -o[1])[:8]:
+                    print(f"  {what} {name}: max|d| {dmax:.3e}, {bad}/{n} elements out of tolerance",
+                          flush=True)
         if rank == 0:
             writer.write(STEP, **rec)
             print(
@@ -539,7 +544,21 @@ def accel_sync() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    """Exit code: 0 PASS, 1 FAIL, 2 error.
+
+    On an error the process leaves with ``os._exit``: a normal exit would run
+    the process group's destructor, which blocks while the other rank waits in
+    a collective, and the launcher would never see this rank die (the job
+    hangs instead of failing). After ``_exit`` the launcher kills the peers.
+    """
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
 
 
 if __name__ == "__main__":

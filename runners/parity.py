@@ -96,6 +96,8 @@ class Diff:
     ok: bool = True
     worst: str = ""
     count: int = 0
+    #: (name, max |d|, elements out of tolerance, elements) of every tensor that is not close
+    offenders: list[tuple[str, float, int, int]] = field(default_factory=list)
     _worst_abs: float = field(default=-1.0, repr=False)
 
     def add(self, name: str, ds: torch.Tensor, base: torch.Tensor, rtol: float, atol: float) -> None:
@@ -105,11 +107,14 @@ class Diff:
         a = ds.detach().to("cpu", torch.float64)
         b = base.detach().to("cpu", torch.float64)
         self.count += 1
-        if not torch.allclose(a, b, rtol=rtol, atol=atol):
-            self.ok = False
         if a.numel() == 0:
             return
+        close = torch.isclose(a, b, rtol=rtol, atol=atol)
         absdiff = (a - b).abs()
+        if not bool(close.all()):
+            self.ok = False
+            bad = int((~close).sum())
+            self.offenders.append((name, float(absdiff.nan_to_num(math.inf).max()), bad, a.numel()))
         # NaN in either side: count it as an infinite difference, not a silent 0.
         absdiff = torch.where(torch.isnan(absdiff), torch.full_like(absdiff, math.inf), absdiff)
         tiny = torch.finfo(torch.float32).tiny

@@ -275,6 +275,10 @@ class Trainer:
         deepspeed.comm.all_reduce(t, op=deepspeed.comm.ReduceOp.SUM)
         return float(t.item()) / self.world
 
+    def tflops_per_gpu(self, iter_time: float) -> float:
+        """Model TFLOP/s per rank (GPU) for one optimizer step of ``iter_time`` seconds."""
+        return self.flops_per_token * self.tokens_per_step / iter_time / self.world / 1e12
+
     def memory(self) -> tuple[int, int]:
         return common.memory(self.accel, self.dev["on_cpu"])
 
@@ -317,9 +321,6 @@ def train(
 
     times: list[float] = []
     losses: list[float] = []
-    tps: list[float] = []
-    tflops: list[float] = []
-    mfus: list[float] = []
     mem_peak_max = 0
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
@@ -339,39 +340,35 @@ def train(
             "iter_time": dt,
             "tokens_per_s": tr.tokens_per_step / dt,
         }
-        tf = tr.flops_per_token * tr.tokens_per_step / dt / tr.world / 1e12
-        rec["tflops_per_gpu"] = tf
-        if step > args.warmup_steps:
-            tps.append(rec["tokens_per_s"])
-            tflops.append(tf)
+        rec["tflops_per_gpu"] = tr.tflops_per_gpu(dt)
         if tr.peak:
-            rec["mfu"] = tf / tr.peak
-            if step > args.warmup_steps:
-                mfus.append(rec["mfu"])
+            rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
         rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
         writer.write(STEP, **rec)
         if rank0:
             print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)
 
     if writer is not None:
+        # Statistics over every step after warm-up, logged or not: the timing
+        # sync happens on every step, so unlogged steps are measured too.
         timed = times[args.warmup_steps:] or times
         later = times[1:]
+        tflops = [tr.tflops_per_gpu(t) for t in timed]
         summary: dict[str, Any] = {
             "steps": args.steps,
             "warmup_steps": args.warmup_steps,
             "iter_time_mean": statistics.fmean(timed),
             "iter_time_std": statistics.stdev(timed) if len(timed) > 1 else 0.0,
-            "tokens_per_s_mean": statistics.fmean(tps) if tps else tr.tokens_per_step / statistics.fmean(timed),
+            "tokens_per_s_mean": statistics.fmean(tr.tokens_per_step / t for t in timed),
+            "tflops_per_gpu_mean": statistics.fmean(tflops),
             # The first step pays for compilation, autotuning and allocator warm-up.
-            "compile_time": max(0.0, times[0] - statistics.median(later)) if later else None,
-            "mem_peak_max": mem_peak_max,
+            "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+            "mem_peak_max": max(mem_peak_max, tr.memory()[1]),
             "final_loss": losses[-1] if losses else None,
             "status": "ok",
         }
-        if tflops:
-            summary["tflops_per_gpu_mean"] = statistics.fmean(tflops)
-        if mfus:
-            summary["mfu_mean"] = statistics.fmean(mfus)
+        if tr.peak:
+            summary["mfu_mean"] = statistics.fmean(tflops) / tr.peak
         writer.write(SUMMARY, **summary)
     destroy = getattr(tr.engine, "destroy", None)
     if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)

@@ -1,0 +1,88 @@
+"""`dstui report`: export a markdown report with charts, CSV and JSON from MLflow.
+
+The work is :func:`dstui.report.export_report`, shared with the TUI's results
+view; this module only turns arguments into that call and prints where the
+report went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DESCRIPTION = """\
+Build a report from the runs MLflow holds (launched, imported, or on a team
+server): report.md with PNG charts beside it, runs.csv, conditions.csv and
+data.json (params, tags, statistics and every per-step history), plus
+grid_iter_time.csv / grid_mem.csv when the runs vary model and micro batch.
+The folder is also logged to the batch's MLflow parent run as artifact
+'report'.
+
+Statistics exclude each run's warm-up steps (param warmup_steps). Failed and
+out-of-memory runs are listed with their reason, never dropped.
+
+examples:
+  dstui report --experiment zero_stages -o reports/zero
+  dstui report --experiment zero_stages --batch zero_stages-20261121-101500 -o r/
+  dstui report --experiment zero_stages --baseline z1 --tolerance 1e-4 -o r/
+  dstui report --experiment imported --batch import-results_20250617_035117 -o r/
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `dstui report` (help texts say what each changes in the report)."""
+    parser.description = DESCRIPTION
+    parser.add_argument(
+        "--experiment", "-e", required=True, metavar="NAME",
+        help="MLflow experiment (the spec's name, or 'imported' for `dstui import`)",
+    )
+    parser.add_argument(
+        "--batch", "-b", metavar="ID",
+        help="only this batch (tag dstui.batch, e.g. NAME-YYYYmmdd-HHMMSS or import-FOLDER); "
+        "default: every dstui run of the experiment",
+    )
+    parser.add_argument(
+        "--runs", nargs="+", metavar="RUN_ID",
+        help="only these MLflow run ids (they need not be dstui runs)",
+    )
+    parser.add_argument(
+        "--baseline", metavar="CONDITION",
+        help="condition that speed, memory and loss parity are compared against "
+        "(label or condition name; default: the first condition)",
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-3, metavar="TOL",
+        help="loss parity: PASS when max |mean loss - baseline mean loss| over common steps "
+        "is at most TOL (default: 1e-3)",
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="DIR",
+        help="folder to write report.md, charts, CSV and data.json into (created if missing)",
+    )
+    parser.add_argument(
+        "--no-mlflow-artifact", action="store_true",
+        help="do not log the folder to the batch's MLflow parent run",
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="print only the report path")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export the report; errors (unknown experiment, no runs) are DstuiErrors the CLI prints."""
+    from dstui.report import export_report
+
+    def progress(frac: float, msg: str) -> None:
+        if not args.quiet:
+            print(f"[{frac * 100:3.0f}%] {msg}", file=sys.stderr)
+
+    path = export_report(
+        args.experiment,
+        args.output,
+        batch=args.batch,
+        runs=args.runs,
+        baseline=args.baseline,
+        tolerance=args.tolerance,
+        progress=progress,
+        log_artifact=not args.no_mlflow_artifact,
+    )
+    print(path)
+    return 0

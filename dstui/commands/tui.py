@@ -1,0 +1,28 @@
+"""`dstui` / `dstui tui [SPEC]`: the terminal UI (compose, launch, watch, compare)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", help="experiment spec to open in Compose (and launch with l)")
+    p.add_argument("--batch", help="batch id to show first")
+    p.add_argument("--live", action="store_true", help="open the live view on that batch")
+    p.add_argument(
+        "--parallel", type=int, default=1, metavar="N", help="runs at a time for batches launched here (default 1)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # textual is imported only here, so headless commands never pay for it
+    from dstui.tui.app import DstuiApp
+
+    app = DstuiApp(
+        spec_path=getattr(args, "spec", None),
+        batch_id=getattr(args, "batch", None),
+        live=getattr(args, "live", False),
+        parallel=max(1, getattr(args, "parallel", 1) or 1),
+    )
+    app.run()
+    return int(app.return_code or 0)

@@ -1,0 +1,773 @@
+"""Import existing result folders and logs into MLflow, so old runs sit beside new ones.
+
+Understood inputs (anything else in a log is ignored, and counted):
+
+* the seed's per-step line, via :func:`dstui.metrics.parse_seed_line`:
+  ``Epoch 1, Step 10, Loss: 2.345678 sync: True time: 0.123 alloc_mem: 1234 peak_mem: 5678``;
+* the closing summary line of DeepSpeedExamples' DeepCompile benchmark
+  ``run_acc_lm.py`` (all its variants: with or without ``backend=``/
+  ``deepcompile=``, memory in bytes or ``GB``, optional ``samples/s:``/``tokens/s:``)::
+
+      meta-llama/Meta-Llama-3-8B ds=True np=8 batch_size=1 seq=512 zero_stage=1 acc=4 ac=False
+      compile=False backend=inductor deepcompile=False passes=None compile_time=0
+      iteration time: 0.4782 alloc_mem: 28307113472 peak_mem: 50064946688
+
+  (one line in the log), also when prefixed by a timestamp as in its ``result.txt``;
+* a ``key=value`` form of both: ``step=10 loss=2.3 time=0.12 peak_mem=...`` and
+  ``model=X world_size=2 micro_batch=1 seq_length=512 zero_stage=3 deepcompile=True iter_time_mean=0.5``;
+* the ``Namespace(...)`` argparse dump those scripts print (settings);
+* ``NUM_NODES: N`` / ``NGPUS_PER_NODE: N`` lines of the seed's ``run.sh``;
+* ``metadata.json`` written by seed 001's ``run_batch_enhanced.sh`` (condition
+  names, commands, exit codes, wandb run ids);
+* dstui's own ``metrics.jsonl`` (a run folder that never reached MLflow).
+
+A log becomes one MLflow child run per closing summary line (a log holding
+several runs is split there; steps after the last summary form a run of
+their own, usually one that crashed). Every folder gets a parent run tagged
+``dstui.role=batch``, ``dstui.batch=import-<folder name>``, so reports work on
+imports exactly as on launched batches. Lines that look like records but do
+not parse are counted and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dstui.errors import DstuiError
+from dstui.metrics import parse_json_line, parse_seed_line
+
+LOG_SUFFIXES = (".log", ".txt", ".out")
+MAX_ARTIFACT_BYTES = 50 << 20
+GIB = 1024**3
+METRIC_CHUNK = 1000  # MLflow's log_batch limit
+
+# summary / key=value names -> dstui setting names
+_ALIASES = {
+    "model": "model",
+    "model_name": "model",
+    "np": "world_size",
+    "world_size": "world_size",
+    "num_processes": "world_size",
+    "batch_size": "micro_batch",
+    "micro_batch": "micro_batch",
+    "micro_batch_size": "micro_batch",
+    "bs": "micro_batch",
+    "seq": "seq_length",
+    "seq_length": "seq_length",
+    "seq_len": "seq_length",
+    "zero_stage": "zero_stage",
+    "stage": "zero_stage",
+    "acc": "grad_accum",
+    "gradient_accumulation_steps": "grad_accum",
+    "grad_accum": "grad_accum",
+    "ac": "activation_checkpointing",
+    "activation_checkpointing": "activation_checkpointing",
+    "compile": "compile",
+    "deepcompile": "deepcompile",
+    "backend": "backend",
+    "passes": "passes",
+    "schedule": "schedule",
+    "ds": "deepspeed",
+    "dataset_name": "dataset",
+    "dataset": "dataset",
+    "dataset_percentage": "dataset_percent",
+    "learning_rate": "lr",
+    "lr": "lr",
+    "num_layers": "num_layers",
+    "offload_opt_states": "offload_opt_states",
+    "sp_size": "sequence_parallel",
+    "dtype": "dtype",
+    "offload": "offload",
+}
+# summary names -> summary.<field> metric
+_SUMMARY_METRICS = {
+    "iteration time": "iter_time_mean",
+    "iter_time_mean": "iter_time_mean",
+    "iteration_time": "iter_time_mean",
+    "avg_iter_time": "iter_time_mean",
+    "mean_iter_time": "iter_time_mean",
+    "compile_time": "compile_time",
+    "alloc_mem": "mem_alloc",
+    "peak_mem": "mem_peak_max",
+    "mem_peak_max": "mem_peak_max",
+    "reserved_mem": "mem_reserved",
+    "peak_reserved_mem": "mem_reserved_max",
+    "tokens/s": "tokens_per_s_mean",
+    "tokens_per_s": "tokens_per_s_mean",
+    "samples/s": "samples_per_s_mean",
+}
+# key=value step names -> step metric names
+_STEP_KEYS = {
+    "loss": "loss",
+    "time": "iter_time",
+    "iter_time": "iter_time",
+    "alloc_mem": "mem_alloc",
+    "mem_alloc": "mem_alloc",
+    "peak_mem": "mem_peak",
+    "mem_peak": "mem_peak",
+    "tokens_per_s": "tokens_per_s",
+    "lr": "lr",
+}
+
+_KV = re.compile(r"([A-Za-z_][\w./-]*)=(\"[^\"]*\"|'[^']*'|[^\s,;]+)")
+_SUMMARY_TAIL = re.compile(r"([A-Za-z_/]+(?: [a-z]+)?):\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?|None|nan|inf)(\s*GB)?")
+_ITER_TIME = re.compile(r"\biteration time:\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?)")
+_STEPISH = re.compile(r"\bEpoch\s+\S+,?\s*Step\b|\bLoss:")
+_NAMESPACE = re.compile(r"Namespace\((.*?)\)(?=Namespace\(|\s*$)")
+_HEADER = re.compile(r"^\s*(NUM_NODES|NGPUS_PER_NODE|NUM_PROCESSES|ZERO_STAGE|MODEL|BACKEND|GRADIENT_ACCUMULATION_STEPS):\s*(\S+)")
+_EXC = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Interrupt)):\s*(.*)$")
+_RUNDIR = re.compile(r"^logs?_(?P<rev>.+)_run(?P<n>\d+)$")
+
+
+class ImportError_(DstuiError):
+    """The folder cannot be imported (missing, empty, already imported)."""
+
+
+# -- parsing ---------------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """One run inside a log: its steps and (when it finished) its summary line."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    summary_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParsedLog:
+    """What one file says: runs, settings, failure clues and line counts."""
+
+    path: Path
+    segments: list[Segment]
+    config: dict[str, Any]
+    lines: int = 0
+    malformed: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
+    failure: str = ""
+    header: dict[str, Any] = field(default_factory=dict)
+    jsonl_header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_count(self) -> int:
+        return sum(len(s.steps) for s in self.segments)
+
+
+def _value(text: str) -> Any:
+    t = text.strip().strip("'\"")
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def _number(text: str) -> float | None:
+    v = _value(text)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def parse_summary_line(line: str) -> tuple[dict[str, Any], dict[str, float]] | None:
+    """(settings, summary metrics) of a run_acc_lm summary line, else None."""
+    m = _ITER_TIME.search(line)
+    if not m:
+        return None
+    head, tail = line[: m.start()], line[m.start() :]
+    params: dict[str, Any] = {}
+    tokens = head.split()
+    # result.txt prefixes a timestamp (digits); the model is the first token without '='
+    for tok in tokens:
+        if "=" in tok or tok.isdigit() or tok.startswith("["):
+            continue
+        params["model"] = tok
+        break
+    summary: dict[str, float] = {}
+    for key, val in _KV.findall(head):
+        name = key.lower()
+        if name in _SUMMARY_METRICS:
+            num = _number(val)
+            if num is not None:
+                summary[_SUMMARY_METRICS[name]] = num
+        elif name in _ALIASES:
+            params[_ALIASES[name]] = _value(val)
+    for key, val, gb in _SUMMARY_TAIL.findall(tail):
+        name = key.lower()
+        if name not in _SUMMARY_METRICS:
+            continue
+        num = _number(val)
+        if num is None:
+            continue
+        if gb and name in ("alloc_mem", "peak_mem", "reserved_mem", "peak_reserved_mem"):
+            num = num * GIB
+        summary[_SUMMARY_METRICS[name]] = num
+    if "iter_time_mean" not in summary:
+        return None
+    return params, summary
+
+
+def parse_kv_line(line: str) -> tuple[str, dict[str, Any]] | None:
+    """('step', record) or ('summary', {'params', 'summary'}) for a key=value line."""
+    pairs = {k.lower(): v for k, v in _KV.findall(line)}
+    if len(pairs) < 2:
+        return None
+    if "step" in pairs and "loss" in pairs:
+        step = _value(pairs["step"])
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError("step is not an integer")
+        rec: dict[str, Any] = {"type": "step", "step": step}
+        if "epoch" in pairs and isinstance(_value(pairs["epoch"]), int):
+            rec["epoch"] = _value(pairs["epoch"])
+        for key, name in _STEP_KEYS.items():
+            if key in pairs:
+                num = _number(pairs[key])
+                if num is None and key == "loss":
+                    raise ValueError("loss is not a number")
+                if num is not None:
+                    rec[name] = num
+        return "step", rec
+    summ = {_SUMMARY_METRICS[k]: _number(v) for k, v in pairs.items() if k in _SUMMARY_METRICS}
+    summ = {k: v for k, v in summ.items() if v is not None}
+    params = {_ALIASES[k]: _value(v) for k, v in pairs.items() if k in _ALIASES}
+    if "iter_time_mean" in summ and params:
+        return "summary", {"params": params, "summary": summ}
+    return None
+
+
+def parse_namespace(line: str) -> dict[str, Any]:
+    """Settings from an argparse ``Namespace(...)`` dump (literal values only)."""
+    m = _NAMESPACE.search(line.strip())
+    if not m:
+        return {}
+    try:
+        call = ast.parse(f"f({m.group(1)})", mode="eval").body
+    except SyntaxError:
+        return {}
+    out: dict[str, Any] = {}
+    for kw in getattr(call, "keywords", []):
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            continue
+    return out
+
+
+def _failure_of(line: str, last_exc: str) -> tuple[str, str]:
+    """(reason found on this line or '', last Python exception seen)."""
+    low = line.lower()
+    if "out of memory" in low or "outofmemoryerror" in low:
+        return "CUDA out of memory", last_exc
+    if "nccl" in low and ("timeout" in low or "timed out" in low):
+        return "NCCL timeout", last_exc
+    m = _EXC.match(line)
+    if m and not line.startswith(" "):
+        return "", f"Python: {m.group(1)}: {m.group(2)}".strip()
+    return "", last_exc
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Read a seed-format (or key=value, or metrics.jsonl) file into segments."""
+    if path.name.endswith(".jsonl"):
+        return _parse_jsonl(path)
+    segments = [Segment()]
+    config: dict[str, Any] = {}
+    header: dict[str, Any] = {}
+    parsed = ParsedLog(path=path, segments=segments, config=config, header=header)
+    failure, last_exc = "", ""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for raw in fh:
+            parsed.lines += 1
+            line = raw.rstrip("\n")
+            try:
+                rec = parse_seed_line(line)
+            except ValueError:  # e.g. 'Loss: nana' matched the pattern but is no float
+                rec = None
+            if rec is not None:
+                segments[-1].steps.append(rec)
+                continue
+            summ = parse_summary_line(line)
+            if summ is not None:
+                segments[-1].summary_params, segments[-1].summary = summ
+                segments.append(Segment())
+                continue
+            try:
+                kv = parse_kv_line(line) if "=" in line else None
+            except ValueError:
+                _malformed(parsed, line)
+                continue
+            if kv is not None:
+                kind, body = kv
+                if kind == "step":
+                    segments[-1].steps.append(body)
+                else:
+                    segments[-1].summary_params, segments[-1].summary = body["params"], body["summary"]
+                    segments.append(Segment())
+                continue
+            if "Namespace(" in line:
+                ns = parse_namespace(line)
+                if ns and not config:
+                    config.update(ns)
+                continue
+            hm = _HEADER.match(line)
+            if hm:
+                header.setdefault(hm.group(1), _value(hm.group(2)))
+                continue
+            if _STEPISH.search(line) or "iteration time:" in line:
+                _malformed(parsed, line)
+                continue
+            reason, last_exc = _failure_of(line, last_exc)
+            if reason and not failure:
+                failure = reason
+    if not segments[-1].steps and not segments[-1].summary:
+        segments.pop()
+    parsed.failure = failure or last_exc
+    return parsed
+
+
+def _malformed(parsed: ParsedLog, line: str) -> None:
+    parsed.malformed += 1
+    if len(parsed.malformed_examples) < 3:
+        parsed.malformed_examples.append(line.strip()[:160])
+
+
+def _parse_jsonl(path: Path) -> ParsedLog:
+    seg = Segment()
+    parsed = ParsedLog(path=path, segments=[seg], config={})
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            parsed.lines += 1
+            rec = parse_json_line(line)
+            if rec is None:
+                if line.strip():
+                    _malformed(parsed, line)
+                continue
+            if rec["type"] == "header":
+                parsed.jsonl_header = rec
+                parsed.config.update(rec.get("config") or {})
+            elif rec["type"] == "step":
+                seg.steps.append(rec)
+            else:
+                seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
+                if rec.get("status") not in (None, "ok"):
+                    parsed.failure = str(rec.get("status"))
+    if not seg.steps and not seg.summary:
+        parsed.segments = []
+    return parsed
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# -- settings from file names, commands and metadata ---------------------------------------
+
+# seed 000/003 log names: debug_n0_Meta-Llama-3-8B_deepspeed_np2z3c0dc0E0b1seq512g1a1pALL.log
+_NAME_CODES = (
+    (re.compile(r"np(\d+)"), "world_size", int),
+    (re.compile(r"(?:^|[_\d])z([0-3])(?=c\d|dc|_|$)"), "zero_stage", int),
+    (re.compile(r"dc([01])"), "deepcompile", lambda v: v == "1"),
+    (re.compile(r"(?<![a-z])c([01])(?=s\d|dc|b\d)"), "compile", lambda v: v == "1"),
+    (re.compile(r"b(\d+)seq"), "micro_batch", int),
+    (re.compile(r"seq(\d+)"), "seq_length", int),
+)
+
+
+def params_from_name(stem: str) -> dict[str, Any]:
+    """Settings encoded in seed log names (np, z, c, dc, b, seq); weakest source."""
+    out: dict[str, Any] = {}
+    tail = stem.rsplit("_", 1)[-1]
+    for rx, name, conv in _NAME_CODES:
+        m = rx.search(tail)
+        if m:
+            out[name] = conv(m.group(1))
+    return out
+
+
+def params_from_command(cmd: str) -> dict[str, Any]:
+    """``--zero_stage 1 --deepcompile ...`` -> settings (flags without a value are True)."""
+    out: dict[str, Any] = {}
+    toks = cmd.split()
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        if tok.startswith("--"):
+            key = tok[2:].replace("-", "_")
+            if "=" in key:
+                key, val = key.split("=", 1)
+                out[key] = _value(val)
+            elif i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+                out[key] = _value(toks[i + 1])
+                i += 1
+            else:
+                out[key] = True
+        i += 1
+    return {_ALIASES.get(k, k): v for k, v in out.items()}
+
+
+def _normalise(config: dict[str, Any]) -> dict[str, Any]:
+    return {_ALIASES.get(k, k): v for k, v in config.items()}
+
+
+# -- MLflow --------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportedRun:
+    """One MLflow child run created from (part of) a file."""
+
+    source: str
+    condition: str
+    run_id: str
+    steps: int
+    status: str
+    reason: str
+    has_summary: bool
+
+
+@dataclass
+class ImportResult:
+    """What an import did: runs created, files skipped (with why), lines not understood."""
+
+    experiment: str
+    batch: str
+    parent_run_id: str
+    runs: list[ImportedRun] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    files: int = 0
+    lines: int = 0
+    malformed_lines: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return sum(r.steps for r in self.runs)
+
+    def summary_text(self) -> str:
+        """Human summary for the CLI (and the TUI's notification)."""
+        out = [
+            f"imported {len(self.runs)} run(s), {self.steps} steps, from {self.files} file(s) "
+            f"into experiment '{self.experiment}', batch '{self.batch}' (parent run {self.parent_run_id})"
+        ]
+        for r in self.runs:
+            extra = f" ({r.reason})" if r.reason else ""
+            note = "" if r.has_summary else ", no summary line"
+            out.append(f"  {r.condition}: {r.steps} steps, {r.status}{extra}{note} <- {r.source} [{r.run_id}]")
+        for path, why in self.skipped:
+            out.append(f"  skipped {path}: {why}")
+        out.append(
+            f"{self.malformed_lines} malformed line(s) (looked like records, did not parse) "
+            f"out of {self.lines} lines read"
+        )
+        for ex in self.malformed_examples:
+            out.append(f"  e.g. {ex}")
+        return "\n".join(out)
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    found = [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and (p.suffix in LOG_SUFFIXES or p.name == "metrics.jsonl")
+    ]
+    # 'x.log' before 'x_detailed.log': the short one is kept when both hold the same steps
+    return sorted(found, key=lambda p: (str(p.parent), p.stem.replace("_detailed", ""), len(p.name)))
+
+
+def _load_metadata(root: Path) -> dict[str, Any]:
+    meta = root / "metadata.json"
+    if not meta.is_file():
+        return {}
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except ValueError:
+        # run_batch_enhanced.sh writes it with a heredoc; tolerate its stray commas
+        try:
+            data = json.loads(re.sub(r",\s*([}\]])", r"\1", meta.read_text(encoding="utf-8")))
+        except ValueError:
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def import_dir(
+    path: str | Path,
+    experiment: str = "imported",
+    *,
+    tracking_uri: str | None = None,
+    warmup: int = 1,
+    force: bool = False,
+) -> ImportResult:
+    """Import a folder (or one file) of logs as an MLflow batch; see the module docstring.
+
+    ``warmup``: leading logged steps of each run to exclude from statistics
+    (stored as param ``warmup_steps`` in step units), since old logs do not
+    say which of their steps were warm-up; the first usually includes
+    compilation. ``force`` replaces an earlier import of the same folder
+    instead of refusing to duplicate it.
+    """
+    from dstui import paths, tracking
+
+    root = Path(path).expanduser().resolve()
+    if not root.exists():
+        raise ImportError_(f"{root}: no such file or folder")
+    folder = root if root.is_dir() else root.parent
+    uri = tracking_uri or paths.tracking_uri()
+    client = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(client, experiment)
+    batch = _batch_id(client, exp_id, f"import-{folder.name}", str(root), force)
+
+    metadata = _load_metadata(folder)
+    conditions_meta = metadata.get("conditions") if isinstance(metadata.get("conditions"), dict) else {}
+    parent_tags = {
+        "dstui.role": "batch",
+        "dstui.batch": batch,
+        "dstui.imported_from": str(root),
+        "dstui.spec": "",
+    }
+    if metadata.get("experiment_date"):
+        parent_tags["dstui.experiment_date"] = str(metadata["experiment_date"])
+    parent = client.create_run(exp_id, run_name=batch, tags=parent_tags)
+    result = ImportResult(experiment=experiment, batch=batch, parent_run_id=parent.info.run_id)
+    if (folder / "metadata.json").is_file():
+        client.log_artifact(parent.info.run_id, str(folder / "metadata.json"), artifact_path="import")
+
+    seen: dict[tuple[str, tuple[Any, ...]], str] = {}
+    any_failed = False
+    try:
+        for f in _files(root):
+            result.files += 1
+            parsed = parse_log(f)
+            result.lines += parsed.lines
+            result.malformed_lines += parsed.malformed
+            for ex in parsed.malformed_examples:
+                if len(result.malformed_examples) < 5:
+                    result.malformed_examples.append(f"{f.name}: {ex}")
+            rel = str(f.relative_to(folder)) if f != folder else f.name
+            if not parsed.segments:
+                result.skipped.append((rel, "no step or summary lines"))
+                continue
+            sig = (str(f.parent), tuple((s["step"], s.get("loss"), s.get("iter_time")) for seg in parsed.segments for s in seg.steps))
+            if sig[1] and sig in seen:
+                result.skipped.append((rel, f"same steps as {seen[sig]}"))
+                continue
+            seen[sig] = rel
+            for i, seg in enumerate(parsed.segments):
+                run = _log_segment(
+                    client, exp_id, parent.info.run_id, batch, f, folder, parsed, seg, i,
+                    conditions_meta, warmup,
+                )
+                any_failed = any_failed or run.status == "failed"
+                result.runs.append(run)
+        if not result.runs and not result.skipped:
+            result.skipped.append((str(root), "no log files (*.log, *.txt, *.out, metrics.jsonl)"))
+    except BaseException:
+        client.set_terminated(parent.info.run_id, "FAILED")
+        raise
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(parent.info.run_id, metrics=[
+        Metric("import.runs", float(len(result.runs)), now, 0),
+        Metric("import.malformed_lines", float(result.malformed_lines), now, 0),
+        Metric("import.lines", float(result.lines), now, 0),
+    ])
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return result
+
+
+def _batch_id(client: Any, exp_id: str, base: str, source: str, force: bool) -> str:
+    """``import-<folder>``; refuses a second import of the same path unless forced."""
+    filt = f"tags.`dstui.role` = 'batch' and tags.`dstui.batch` LIKE '{base.replace(chr(39), '')}%'"
+    existing = client.search_runs([exp_id], filter_string=filt, max_results=1000)
+    taken = {r.data.tags.get("dstui.batch") for r in existing}
+    for r in existing:
+        if r.data.tags.get("dstui.imported_from") == source:
+            if not force:
+                raise ImportError_(
+                    f"{source} was already imported as batch '{r.data.tags.get('dstui.batch')}' "
+                    f"(parent run {r.info.run_id}); use --force to replace it"
+                )
+            _delete_batch(client, exp_id, r)
+            taken.discard(r.data.tags.get("dstui.batch"))
+    batch, n = base, 1
+    while batch in taken:
+        n += 1
+        batch = f"{base}-{n}"
+    return batch
+
+
+def _delete_batch(client: Any, exp_id: str, parent: Any) -> None:
+    filt = f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    for child in client.search_runs([exp_id], filter_string=filt, max_results=10000):
+        client.delete_run(child.info.run_id)
+    client.delete_run(parent.info.run_id)
+
+
+def _condition_name(f: Path, metadata_conditions: dict[str, Any]) -> str:
+    stem = f.stem
+    base = stem[: -len("_detailed")] if stem.endswith("_detailed") else stem
+    if base in metadata_conditions:
+        return base
+    if f.name == "metrics.jsonl":
+        for name in ("status.json", "spec.json"):
+            p = f.parent / name
+            if p.is_file():
+                try:
+                    cond = json.loads(p.read_text()).get("condition")
+                except (ValueError, AttributeError):
+                    cond = None
+                if cond:
+                    return str(cond)
+        return f.parent.name
+    return base[len("debug_") :] if base.startswith("debug_") else base
+
+
+def _log_segment(
+    client: Any,
+    exp_id: str,
+    parent_id: str,
+    batch: str,
+    f: Path,
+    folder: Path,
+    parsed: ParsedLog,
+    seg: Segment,
+    index: int,
+    conditions_meta: dict[str, Any],
+    warmup: int,
+) -> ImportedRun:
+    from mlflow.entities import Metric, Param, RunTag
+
+    condition = _condition_name(f, conditions_meta)
+    meta = conditions_meta.get(condition, {}) if isinstance(conditions_meta.get(condition), dict) else {}
+    if len(parsed.segments) > 1:
+        condition = f"{condition}-{index}"
+    # weakest to strongest: file name, metadata command, Namespace dump, summary line
+    settings: dict[str, Any] = {}
+    settings.update(params_from_name(f.stem))
+    if meta.get("command"):
+        settings.update(params_from_command(str(meta["command"])))
+    settings.update(_normalise(parsed.config))
+    settings.update(seg.summary_params)
+    header = parsed.header
+    if "ZERO_STAGE" in header and "zero_stage" not in settings:
+        settings["zero_stage"] = header["ZERO_STAGE"]
+    if "MODEL" in header and "model" not in settings:
+        settings["model"] = header["MODEL"]
+    if "GRADIENT_ACCUMULATION_STEPS" in header and "grad_accum" not in settings:
+        settings["grad_accum"] = header["GRADIENT_ACCUMULATION_STEPS"]
+    world = settings.get("world_size") or header.get("NUM_PROCESSES")
+    nodes = header.get("NUM_NODES") if isinstance(header.get("NUM_NODES"), int) else 1
+    if isinstance(world, int) and world > 0:
+        settings["world_size"] = world
+        settings.setdefault("nodes", nodes)
+        settings.setdefault("gpus", max(1, world // max(1, nodes)))
+    settings.setdefault("grad_accum", 1)
+    steps_sorted = sorted({int(s["step"]) for s in seg.steps})
+    if steps_sorted and warmup > 0 and len(steps_sorted) > warmup:
+        base = 0 if steps_sorted[0] == 0 else 1
+        settings["warmup_steps"] = steps_sorted[warmup - 1] + 1 - base
+    else:
+        settings["warmup_steps"] = 0
+    settings["steps"] = len(seg.steps)
+
+    exit_code = meta.get("exit_code")
+    status, reason = "done", ""
+    if isinstance(exit_code, int) and exit_code != 0:
+        status, reason = "failed", f"exit code {exit_code}"
+    last = index == len(parsed.segments) - 1
+    # a failure clue counts for the run that was going when it appeared: the last one
+    if parsed.failure and ((not seg.summary and last) or parsed.jsonl_header):
+        status, reason = "failed", parsed.failure
+
+    rev_match = _RUNDIR.match(f.parent.name) if f.parent != folder else None
+    tags = {
+        "mlflow.parentRunId": parent_id,
+        "dstui.role": "run",
+        "dstui.batch": batch,
+        "dstui.condition": condition,
+        "dstui.revision": rev_match.group("rev") if rev_match else "installed",
+        "dstui.repeat": str(int(rev_match.group("n")) - 1) if rev_match else "0",
+        "dstui.kind": "train",
+        "dstui.status": status,
+        "dstui.reason": reason,
+        "dstui.imported_from": str(f),
+        "dstui.malformed_lines": str(parsed.malformed),
+    }
+    if not seg.summary:
+        tags["dstui.note"] = "no closing summary line in the log"
+    if meta.get("command"):
+        tags["dstui.cmd"] = str(meta["command"])
+    if meta.get("wandb_run") and meta.get("wandb_run") != "unknown":
+        tags["dstui.wandb_run"] = str(meta["wandb_run"])
+    jh = parsed.jsonl_header
+    if jh:
+        for k in ("hostname", "gpu_name", "gpu_count", "device", "deepspeed_git_sha"):
+            if jh.get(k) is not None:
+                tags[f"dstui.{k}"] = str(jh[k])
+        for k, v in (jh.get("versions") or {}).items():
+            tags[f"dstui.version.{k}"] = str(v)
+    run_name = condition if tags["dstui.revision"] == "installed" else f"{condition}-{tags['dstui.revision']}-r{tags['dstui.repeat']}"
+    start = int(f.stat().st_mtime * 1000)
+    run = client.create_run(exp_id, run_name=run_name, tags=tags, start_time=start)
+    rid = run.info.run_id
+    params = [Param(k, _param_text(v)) for k, v in settings.items() if v is not None]
+    for i in range(0, len(params), 100):
+        client.log_batch(rid, params=params[i : i + 100])
+    metrics = list(_step_metrics(seg.steps, start))
+    now = int(time.time() * 1000)
+    metrics += [Metric(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
+    if seg.steps and "summary.steps" not in {m.key for m in metrics}:
+        metrics.append(Metric("summary.steps", float(len(seg.steps)), now, 0))
+    for i in range(0, len(metrics), METRIC_CHUNK):
+        client.log_batch(rid, metrics=metrics[i : i + METRIC_CHUNK])
+    if f.stat().st_size <= MAX_ARTIFACT_BYTES:
+        client.log_artifact(rid, str(f), artifact_path="run")
+    client.log_batch(rid, tags=[RunTag("dstui.imported_steps", str(len(seg.steps)))])
+    client.set_terminated(rid, "FINISHED" if status == "done" else "FAILED", end_time=start)
+    try:
+        rel = str(f.relative_to(folder))
+    except ValueError:
+        rel = f.name
+    return ImportedRun(
+        source=rel, condition=condition, run_id=rid, steps=len(seg.steps), status=status,
+        reason=reason, has_summary=bool(seg.summary),
+    )
+
+
+def _param_text(v: Any) -> str:
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[Any]:
+    """Every numeric field of every step at its step; timestamps keep log order."""
+    from mlflow.entities import Metric
+
+    for i, rec in enumerate(steps):
+        ts = start_ms + i
+        step = int(rec["step"])
+        for key, value in rec.items():
+            if key in ("type", "time", "step", "epoch", "rank") or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                yield Metric(key, float(value), ts, step)

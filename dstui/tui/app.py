@@ -1,0 +1,118 @@
+"""The dstui Textual app: modes (compose, runs, results), shared state, worker errors.
+
+Screens live in :mod:`dstui.tui.screens`; this module only wires them. Start-up
+imports textual and the light core only (no mlflow, torch or deepspeed): those
+load inside thread workers when a screen first needs them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import WorkerState
+
+from dstui.errors import DstuiError
+from dstui.tui.commands import DstuiCommands
+from dstui.tui.screens.compose import ComposeScreen
+from dstui.tui.screens.help import HelpScreen
+from dstui.tui.screens.results import ResultsScreen
+from dstui.tui.screens.runs import RunsScreen
+
+READY_ENV = "DSTUI_TUI_READY_FILE"  # benchmarks: written once the first frame is up
+
+
+class DstuiApp(App):
+    """Compose, launch, watch and compare DeepSpeed experiments."""
+
+    CSS_PATH = "dstui.tcss"
+    TITLE = "dstui"
+    COMMANDS = App.COMMANDS | {DstuiCommands}
+    MODES = {"compose": ComposeScreen, "runs": RunsScreen, "results": ResultsScreen}
+    DEFAULT_MODE = "runs"
+    BINDINGS = [
+        Binding("1", "goto('compose')", "Compose"),
+        Binding("2", "goto('runs')", "Runs"),
+        Binding("3", "goto('results')", "Results"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        *,
+        spec_path: str | Path | None = None,
+        batch_id: str | None = None,
+        live: bool = False,
+        parallel: int = 1,
+        supervise: bool = True,
+        watch_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.spec_path: Path | None = Path(spec_path).resolve() if spec_path else None
+        self.start_batch = batch_id
+        self.start_live = live
+        self.parallel = parallel
+        self.supervise = supervise  # take over unfinished batches on start (off in snapshots)
+        self.watch_s = watch_s
+
+    def on_mount(self) -> None:
+        self.title = "dstui"
+        self.call_after_refresh(self._first_frame)
+
+    def _first_frame(self) -> None:
+        marker = os.environ.get(READY_ENV)
+        if marker:
+            Path(marker).write_text(f"{time.time()}\n")
+
+    # -- navigation ---------------------------------------------------------
+
+    def action_goto(self, mode: str) -> None:
+        if self.current_mode != mode:
+            self.switch_mode(mode)
+        else:
+            # already there: back to the mode's base screen (e.g. leave the live view)
+            while len(self.screen_stack) > 1:
+                self.pop_screen()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.screen))
+
+    def open_spec(self, path: str | Path) -> None:
+        """Make a spec the current one (compose shows it, launch uses it)."""
+        self.spec_path = Path(path).resolve()
+        self.switch_mode("compose")
+        screen = self.screen
+        if isinstance(screen, ComposeScreen):
+            screen.load(self.spec_path)
+
+    def launch_current(self) -> None:
+        self.switch_mode("runs")
+        screen = self.get_screen_for_mode("runs")
+        if isinstance(screen, RunsScreen):
+            screen.action_launch()
+
+    def get_screen_for_mode(self, mode: str):  # noqa: ANN201 - textual's Screen
+        stack = self._screen_stacks.get(mode) or []
+        return stack[0] if stack else None
+
+    # -- one place where worker failures become visible ---------------------
+
+    def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged
+        if event.state != WorkerState.ERROR:
+            return
+        err = event.worker.error
+        if isinstance(err, DstuiError):
+            text = str(err)
+        else:
+            text = f"{type(err).__name__}: {err}"
+        self.notify(text, title=f"{event.worker.name} failed", severity="error", timeout=12)
+
+
+def main(**kwargs) -> int:  # noqa: ANN003
+    DstuiApp(**kwargs).run()
+    return 0

@@ -1,0 +1,100 @@
+"""Rows for the results screen, from MLflow through :mod:`dstui.analysis` (no textual).
+
+Runs in a thread worker: mlflow, numpy and pandas are imported here, never
+on the TUI's start path. The figures are the report's (same module, same
+warm-up rule), so what the TUI shows is what the exported report says.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ResultRow:
+    label: str  # condition (with @revision when several)
+    condition: str
+    revision: str
+    batch: str
+    runs: str  # "3/3" usable of total, or the run's state
+    status: str
+    iter_mean: float | None
+    iter_std: float | None
+    tokens_per_s: float | None
+    mem_peak: float | None
+    final_loss: float | None
+    reason: str = ""
+    run_name: str = ""
+
+
+@dataclass
+class Results:
+    experiment: str
+    experiments: list[str]
+    batches: list[str]
+    conditions: list[ResultRow] = field(default_factory=list)
+    runs: list[ResultRow] = field(default_factory=list)
+    tracking_uri: str = ""
+    default_baseline: str | None = None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None = None) -> Results:
+    from dstui import analysis, paths, tracking
+
+    uri = tracking_uri or paths.tracking_uri()
+    c = tracking.client(uri)
+    exps = sorted(
+        (e for e in c.search_experiments() if e.name != "Default"),
+        key=lambda e: e.last_update_time or e.creation_time or 0,
+        reverse=True,
+    )
+    names = [e.name for e in exps]
+    if not names:
+        return Results("", [], [], tracking_uri=uri)
+    if experiment not in names:
+        experiment = names[0]
+    try:
+        _, runs = analysis.fetch_runs(c, experiment)
+    except analysis.ReportError:
+        return Results(experiment, names, [], tracking_uri=uri)
+    batches = sorted({r.batch for r in runs if r.batch}, reverse=True)
+    if batch:
+        runs = [r for r in runs if r.batch == batch]
+    analysis.fetch_histories(c, uri, runs)
+    for r in runs:
+        r.stats = analysis.compute_run_stats(r)
+    analysis.assign_labels(runs)
+    conds = analysis.condition_stats(runs)
+    out = Results(experiment, names, batches, tracking_uri=uri)
+    for cs in conds:
+        out.conditions.append(
+            ResultRow(
+                label=cs.label, condition=cs.condition, revision=cs.revision, batch="",
+                runs=f"{cs.n_usable}/{cs.n_runs}", status=cs.statuses,
+                iter_mean=_num(cs.iter_time_mean), iter_std=_num(cs.iter_time_std),
+                tokens_per_s=_num(cs.tokens_per_s_mean), mem_peak=_num(cs.mem_peak_max),
+                final_loss=_num(cs.final_loss), reason="; ".join(cs.reasons),
+            )
+        )  # fmt: skip
+    for r in runs:
+        st = r.stats
+        out.runs.append(
+            ResultRow(
+                label=r.label, condition=r.condition, revision=r.revision, batch=r.batch,
+                runs=r.status, status=r.status, iter_mean=_num(st.get("iter_time_mean")),
+                iter_std=_num(st.get("iter_time_std")), tokens_per_s=_num(st.get("tokens_per_s_mean")),
+                mem_peak=_num(st.get("mem_peak_max")), final_loss=_num(st.get("final_loss")),
+                reason=r.reason, run_name=r.run_name,
+            )
+        )  # fmt: skip
+    try:
+        out.default_baseline = analysis.choose_baseline(conds, None)
+    except Exception:
+        out.default_baseline = conds[0].label if conds else None
+    return out

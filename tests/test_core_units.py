@@ -1,0 +1,141 @@
+"""Pure units: metric records, seed lines, failure reasons, launch commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dstui import failures, launch
+from dstui.metrics import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
+from dstui.rundir import RunDir
+from dstui.spec import expand, parse_spec
+
+
+def test_seed_line_round_trip() -> None:
+    line = seed_line(1, 10, 2.345678, 0.123, 1234567890, 2345678901)
+    assert line == (
+        "Epoch 1, Step 10, Loss: 2.345678 sync: True time: 0.123000 "
+        "alloc_mem: 1234567890 peak_mem: 2345678901"
+    )
+    rec = parse_seed_line("[rank0]: " + line)
+    assert rec == {
+        "type": "step", "epoch": 1, "step": 10, "loss": 2.345678,
+        "iter_time": 0.123, "mem_alloc": 1234567890, "mem_peak": 2345678901,
+    }  # fmt: skip
+    assert parse_seed_line("Epoch 2, Step 3, Loss: 1.5")["loss"] == 1.5
+    assert parse_seed_line("loss went down") is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"type": "step", "step": 1, "loss": 1.0', "garbage", '{"type": "other"}', '{"type": "step", "step": "x"}', "[1,2]"],
+)
+def test_garbled_json_lines_are_rejected(line: str) -> None:
+    assert parse_json_line(line) is None
+
+
+def test_metric_values_keeps_finite_numbers_only() -> None:
+    rec = {"type": "step", "step": 3, "time": 1.0, "loss": 2.0, "mfu": float("nan"), "ok": True, "name": "x"}
+    assert metric_values(rec) == {"loss": 2.0}
+
+
+def test_follower_hands_out_complete_lines_only(tmp_path: Path) -> None:
+    p = tmp_path / "m.jsonl"
+    f = Follower(p)
+    assert f.read_lines() == []
+    p.write_text('{"a": 1}\n{"b": ')
+    assert [line for line, _ in f.read_lines()] == ['{"a": 1}']
+    with open(p, "a") as fh:
+        fh.write('2}\n')
+    lines = f.read_lines()
+    assert [line for line, _ in lines] == ['{"b": 2}']
+    assert f.offset == p.stat().st_size
+    # resume from a saved offset: nothing is handed out twice
+    assert Follower(p, offset=f.offset).read_lines() == []
+
+
+@pytest.mark.parametrize(
+    ("tail", "code", "expected"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", 1, "CUDA out of memory"),
+        ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", 1, "NCCL / process-group timeout"),
+        ("ValueError: invalid literal for int() with base 10: '0a'", 1, "DeepSpeed op build failed"),
+        ("Traceback (most recent call last):\n  File x\nKeyError: 'model'\n", 1, "Python: KeyError: 'model'"),
+        ("", 3, "exit code 3"),
+        ("", -9, "killed by SIGKILL"),
+    ],
+)
+def test_failure_reasons(tail: str, code: int, expected: str) -> None:
+    assert failures.classify(tail, code).startswith(expected)
+
+
+def _run(settings: dict) -> tuple:
+    (run,) = expand(parse_spec({"name": "l", "settings": settings}))
+    return run, RunDir(Path("/tmp/runs/b") / run.name)
+
+
+def test_train_argv_uses_deepspeed_launcher_and_forwards_settings() -> None:
+    run, rd = _run({"zero_stage": 2, "gpus": 2, "deepcompile": True, "micro_batch": 4})
+    argv = launch.build_argv(run, rd, python="/py", port=29555)
+    assert argv[:3] == ["/py", "-m", "deepspeed.launcher.runner"]
+    assert argv[argv.index("--master_port") + 1] == "29555"
+    assert argv[argv.index("--num_gpus") + 1] == "2"
+    assert argv[argv.index("--zero-stage") + 1] == "2"
+    assert argv[argv.index("--micro-batch") + 1] == "4"
+    assert "--deepcompile" in argv and "--compile" not in argv
+    assert argv[argv.index("--metrics-file") + 1] == str(rd.metrics_file)
+    assert argv[argv.index("--ds-config") + 1] == str(rd.ds_config_file)
+    assert argv.index("--num_gpus") < argv.index(str(launch.RUNNER_SCRIPTS["train"]))
+
+
+def test_multinode_launcher_command() -> None:
+    run, rd = _run(
+        {"gpus": 8, "nodes": 2, "launcher": {"launcher": "pdsh", "hostfile": "/etc/hosts.ds", "master_addr": "node1"}}
+    )
+    argv = launch.build_argv(run, rd, port=29600)
+    lo = argv[: argv.index(str(launch.RUNNER_SCRIPTS["train"]))]
+    assert lo[3:] == [
+        "--hostfile", "/etc/hosts.ds", "--launcher", "pdsh", "--master_addr", "node1",
+        "--master_port", "29600", "--num_nodes", "2", "--num_gpus", "8",
+    ]  # fmt: skip
+
+
+def test_gpu_slice_pins_with_include() -> None:
+    run, rd = _run({"gpus": 2})
+    argv = launch.build_argv(run, rd, port=1, gpu_slice=[2, 3])
+    assert argv[argv.index("--include") + 1] == "localhost:2,3"
+    assert "--num_gpus" not in argv  # DeepSpeed refuses both together
+
+
+def test_user_command_is_an_argv_never_a_shell(tmp_path: Path) -> None:
+    evil = "x; touch " + str(tmp_path / "pwned")
+    run, rd = _run({"kind": "command", "command": [sys.executable, "-c", "import sys; print(sys.argv[1])", evil]})
+    argv = launch.build_argv(run, rd)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == evil
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_placeholders_are_filled_per_element() -> None:
+    run, rd = _run({"kind": "command", "command": ["prog", "--out={metrics_file}", "{run_dir}"]})
+    argv = launch.build_argv(run, rd)
+    assert argv == ["prog", f"--out={rd.metrics_file}", str(rd.path)]
+
+
+def test_secret_env_names() -> None:
+    assert launch.is_secret("HF_TOKEN") and launch.is_secret("aws_secret_access_key")
+    assert launch.is_secret("DB_PASSWORD") and not launch.is_secret("CUDA_VISIBLE_DEVICES")
+
+
+def test_status_is_written_atomically(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "r")
+    rd.path.mkdir()
+    rd.update_status(state="queued", steps_total=5)
+    rd.update_status(state="running")
+    data = json.loads(rd.status_file.read_text())
+    assert data["state"] == "running" and data["steps_total"] == 5
+    assert [p.name for p in rd.path.iterdir()] == ["status.json"]  # no temp files left

@@ -1,0 +1,219 @@
+"""The headless pipeline end to end: spec -> real runs -> run folders -> MLflow."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import SPECS, dstui, mlflow_client
+from dstui.rundir import BatchDir, list_batches
+
+
+def children(client, experiment: str) -> list:
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment}"
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`dstui.role` = 'run'")
+    return sorted(runs, key=lambda r: r.info.run_name)
+
+
+def history(client, run, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+@pytest.mark.e2e
+def test_smoke_spec_end_to_end(home: Path) -> None:
+    """2 gloo ranks, ZeRO 0-3, tracked live in MLflow, read back through MlflowClient."""
+    proc = dstui("run", str(SPECS / "smoke.yaml"), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (batch,) = list_batches(home / "runs")
+    client = mlflow_client()
+    runs = children(client, "smoke")
+    assert [r.info.run_name for r in runs] == ["z0-r0", "z1-r0", "z2-r0", "z3-r0"]
+    exp = client.get_experiment_by_name("smoke")
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`dstui.role` = 'batch'")
+    assert parent.info.run_name == batch.id and parent.info.status == "FINISHED"
+
+    first_losses = []
+    for stage, run in enumerate(runs):
+        assert run.info.status == "FINISHED"
+        tags, params = run.data.tags, run.data.params
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["dstui.status"] == "done" and tags["dstui.condition"] == f"z{stage}"
+        for tag in ("dstui.version.deepspeed", "dstui.version.torch", "dstui.version.transformers",
+                    "dstui.version.python", "dstui.hostname", "dstui.device", "dstui.run_key"):  # fmt: skip
+            assert tags.get(tag), f"{run.info.run_name}: tag {tag} missing"
+        assert params["zero_stage"] == str(stage)
+        assert params["ds.zero_optimization.stage"] == str(stage)
+        assert params["gpus"] == "2" and params["model"] == "tiny-llama"
+        for key in ("loss", "iter_time", "mem_peak", "mem_alloc", "tokens_per_s"):
+            h = history(client, run, key)
+            assert [s for s, _ in h] == list(range(1, 9)), f"{key}: steps {h}"
+            assert all(math.isfinite(v) for _, v in h)
+        assert "summary.iter_time_mean" in run.data.metrics
+        assert any(k.startswith("system/") for k in run.data.metrics)
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "run")}
+        for name in ("stdout.log", "metrics.jsonl", "ds_config.json", "cmd.txt", "spec.json", "status.json"):
+            assert f"run/{name}" in artifacts
+        first_losses.append(history(client, run, "loss")[0][1])
+    # same seed, fp32: every ZeRO stage computes the same first loss
+    assert len(set(first_losses)) == 1, first_losses
+
+    for rd in batch.runs():
+        assert rd.status()["state"] == "done"
+        assert "Epoch 1, Step 8, Loss:" in rd.log_file.read_text()
+
+    st = dstui("status", "--no-takeover", check=True).stdout
+    assert batch.id in st and st.count(" done ") >= 4
+
+
+def _write_spec(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "expect"),
+    [
+        ({"name": "bad", "axes": {"zero_stage": [1, 5]}}, ["condition 'z5'", "field 'stage'", "Input should be 0, 1, 2, 3"]),
+        ({"name": "bad", "settings": {"zero_stagee": 1}}, ["field 'zero_stagee'", "unknown setting"]),
+        ({"name": "bad", "conditions": [{"name": "c0", "micro_batch": 0}]}, ["condition 'c0'", "field 'micro_batch'"]),
+        ({"name": "bad", "settings": {"ds_config": "missing.json"}}, ["'missing.json' not found", "field 'ds_config'"]),
+        ("name: bad\naxes: {zero_stage: [1, 2\n", ["invalid YAML at line"]),
+    ],
+)
+def test_bad_input_launches_nothing(home: Path, data, expect: list[str]) -> None:
+    spec = home / "bad.yaml"
+    if isinstance(data, str):
+        spec.write_text(data)
+    else:
+        _write_spec(spec, data)
+    proc = dstui("run", str(spec))
+    assert proc.returncode == 2
+    msg = proc.stderr
+    assert str(spec) in msg and "Traceback" not in msg
+    for fragment in expect:
+        assert fragment in msg, msg
+    assert not (home / "runs").exists() or not list((home / "runs").iterdir())
+    assert not (home / "mlruns" / "mlflow.db").exists()
+
+
+def test_missing_spec_file(home: Path) -> None:
+    proc = dstui("run", str(home / "nope.yaml"))
+    assert proc.returncode == 2 and "no such spec file" in proc.stderr
+
+
+def test_list_and_dry_run_show_runs_and_exact_commands(home: Path) -> None:
+    out = dstui("list", str(SPECS / "smoke.yaml"), check=True).stdout
+    assert "4 runs (smoke)" in out and "z3-r0" in out
+    out = dstui("run", "--dry-run", str(SPECS / "smoke.yaml"), check=True).stdout
+    commands = [line for line in out.splitlines() if "deepspeed.launcher.runner" in line]
+    assert len(commands) == 4
+    assert all("--num_gpus 2" in c and "runners/train.py" in c for c in commands)
+    assert "--zero-stage 3" in commands[3]
+    assert not (home / "runs").exists()
+
+
+SLOW_SEED_PROGRAM = (
+    "import sys, time\n"
+    "n = int(sys.argv[1])\n"
+    "for s in range(1, n + 1):\n"
+    "    print(f'Epoch 1, Step {s}, Loss: {10.0 / s:.6f} sync: True time: 0.05 alloc_mem: {s} peak_mem: {2 * s}', flush=True)\n"
+    "    print('some other log line', flush=True)\n"
+    "    time.sleep(0.8)\n"
+)
+
+
+def test_user_command_in_seed_format_is_followed_live(home: Path) -> None:
+    steps = 12
+    spec = _write_spec(
+        home / "cmd.yaml",
+        {
+            "name": "live-cmd",
+            "settings": {"kind": "command", "metrics_format": "seed", "steps": steps, "warmup_steps": 1},
+            "conditions": [{"name": "slow", "command": ["{python}", "-c", SLOW_SEED_PROGRAM, str(steps)]}],
+        },
+    )
+    client = mlflow_client()
+    client.search_experiments()  # create the store now, so polling below is quick
+    proc = subprocess.Popen([sys.executable, "-m", "dstui", "run", "--detach", str(spec)], stdout=subprocess.PIPE, text=True)
+    assert proc.wait(timeout=120) == 0
+    seen_live = None
+    deadline = time.time() + 120
+    batch = None
+    while time.time() < deadline:
+        batches = list_batches(home / "runs")
+        batch = batches[0] if batches else None
+        if batch and batch.runs():
+            rd = batch.runs()[0]
+            st = rd.status()
+            if st.get("state") == "running" and st.get("mlflow_run_id"):
+                n = len(client.get_metric_history(st["mlflow_run_id"], "loss"))
+                if 0 < n < steps:
+                    seen_live = n
+            if batch.is_finished() and batch.info().get("finalized"):
+                break
+        time.sleep(0.3)
+    assert seen_live, "no metric reached MLflow while the run was still going"
+    (run,) = children(client, "live-cmd")
+    assert history(client, run, "loss") == [(s, round(10.0 / s, 6)) for s in range(1, steps + 1)]
+    assert run.info.status == "FINISHED"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_team_mlflow_server(home: Path, tmp_path: Path) -> None:
+    """A team points dstui at a shared `mlflow server`: a real one on 127.0.0.1."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise AssertionError("mlflow server did not come up") from None
+                time.sleep(0.5)
+        proc = dstui("run", str(SPECS / "seed_format_command.yaml"), env={"MLFLOW_TRACKING_URI": uri}, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        client = mlflow_client(uri)
+        (run,) = children(client, "seed-command")
+        assert [v for _, v in history(client, run, "loss")] == [5.0, 2.5, 1.666667, 1.25, 1.0]
+        assert "run/stdout.log" in {a.path for a in client.list_artifacts(run.info.run_id, "run")}
+        assert not (home / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+def test_batch_json_records_the_plan(home: Path) -> None:
+    proc = dstui("run", str(SPECS / "seed_format_command.yaml"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (batch,) = list_batches(home / "runs")
+    info = json.loads(BatchDir(batch.path).batch_file.read_text())
+    assert info["experiment"] == "seed-command" and info["runs"] == ["echo-steps-r0"]
+    assert info["finalized"] is True

@@ -1,0 +1,204 @@
+"""End-to-end tests of runners/train.py: real DeepSpeed launcher, 2 gloo ranks on CPU, no mocks.
+
+All launches start at once in one module-scoped fixture and the tests read
+their results: the launcher and rank start-up (imports) dominates, and
+overlapping it is what keeps the file fast on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dstui import dsconfig
+from dstui.metrics import parse_seed_line, read_records
+from dstui.spec import Settings
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "runners" / "train.py"
+STEPS = 4
+STAGES = (0, 1, 2, 3)
+COMMON = ["--model", "tiny-llama", "--dataset", "tiny-corpus", "--seq-length", "64",
+          "--steps", str(STEPS), "--warmup-steps", "1", "--seed", "7"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    """One finished launch: exit code, all output, the rank-0 records."""
+
+    rc: int
+    out: str
+    records: list[dict]
+    wall: float
+
+    def of(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["type"] == kind]
+
+
+def _start(args: list[str], metrics: Path | None) -> tuple[subprocess.Popen, Path | None, float]:
+    env = {k: v for k, v in os.environ.items() if k != "DSTUI_METRICS_FILE"}
+    # One intra-op thread per rank: several launches share two cores, and
+    # oversubscribed OpenMP threads spin rather than work.
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+           "--master_port", str(_free_port()), str(TRAIN), *args]
+    if metrics is not None:
+        cmd += ["--metrics-file", str(metrics)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, metrics, time.monotonic()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
+    tmp = tmp_path_factory.mktemp("runner")
+    launches: dict[str, list[str]] = {}
+    for stage in STAGES:
+        # The dstui path: a generated ds_config file, used as-is by the runner.
+        s = Settings(zero_stage=stage, seq_length=64, steps=STEPS, warmup_steps=1, seed=7)
+        cfg = dsconfig.deep_merge(dsconfig.load_template("base.json"), dsconfig.from_settings(s))
+        cfg_path = tmp / f"ds_z{stage}.json"
+        cfg_path.write_text(json.dumps(cfg))
+        launches[f"z{stage}"] = [*COMMON, "--zero-stage", str(stage), "--ds-config", str(cfg_path)]
+    # Standalone: no --ds-config, other paths of the loop (bf16, accumulation, log interval).
+    launches["standalone"] = ["--model", "tiny-gpt2", "--dataset", "synthetic", "--seq-length", "32",
+                              "--steps", "4", "--warmup-steps", "1", "--log-interval", "2",
+                              "--grad-accum", "2", "--micro-batch", "2", "--dtype", "bf16",
+                              "--zero-stage", "2", "--torch-adam"]
+    launches["ulysses"] = [*COMMON, "--zero-stage", "1", "--sequence-parallel", "2", "--sp-check"]
+    launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "2"]
+
+    started = {name: _start(args, tmp / f"{name}.jsonl") for name, args in launches.items()}
+    results: dict[str, Result] = {}
+    for name, (proc, metrics, t0) in started.items():
+        try:
+            out, _ = proc.communicate(timeout=420)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            out += "\n<test: timed out>"
+        records = read_records(metrics) if metrics is not None else []
+        results[name] = Result(proc.returncode, out, records, time.monotonic() - t0)
+    return results
+
+
+def _ok(r: Result) -> None:
+    assert r.rc == 0, r.out[-4000:]
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
+    r = runs[f"z{stage}"]
+    _ok(r)
+    (header,) = r.of("header")
+    assert header["world_size"] == 2
+    assert header["device"] == "cpu" and header["peak_tflops"] is None
+    assert header["ds_config"]["zero_optimization"]["stage"] == stage
+    assert header["tokens_per_step"] == 1 * 1 * 64 * 2
+    assert header["params"] > 0 and header["flops_per_token"] > 6 * header["params"]
+    assert set(header["versions"]) >= {"deepspeed", "torch", "transformers", "python"}
+    assert header["config"]["zero_stage"] == stage
+
+    steps = r.of("step")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    for s in steps:
+        for field in ("loss", "iter_time", "tokens_per_s", "tflops_per_gpu", "mem_alloc", "mem_peak", "lr"):
+            assert _finite(s[field]), (field, s)
+        assert s["iter_time"] > 0 and s["mem_peak"] >= s["mem_alloc"] > 0
+        assert "mfu" not in s  # no known peak on CPU: no made-up MFU
+
+    (summary,) = r.of("summary")
+    assert summary["status"] == "ok" and summary["steps"] == STEPS and summary["warmup_steps"] == 1
+    assert summary["final_loss"] == steps[-1]["loss"]
+    for field in ("iter_time_mean", "iter_time_std", "tokens_per_s_mean", "compile_time", "mem_peak_max"):
+        assert _finite(summary[field]), field
+    assert r.records[0]["type"] == "header" and r.records[-1]["type"] == "summary"
+
+
+def test_zero_stages_same_loss(runs: dict[str, Result]) -> None:
+    """Same seed, same data: ZeRO partitions the work, not the maths; step 1 must match exactly."""
+    for stage in STAGES:
+        _ok(runs[f"z{stage}"])
+    first = {stage: runs[f"z{stage}"].of("step")[0]["loss"] for stage in STAGES}
+    assert len(set(first.values())) == 1, first
+    # Later steps agree closely too (reduction order may differ in the last bits).
+    last = [runs[f"z{stage}"].of("step")[-1]["loss"] for stage in STAGES]
+    assert max(last) - min(last) < 1e-4, last
+
+
+def test_seed_line_printed(runs: dict[str, Result]) -> None:
+    r = runs["z0"]
+    _ok(r)
+    parsed = [p for p in map(parse_seed_line, r.out.splitlines()) if p]
+    assert [p["step"] for p in parsed] == list(range(1, STEPS + 1))  # rank 0 only, once per step
+    steps = r.of("step")
+    assert parsed[0]["loss"] == pytest.approx(steps[0]["loss"], abs=1e-6)
+    assert parsed[-1]["mem_peak"] == steps[-1]["mem_peak"]
+
+
+def test_standalone_without_ds_config(runs: dict[str, Result]) -> None:
+    r = runs["standalone"]
+    _ok(r)
+    (header,) = r.of("header")
+    cfg = header["ds_config"]
+    assert cfg["zero_optimization"]["stage"] == 2 and cfg["bf16"]["enabled"] is True
+    assert cfg["gradient_accumulation_steps"] == 2 and cfg["train_micro_batch_size_per_gpu"] == 2
+    assert "optimizer" not in cfg  # --torch-adam: a client torch.optim.AdamW
+    assert header["tokens_per_step"] == 2 * 2 * 32 * 2
+    assert [s["step"] for s in r.of("step")] == [2, 4]  # --log-interval 2
+    assert all(_finite(s["loss"]) for s in r.of("step"))
+    assert r.of("summary")[0]["status"] == "ok"
+
+
+def test_ulysses_sequence_parallel_matches_plain(runs: dict[str, Result]) -> None:
+    r = runs["ulysses"]
+    _ok(r)
+    (header,) = r.of("header")
+    assert header["sequence_parallel"] == 2 and header["dp_world_size"] == 1
+    assert header["ds_config"]["sequence_parallel_size"] == 2
+    assert header["tokens_per_step"] == 64  # one sequence shared by the two ranks
+    assert len(r.of("step")) == STEPS and r.of("summary")[0]["status"] == "ok"
+    assert "sp-check: losses match" in r.out, r.out[-3000:]
+
+
+def test_bad_preset_is_a_clear_error(runs: dict[str, Result]) -> None:
+    r = runs["bad_preset"]
+    assert r.rc != 0
+    assert "unknown model 'tiny-lama'" in r.out
+    assert "tiny-llama" in r.out and "tiny-gpt2" in r.out  # lists the presets
+    assert "Traceback" not in r.out
+    assert not r.records
+
+
+def test_help_explains_every_setting() -> None:
+    out = subprocess.run([sys.executable, str(TRAIN), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = [n for n in Settings.model_fields if n in {
+        "model", "load_weights", "dataset", "dataset_config", "dataset_percent", "seq_length",
+        "micro_batch", "grad_accum", "steps", "warmup_steps", "log_interval", "dtype", "zero_stage",
+        "offload", "offload_params", "nvme_path", "deepcompile", "compile", "activation_checkpointing",
+        "sequence_parallel", "sp_mode", "lr", "torch_adam", "seed", "deterministic"}]
+    assert len(names) == 25
+    for n in names:
+        assert "--" + n.replace("_", "-") in out.stdout, n
+    assert "--ds-config" in out.stdout and "--metrics-file" in out.stdout

@@ -1,0 +1,133 @@
+"""Compose screen: edit -> expand -> save -> `dstui list` gives the same runs; inline errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from test_tui_helpers import REPO, anyio_backend, run_cli, tui_env, wait_for  # noqa: F401
+from textual.widgets import Input, Static
+
+from dstui.spec import expand_file
+from dstui.tui.app import DstuiApp
+from dstui.tui.screens.compose import ComposeScreen
+
+pytestmark = pytest.mark.anyio
+
+
+def listed(path) -> list[tuple[str, str]]:  # noqa: ANN001
+    """(run name, key) pairs printed by `dstui list --no-validate`."""
+    out = run_cli("list", "--no-validate", str(path))
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[0].isdigit() and parts[1] != "runs":
+            rows.append((parts[1], parts[-1]))
+    assert rows, out
+    return rows
+
+
+async def test_compose_new_spec_save_then_list(tui_env):  # noqa: F811
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("1")
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        path = tui_env / "specs" / "mine.yaml"
+        inp = screen.query_one("#path", Input)
+        inp.focus()
+        inp.value = str(path)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one("#name", Input).value == "mine"
+        # ZeRO 1 and 2 on top of the default 0, two micro batches, two repeats
+        for box in ("#ck-zero_stage-1", "#ck-zero_stage-2"):
+            screen.query_one(box).focus()
+            await pilot.press("space")
+        mb = screen.query_one("#in-micro_batch", Input)
+        mb.focus()
+        mb.value = ""
+        await pilot.press("1", ",", " ", "2")
+        rep = screen.query_one("#repeats", Input)
+        rep.focus()
+        rep.value = ""
+        await pilot.press("2")
+        await pilot.pause()
+        assert len(screen.runs) == 3 * 2 * 2
+        assert "12 runs" in str(screen.query_one("#count", Static).render())
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert path.is_file()
+        ui = [(r.name, r.key) for r in screen.runs]
+    assert listed(path) == ui
+    _, runs = expand_file(path)
+    assert [(r.name, r.key) for r in runs] == ui
+
+
+async def test_compose_open_existing_edit_roundtrip(tui_env):  # noqa: F811
+    src = tui_env / "smoke.yaml"
+    shutil.copy(REPO / "configs/experiments/smoke.yaml", src)
+    app = DstuiApp(spec_path=src, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("1")
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        assert [r.name for r in screen.runs] == ["z0-r0", "z1-r0", "z2-r0", "z3-r0"]
+        # drop ZeRO 0, add DeepCompile on/off: 3 x 2 conditions
+        screen.query_one("#ck-zero_stage-0").focus()
+        await pilot.press("space")
+        screen.query_one("#ck-deepcompile-1").focus()
+        await pilot.press("space")
+        await pilot.pause()
+        assert len(screen.runs) == 6
+        out = tui_env / "edited.yaml"
+        screen.query_one("#path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        ui = [(r.name, r.key) for r in screen.runs]
+    assert listed(out) == ui
+    saved = yaml.safe_load(out.read_text())
+    assert saved["axes"]["zero_stage"] == [1, 2, 3]
+    assert saved["axes"]["deepcompile"] == [False, True]
+    assert saved["settings"]["model"] == "tiny-llama"  # untouched fields survive
+
+
+async def test_compose_flags_invalid_combination_like_cli(tui_env):  # noqa: F811
+    path = tui_env / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "bad", "settings": {"steps": 4}, "axes": {"zero_stage": [0, 1]}}))
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("1")
+        screen = app.screen
+        assert screen.error is None and len(screen.runs) == 2
+        screen.query_one("#ck-offload-1").focus()  # offload cpu: invalid with ZeRO 0
+        await pilot.press("space")
+        await pilot.pause()
+        assert screen.runs == []
+        assert "offload needs ZeRO stage 1, 2 or 3" in screen.error
+        shown = str(screen.query_one("#error", Static).render())
+        assert screen.error in shown
+        # saving an invalid spec is refused
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        path2 = tui_env / "bad2.yaml"
+        path2.write_text(yaml.safe_dump(screen.data, sort_keys=False))
+        ui_error = screen.error.replace(str(path), str(path2))
+    cli = run_cli("list", "--no-validate", str(path2))
+    assert f"dstui: error: {ui_error}" in cli
+    assert yaml.safe_load(path.read_text())["axes"] == {"zero_stage": [0, 1]}  # not overwritten
+
+
+async def test_compose_deepspeed_validation_inline(tui_env):  # noqa: F811
+    path = tui_env / "ds.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "ds", "settings": {"steps": 4, "ds_overrides": {"zero_optimization": {"stag": 1}}},
+    }))  # fmt: skip
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("1")
+        dsv = app.screen.query_one("#dsvalid", Static)
+        ok = await wait_for(pilot, lambda: "✗" in str(dsv.render()), timeout=120)
+        assert ok, str(dsv.render())
+        assert "Extra inputs are not permitted" in str(dsv.render())

@@ -1,0 +1,148 @@
+"""Shared fixtures for the TUI tests: isolated state dirs and deterministic run folders."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dstui.rundir import BatchDir, write_json_atomic
+
+T0 = 1_790_000_000.0  # a fixed "now" for fixture folders (no clocks in snapshots)
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tui_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """DSTUI_HOME and MLflow in a temp dir; local times in UTC."""
+    monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_run(
+    batch: Path,
+    name: str,
+    *,
+    order: int,
+    state: str,
+    steps: int = 20,
+    reason: str | None = None,
+    loss0: float = 6.0,
+    iter_time: float = 0.05,
+    mem: float = 500e6,
+    log_lines: int = 30,
+) -> Path:
+    rd = batch / name
+    rd.mkdir(parents=True)
+    condition = name.rsplit("-r", 1)[0]
+    write_json_atomic(rd / "spec.json", {
+        "experiment": "fixture", "condition": condition, "name": name, "order": order,
+        "settings": {"kind": "train", "metrics_format": "jsonl", "steps": steps, "warmup_steps": 2},
+        "repeat": 0, "revision": "installed", "key": f"k{order}",
+    })  # fmt: skip
+    done = steps if state == "done" else steps // 2 if state in ("failed", "killed") else 0
+    last = {}
+    with open(rd / "metrics.jsonl", "w") as fh:
+        fh.write(json.dumps({"type": "header", "time": T0, "device": "cpu"}) + "\n")
+        for s in range(1, done + 1):
+            rec = {
+                "type": "step", "time": T0 + s, "step": s, "epoch": 1,
+                "loss": round(loss0 * math.exp(-s / 12) + 0.05 * math.sin(s), 6),
+                "iter_time": round(iter_time * (3 if s == 1 else 1 + 0.1 * math.sin(s * order + 1)), 6),
+                "tokens_per_s": round(1000 / iter_time, 1),
+                "mem_alloc": mem * 0.8 + s * 1e5, "mem_peak": mem + s * 1e5 + order * 2e7,
+            }  # fmt: skip
+            fh.write(json.dumps(rec) + "\n")
+            last = {k: rec[k] for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
+    with open(rd / "system.jsonl", "w") as fh:
+        for i in range(done):
+            fh.write(json.dumps({
+                "time": T0 + 2 * i, "node": "fixture", "cpu_percent": 50.0,
+                "job_cpu_percent": 100 + 40 * math.sin(i / 3 + order), "job_rss_bytes": 1.5e9 + i * 1e6,
+            }) + "\n")  # fmt: skip
+    with open(rd / "stdout.log", "w") as fh:
+        for i in range(1, log_lines + 1):
+            fh.write(f"[rank0] fixture log line {i} of {name}\n")
+    status = {
+        "name": name, "condition": condition, "revision": "installed", "repeat": 0,
+        "key": f"k{order}", "order": order, "state": state, "steps_total": steps,
+        "steps_done": done, "last": last, "reason": reason, "started": T0, "updated": T0 + 60,
+    }  # fmt: skip
+    if state in ("done", "failed", "killed"):
+        status["ended"] = T0 + 60
+    write_json_atomic(rd / "status.json", status)
+    return rd
+
+
+def fixture_batch(root: Path, batch_id: str = "fixture-20260101-000000", *, finalized: bool = True) -> BatchDir:
+    """A finished batch: done, failed (OOM), killed and queued runs."""
+    path = root / "runs" / batch_id
+    path.mkdir(parents=True)
+    runs = [
+        ("z0-r0", "done", None),
+        ("z1-r0", "done", None),
+        ("z2-r0", "failed", "CUDA out of memory"),
+        ("z3-r0", "killed", "cancelled"),
+    ]
+    for i, (name, state, reason) in enumerate(runs):
+        write_run(path, name, order=i, state=state, reason=reason, iter_time=0.05 / (i + 1), loss0=6.0 + 0.01 * i)
+    write_json_atomic(path / "batch.json", {
+        "id": batch_id, "experiment": "fixture", "spec_path": str(REPO / "configs/experiments/smoke.yaml"),
+        "runs": [r[0] for r in runs], "parallel": 1, "created": T0, "finalized": finalized,
+    })  # fmt: skip
+    return BatchDir(path)
+
+
+async def wait_for(pilot, predicate, timeout: float = 60.0, step: float = 0.2) -> bool:  # noqa: ANN001
+    """Let the app run until predicate() is true (real processes need real time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await pilot.pause(step)
+    return predicate()
+
+
+def seed_spec(tmp: Path, name: str = "seedcmd", sleep_s: float = 0.2, steps: int = 5) -> Path:
+    """A fast command spec that prints the seed's step lines (finishes in about a second)."""
+    code = (
+        "import time\n"
+        f"for s in range(1, {steps + 1}):\n"
+        "    print(f'Epoch 1, Step {s}, Loss: {5.0 / s:.6f} sync: True time: 0.010 "
+        "alloc_mem: {1000 * s} peak_mem: {2000 * s}', flush=True)\n"
+        f"    time.sleep({sleep_s})\n"
+    )
+    spec = {
+        "name": name,
+        "settings": {"kind": "command", "metrics_format": "seed", "steps": steps, "warmup_steps": 1},
+        "conditions": [{"name": "echo", "command": ["{python}", "-c", code]}],
+    }
+    import yaml
+
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "dstui", *args], capture_output=True, text=True, cwd=cwd, env=os.environ.copy()
+    )
+    return out.stdout + out.stderr
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
