@@ -42,6 +42,21 @@ def is_secret(name: str) -> bool:
     return any(m in upper for m in SECRET_MARKERS)
 
 
+def redact(obj: object) -> object:
+    """A copy with the values of secret-looking variables in every ``env`` mapping masked."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if k == "env" and isinstance(v, dict):
+                out[k] = {n: ("***" if is_secret(n) else x) for n, x in v.items()}
+            else:
+                out[k] = redact(v)
+        return out
+    if isinstance(obj, list):
+        return [redact(x) for x in obj]
+    return obj
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

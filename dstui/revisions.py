@@ -190,6 +190,8 @@ def resolve_all(
             f"{len(errors)} revisions are invalid:\n" + "\n".join(f"  - {e}" for e in errors),
             field="revisions",
         )
+    if any(p.kind != "installed" and not _usable(p) for p in plans):
+        base.require_pip()
     _check_pypi_versions([p for p in plans if p.kind == "pypi" and not _usable(p)], base)
     return {p.name: _materialise(p, base, progress) for p in plans}
 
@@ -204,6 +206,7 @@ class _BaseEnv:
     python: str
     site_dirs: tuple[str, ...]
     fingerprint: str
+    has_setuptools: bool = True
 
     @classmethod
     def current(cls) -> _BaseEnv:
@@ -213,7 +216,24 @@ class _BaseEnv:
         # sys.path order = the base's own precedence; keep it in the new env.
         dirs = tuple(p for p in sys.path if p in wanted and os.path.isdir(p))
         blob = json.dumps([ENV_FORMAT, sys.version, os.path.realpath(sys.executable), dirs])
-        return cls(sys.executable, dirs, hashlib.sha256(blob.encode()).hexdigest()[:10])
+        from importlib.util import find_spec
+
+        return cls(
+            sys.executable,
+            dirs,
+            hashlib.sha256(blob.encode()).hexdigest()[:10],
+            has_setuptools=find_spec("setuptools") is not None,
+        )
+
+    def require_pip(self) -> None:
+        """The new envs run the base's pip (through the .pth link); say so if there is none."""
+        from importlib.util import find_spec
+
+        if find_spec("pip") is None:
+            raise DstuiError(
+                f"the base environment ({self.python}) has no pip, which dstui needs to build "
+                "revision environments; install it with `python -m ensurepip`"
+            )
 
 
 # -- planning: cheap validation and the cache key ----------------------------------
@@ -421,6 +441,11 @@ def _pip_env() -> dict[str, str]:
 # -- building and reusing envs --------------------------------------------------------
 
 
+def _sibling(env_dir: Path, suffix: str) -> Path:
+    """``<key><suffix>`` beside the env (not with_suffix: keys like pypi-0.18.0-... contain dots)."""
+    return env_dir.parent / (env_dir.name + suffix)
+
+
 def _env_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
@@ -473,7 +498,7 @@ def _materialise(plan: _Plan, base: _BaseEnv, progress: Progress) -> ResolvedRev
 
     built = False
     if not _usable(plan):
-        with _locked(env_dir.with_suffix(".lock"), say):
+        with _locked(_sibling(env_dir, ".lock"), say):
             # Another process may have finished the build while we waited.
             if not _usable(plan):
                 _build(plan, base, say)
@@ -531,11 +556,13 @@ def _locked(lock_path: Path, say: Callable[[str], None]) -> Iterator[None]:
 def _build(plan: _Plan, base: _BaseEnv, say: Callable[[str], None]) -> None:
     assert plan.env_dir is not None
     env_dir = plan.env_dir
-    log_path = env_dir.with_suffix(".build.log")
+    log_path = _sibling(env_dir, ".build.log")
     if env_dir.exists():
         say("removing an unfinished environment")
         shutil.rmtree(env_dir)
-    staging = Path(tempfile.mkdtemp(prefix=f"{plan.key}-", dir=env_dir.parent))
+    tmp_root = env_dir.parent.parent / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{plan.key}-", dir=tmp_root))
     t0 = time.monotonic()
     try:
         with open(log_path, "w") as log:
@@ -548,10 +575,14 @@ def _build(plan: _Plan, base: _BaseEnv, say: Callable[[str], None]) -> None:
             if plan.diff is not None:
                 (env_dir / DIFF_NAME).write_bytes(plan.diff)
             say(f"installing DeepSpeed from {target} (pip --no-deps, DS_BUILD_OPS=0)")
-            pip = [
-                str(_env_python(env_dir)), "-m", "pip", "install", "--no-deps", "--ignore-installed",
-                "--no-build-isolation", "--no-input", "--disable-pip-version-check", target,
-            ]
+            # --ignore-installed: pip sees the base's deepspeed through the .pth link and
+            # must neither skip the install nor try to uninstall the base's copy.
+            pip = [str(_env_python(env_dir)), "-m", "pip", "install", "--no-deps", "--ignore-installed"]
+            if base.has_setuptools:
+                # Build against the base's torch/setuptools: no download of a build env,
+                # and setup.py records the real torch version in deepspeed's install info.
+                pip.append("--no-build-isolation")
+            pip += ["--no-input", "--disable-pip-version-check", target]
             _run_logged(pip, log, cwd=staging, say=say)
             say("checking the environment imports its own deepspeed and the base torch")
             version = _verify(plan, env_dir, log)

@@ -160,7 +160,8 @@ def request_cancel(rd: RunDir) -> None:
     rd.cancel_file.write_text(str(time.time()))
     st = rd.status()
     if st.get("state") == "queued":
-        rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+        if not is_supervised(rd.batch):  # else the supervisor sees the request before launching
+            rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
         return
     if st.get("state") in ACTIVE_STATES:
         kill_group(st.get("pgid"), grace_s=0.5)
@@ -325,7 +326,7 @@ class Supervisor:
                     tags["dstui.revision.sha"] = rev.get("sha")
                     tags["dstui.revision.version"] = rev.get("version")
                 rid = tracking.create_run(c, self.experiment_id, rd.name, tags=tags, parent_id=parent)
-                params = _flat_settings(settings)
+                params = _flat_settings(launch.redact(settings))
                 params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
                 params["run_key"] = spec.get("key")
                 params["revision"] = spec.get("revision")
@@ -635,7 +636,7 @@ class Supervisor:
                     pid,
                     {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES},
                 )
-                c.log_artifact(pid, str(self.batch.batch_file))
+                tracking.log_file_artifact(c, pid, self.batch.batch_file)
                 tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
@@ -644,8 +645,6 @@ class Supervisor:
 def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in settings.items():
-        if k == "env":
-            v = {n: ("***" if launch.is_secret(n) else x) for n, x in (v or {}).items()}
         if isinstance(v, dict):
             out.update(_flat_settings(v, f"{prefix}{k}."))
         elif isinstance(v, list):

@@ -116,7 +116,6 @@ def finish(c: MlflowClient, run_id: str, status: str) -> None:
 
 def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "run") -> None:
     """Upload the run folder's small files (never anything whose name looks secret)."""
-    import shutil
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,8 +123,33 @@ def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str
         staged.mkdir()
         for p in folder.iterdir():
             if p.is_file() and not p.name.startswith(".") and p.name != "cancel.request":
-                shutil.copy2(p, staged / p.name)
+                stage_file(p, staged / p.name)
         c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
+
+
+def stage_file(src: Path, dst: Path) -> None:
+    """Copy for upload; JSON files go through :func:`launch.redact` so secrets stay local."""
+    import json
+    import shutil
+
+    from dstui.launch import redact
+
+    if src.suffix == ".json":
+        try:
+            dst.write_text(json.dumps(redact(json.loads(src.read_text())), indent=2, default=str))
+            return
+        except ValueError:
+            pass
+    shutil.copy2(src, dst)
+
+
+def log_file_artifact(c: MlflowClient, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / path.name
+        stage_file(path, staged)
+        c.log_artifact(run_id, str(staged), artifact_path=artifact_path)
 
 
 def versions_tags(header: dict[str, Any]) -> dict[str, Any]:

@@ -351,5 +351,34 @@ def deepspeed_git_sha() -> str | None:
     return sha if sha and sha != "unknown" else None
 
 
+def isolate_op_cache() -> str | None:
+    """Give this DeepSpeed install its own JIT-op build folder (unless TORCH_EXTENSIONS_DIR is set).
+
+    torch keeps JIT extensions in one folder per python/torch flavour, shared
+    by every DeepSpeed on the machine. When runs of two DeepSpeed revisions
+    start together, one can load the other's freshly built ``.so`` (seen
+    here: "module 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'"
+    when 0.18.0 and 0.19.8 ran side by side). A folder per install path and
+    torch build keeps revisions apart; the first run of each pays the build.
+    Must run before deepspeed is imported.
+    """
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return None
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or spec.origin is None:
+        return None
+    import torch
+
+    ident = f"{Path(spec.origin).parent.resolve()}|{torch.__version__}|{sys.version_info[:2]}"
+    tag = hashlib.sha1(ident.encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    folder = cache / "torch_extensions" / f"dstui-{tag}"
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    return str(folder)
+
+
 def hostname() -> str:
     return socket.gethostname()

@@ -64,6 +64,37 @@ for _p in (str(_REPO), str(_RUNNERS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+
+
+def _private_extensions_dir() -> None:
+    """Give this DeepSpeed install its own JIT-op cache unless one is set.
+
+    torch keeps JIT-built ops (DeepSpeed's shm comm op on CPU, fused_adam, ...)
+    in ~/.cache/torch_extensions/<py>_<device>/<op> whatever the DeepSpeed
+    version; a run of another revision then rebuilds or loads a foreign .so
+    (seen here: 0.19.8 loading 0.18.0's deepspeed_shm_comm and dying with
+    "has no attribute 'vector_kernel_level'"). Keying the folder by the
+    installed package's location and version keeps revisions apart.
+    """
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    key = hashlib.sha1(f"{spec.origin if spec else ''}|{version}".encode()).hexdigest()[:12]
+    from dstui.paths import cache_dir
+
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(cache_dir() / "torch_extensions" / f"ds-{version}-{key}")
+
+
+_private_extensions_dir()
+
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -124,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(*option_names("torch_adam", "--use_torch_adam", "--use-torch-adam"),
                    action="store_true",
                    help="torch.optim.AdamW on the DeepSpeed side too (the exact-parity setting).")
+    p.add_argument(*option_names("mirror_zero3_hooks"), action="store_true",
+                   help="Wrap the baseline's module inputs/outputs like ZeRO-3 does, so both sides "
+                        "sum gradients in the same order (isolates ZeRO-3's partitioning).")
     p.add_argument(*option_names("rtol"), type=float, default=0.0)
     p.add_argument(*option_names("atol"), type=float, default=0.0)
     p.add_argument(*option_names("compile"), action="store_true",
@@ -268,6 +302,43 @@ def git_sha() -> str | None:
     return None if not git_hash or git_hash.startswith("[") else str(git_hash)
 
 
+class _Identity(torch.autograd.Function):
+    """What ZeRO-3 puts around module inputs and outputs: x.detach() forward, grad as is."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def mirror_zero3_hooks(model: torch.nn.Module) -> None:
+    """Give the baseline the autograd graph that ZeRO-3 gives the engine's model.
+
+    ZeRO-3 (deepspeed/runtime/zero/parameter_offload.py) wraps the tensor inputs
+    (forward pre-hook, ``PostBackwardFunctionModule``) and outputs (forward
+    hook, ``PreBackwardFunctionForModule``) of *every* module in identity
+    autograd Functions so it learns when a module's backward starts and ends.
+    They do not change values, but they change how autograd groups the sum of
+    gradients of a tensor used three or more times: the residual stream feeds
+    the residual add and an RMSNorm that uses its input twice, and
+    ``r + (p + m)`` is not ``(r + m) + p`` in floating point. With this the
+    baseline sums in the same grouping, so what remains to compare is ZeRO-3's
+    partitioning and communication. Uses DeepSpeed's own traversal of nested
+    outputs so that the same tensors get wrapped.
+    """
+    from deepspeed.runtime.zero.utils import apply_to_tensors_only
+
+    def wrap(obj: Any) -> Any:
+        return apply_to_tensors_only(_Identity.apply, obj)
+
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda _m, inputs: wrap(inputs))
+        module.register_forward_hook(lambda _m, _inputs, output: wrap(output))
+
+
 @contextlib.contextmanager
 def gathered(params: list[Any], stage: int) -> Iterator[None]:
     """Full parameters on every rank: GatheredParameters under ZeRO-3, a no-op below."""
@@ -332,6 +403,8 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
     # The baseline is a copy of the initial weights taken before DeepSpeed
     # partitions, casts or moves anything.
     baseline = copy.deepcopy(model).to(device)
+    if args.mirror_zero3_hooks:
+        mirror_zero3_hooks(baseline)
     base_opt = make_torch_opt(baseline.parameters(), opt_kind, opt_kwargs)
 
     ds_cfg = copy.deepcopy(cfg)
@@ -498,7 +571,7 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
                 gdiff.worst if not gdiff.ok else "", pdiff.worst if not pdiff.ok else ""])
         if rank == 0 and first_step == step:
             for what, d in (("grad", gdiff), ("param", pdiff)):
-                for name, dmax, bad, n in sorted(d.offenders, key=lambda o: -o[1])[:8]:
+                for name, dmax, bad, n in sorted(d.offenders, key=lambda o: -o[1])[:24]:
                     print(f"  {what} {name}: max|d| {dmax:.3e}, {bad}/{n} elements out of tolerance",
                           flush=True)
         if rank == 0:

@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    common.isolate_op_cache()
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator

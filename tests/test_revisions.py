@@ -328,7 +328,7 @@ def test_lock_waits_for_another_builder(cache: Path) -> None:
     saved = marker.read_bytes()
     lines: list[str] = []
     result: dict[str, R.ResolvedRevision] = {}
-    with open(env.with_suffix(".lock"), "a+") as fh:
+    with open(R._sibling(env, ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # "another process" is building
         marker.unlink()  # ... and has not finished yet
         t = threading.Thread(target=lambda: result.update(r=R.resolve(rev, cache_dir=cache, progress=lines.append)))

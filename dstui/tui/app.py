@@ -17,12 +17,18 @@ from textual.worker import WorkerState
 
 from dstui.errors import DstuiError
 from dstui.tui.commands import DstuiCommands
-from dstui.tui.screens.compose import ComposeScreen
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
 from dstui.tui.screens.runs import RunsScreen
 
 READY_ENV = "DSTUI_TUI_READY_FILE"  # benchmarks: written once the first frame is up
+
+
+def _compose_screen():  # noqa: ANN202
+    # pydantic spec models cost ~0.2 s to import: only when Compose is first opened
+    from dstui.tui.screens.compose import ComposeScreen
+
+    return ComposeScreen()
 
 
 class DstuiApp(App):
@@ -31,7 +37,7 @@ class DstuiApp(App):
     CSS_PATH = "dstui.tcss"
     TITLE = "dstui"
     COMMANDS = App.COMMANDS | {DstuiCommands}
-    MODES = {"compose": ComposeScreen, "runs": RunsScreen, "results": ResultsScreen}
+    MODES = {"compose": _compose_screen, "runs": RunsScreen, "results": ResultsScreen}
     DEFAULT_MODE = "runs"
     BINDINGS = [
         Binding("1", "goto('compose')", "Compose"),
@@ -85,6 +91,8 @@ class DstuiApp(App):
     def open_spec(self, path: str | Path) -> None:
         """Make a spec the current one (compose shows it, launch uses it)."""
         self.spec_path = Path(path).resolve()
+        from dstui.tui.screens.compose import ComposeScreen
+
         self.switch_mode("compose")
         screen = self.screen
         if isinstance(screen, ComposeScreen):

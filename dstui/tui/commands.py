@@ -6,7 +6,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from dstui.tui.compose_model import experiment_files
+from dstui.paths import CONFIGS_DIR
 
 
 class DstuiCommands(Provider):
@@ -19,7 +19,7 @@ class DstuiCommands(Provider):
             ("Launch current spec", "validate and launch the composed/opened spec", app.launch_current),
             ("Help", "keys of this screen", app.action_help),
         ]
-        for f in experiment_files():
+        for f in sorted((CONFIGS_DIR / "experiments").glob("*.yaml")):
             cmds.append((f"Open spec {f.name}", str(f), partial(app.open_spec, f)))
         return cmds  # type: ignore[return-value]
 

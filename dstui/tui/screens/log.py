@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Static
 
+from dstui import paths
 from dstui.metrics import Follower
 from dstui.rundir import RunDir
 
 INITIAL_BYTES = 256 * 1024
+
+
+def _shown(path: Path) -> str:
+    """The path relative to the dstui home when it is inside it (shorter, and stable)."""
+    try:
+        return str(path.relative_to(paths.home()))
+    except ValueError:
+        return str(path)
 
 
 class LogScreen(Screen):
@@ -51,7 +62,7 @@ The first view shows the last 256 KB; the file itself is in the run folder."""
         follow = self.query_one(Log).auto_scroll
         self.query_one("#log-path", Static).update(
             Text.assemble(
-                (str(self.rd.log_file), "dim"),
+                (_shown(self.rd.log_file), "dim"),
                 ("  following" if follow else "  paused (f follows)", "yellow" if not follow else "green"),
                 ("  state ", "dim"),
                 self.rd.state,

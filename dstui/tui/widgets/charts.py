@@ -94,7 +94,12 @@ class MetricPlot(PlotextPlot):
             if self.scale != 1.0:
                 ys = [v / self.scale for v in ys]
             rgb = dim(color(c.index)) if c.raw else color(c.index)
-            plt.plot(xs, ys, marker="braille", color=rgb)
+            if len(xs) < len(c.x):
+                # decimated: the per-column min/max as dots. plotext interpolates every
+                # line segment dot by dot, which for a noisy envelope costs ~50x more.
+                plt.scatter(xs, ys, marker="braille", color=rgb)
+            else:
+                plt.plot(xs, ys, marker="braille", color=rgb)
             drawn = True
         if not drawn:
             plt.text(self._empty_text, 0.5, 0.5, alignment="center")

@@ -1,0 +1,143 @@
+"""Results screen: per-condition figures from MLflow, baseline, sort/filter, export, mlflow ui."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from test_tui_helpers import anyio_backend, tui_env, wait_for  # noqa: F401
+from textual.widgets import Input, Static
+
+from dstui.tui.app import DstuiApp
+from dstui.tui.screens.results import ResultsScreen, TextScreen
+
+pytestmark = pytest.mark.anyio
+
+# condition -> (iteration times per step, final loss offset)
+CONDITIONS = {
+    "z0": ([9.0, 9.0, 0.10, 0.12, 0.11, 0.13], 0.0),
+    "z1": ([9.0, 9.0, 0.20, 0.22, 0.21, 0.23], 0.01),
+    "z2": ([9.0, 9.0, 0.30, 0.30, 0.30, 0.30], -0.02),
+}
+
+
+def make_store() -> None:
+    """An experiment as the supervisor lays it out: a parent per batch, a child per run."""
+    from dstui import tracking
+
+    c = tracking.client()
+    exp = tracking.ensure_experiment(c, "fixture")
+    parent = tracking.create_run(c, exp, "fixture-b1", tags={"dstui.role": "batch", "dstui.batch": "fixture-b1"})
+    order = 0
+    for cond, (iters, off) in CONDITIONS.items():
+        for repeat in range(2):
+            rid = tracking.create_run(c, exp, f"{cond}-r{repeat}", parent_id=parent, tags={
+                "dstui.role": "run", "dstui.batch": "fixture-b1", "dstui.condition": cond,
+                "dstui.revision": "installed", "dstui.repeat": repeat, "dstui.kind": "train",
+                "dstui.status": "done", "dstui.order": order,
+            })  # fmt: skip
+            order += 1
+            tracking.log_params(c, rid, {"warmup_steps": 2, "steps": len(iters)})
+            points = []
+            for step, it in enumerate(iters, start=1):
+                points += [
+                    ("iter_time", it, 1000 + step, step),
+                    ("loss", 6.0 - 0.5 * step + off, 1000 + step, step),
+                    ("mem_peak", 1e9 * (1 + order), 1000 + step, step),
+                    ("tokens_per_s", 100 / it, 1000 + step, step),
+                ]
+            tracking.log_metrics(c, rid, points)
+            tracking.finish(c, rid, "FINISHED")
+    tracking.finish(c, parent, "FINISHED")
+
+
+async def open_results(pilot, app) -> ResultsScreen:  # noqa: ANN001
+    await pilot.press("3")
+    screen = app.screen
+    assert isinstance(screen, ResultsScreen)
+    assert await wait_for(pilot, lambda: screen.results is not None, timeout=120)
+    await pilot.pause()
+    return screen
+
+
+async def test_results_conditions_baseline_sort_filter(tui_env):  # noqa: F811
+    make_store()
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = await open_results(pilot, app)
+        res = screen.results
+        assert [c.label for c in res.conditions] == ["z0", "z1", "z2"]
+        z0 = res.conditions[0]
+        assert z0.runs == "2/2"
+        assert z0.iter_mean == pytest.approx(0.115)  # warm-up (2 steps of 9 s) excluded
+        assert z0.final_loss == pytest.approx(3.0)
+        assert screen.baseline == "z0"
+        rows = screen.rows()
+        assert screen._delta(rows[1]) == pytest.approx(0.01)
+        # make z2 the baseline: z0 is then +0.02
+        table = screen.query_one("#results")
+        table.focus()
+        table.move_cursor(row=2)
+        await pilot.press("b")
+        await pilot.pause()
+        assert screen.baseline == "z2"
+        assert screen._delta(screen.rows()[0]) == pytest.approx(0.02)
+        # sort by iteration time, descending
+        screen.sort_col, screen.sort_reverse = 2, True
+        screen.fill()
+        assert [r.label for r in screen.rows()] == ["z2", "z1", "z0"]
+        # per-run rows and a filter
+        await pilot.press("g")
+        assert len(screen.rows()) == 6
+        await pilot.press("slash")
+        await pilot.press("z", "1")
+        await pilot.pause()
+        assert sorted(r.run_name for r in screen.rows()) == ["z1-r0", "z1-r1"]
+        assert screen.query_one("#filter", Input).value == "z1"
+
+
+async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
+    make_store()
+    calls = []
+    fake = types.ModuleType("dstui.report")
+
+    def export_report(experiment, out_dir, *, batch=None, runs=None, baseline=None, **kw):  # noqa: ANN001, ANN003
+        out_dir.mkdir(parents=True)
+        calls.append((experiment, batch, baseline))
+        (out_dir / "report.md").write_text("# report\n")
+        return out_dir / "report.md"
+
+    fake.export_report = export_report
+    monkeypatch.setitem(sys.modules, "dstui.report", fake)
+    import dstui
+
+    monkeypatch.setattr(dstui, "report", fake, raising=False)
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = await open_results(pilot, app)
+        screen.query_one("#results").focus()
+        await pilot.press("e")
+        assert await wait_for(pilot, lambda: calls, timeout=30)
+        assert calls == [("fixture", None, "z0")]
+        assert list((tui_env / "reports").glob("fixture-*/report.md"))
+        await pilot.press("u")
+        await pilot.pause()
+        assert isinstance(app.screen, TextScreen)
+        body = str(app.screen.query_one("#text-body", Static).render())
+        assert "mlflow ui --backend-store-uri sqlite:///" in body and "--host 127.0.0.1" in body
+
+
+async def test_results_without_report_module(tui_env, monkeypatch):  # noqa: F811
+    make_store()
+    monkeypatch.setitem(sys.modules, "dstui.report", None)  # import fails
+    import dstui
+
+    monkeypatch.delattr(dstui, "report", raising=False)
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = await open_results(pilot, app)
+        screen.query_one("#results").focus()
+        await pilot.press("e")
+        ok = await wait_for(pilot, lambda: any("not available" in n.message for n in app._notifications), timeout=30)
+        assert ok

@@ -1,0 +1,81 @@
+"""Snapshots of the main screens at fixed sizes, from fixture folders with fixed times.
+
+Update after an intended change: pytest tests/test_tui_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from test_tui_helpers import REPO, anyio_backend, fixture_batch, tui_env, wait_for  # noqa: F401
+from test_tui_results import make_store
+
+from dstui.tui.app import DstuiApp
+from dstui.tui.widgets.charts import MetricPlot
+
+
+def test_snapshot_runs(tui_env, snap_compare):  # noqa: F811
+    b = fixture_batch(tui_env)
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30))
+
+
+def test_snapshot_runs_80x24(tui_env, snap_compare):  # noqa: F811
+    b = fixture_batch(tui_env)
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(80, 24))
+
+
+def test_snapshot_live(tui_env, snap_compare):  # noqa: F811
+    b = fixture_batch(tui_env)
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await pilot.press("v")
+        screen = pilot.app.screen
+        await wait_for(pilot, lambda: screen.query_one("#plot-loss", MetricPlot).point_count > 0, timeout=10)
+        await wait_for(pilot, lambda: len(screen.query_one("#log-tail").lines) >= 30, timeout=10)
+        await pilot.pause(0.3)
+
+    app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.2)
+    assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+
+
+def test_snapshot_log(tui_env, snap_compare):  # noqa: F811
+    b = fixture_batch(tui_env)
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await pilot.press("o")
+        await pilot.pause(0.3)
+
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30), run_before=run_before)
+
+
+def test_snapshot_compose(tui_env, snap_compare):  # noqa: F811
+    spec = tui_env / "smoke.yaml"
+    shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await pilot.press("1")
+        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
+
+
+def test_snapshot_results(tui_env, snap_compare):  # noqa: F811
+    make_store()
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await pilot.press("3")
+        await wait_for(pilot, lambda: pilot.app.screen.results is not None, timeout=120)
+        await pilot.pause(0.3)
+
+    assert snap_compare(DstuiApp(supervise=False), terminal_size=(110, 30), run_before=run_before)
+
+
+def test_snapshot_help(tui_env, snap_compare):  # noqa: F811
+    fixture_batch(tui_env)
+    assert snap_compare(DstuiApp(supervise=False), terminal_size=(100, 30), press=["question_mark"])
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
