@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import SPECS, dstui, mlflow_client
+
 from dstui.rundir import BatchDir, list_batches
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -20,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from conftest import REPO, SPECS, dstui, mlflow_client
+
 from dstui.rundir import BatchDir, RunDir, list_batches
 from dstui.supervisor import is_supervised
 
@@ -90,7 +89,7 @@ def test_supervisor_kill9_and_takeover_is_exactly_once(home: Path) -> None:
     for _ in range(3):  # kill it three times at different points of the run
         run_id = wait_for(lambda: rd.status().get("mlflow_run_id"), what="child run")
         before = len(history(client, run_id))
-        wait_for(lambda b4=before: len(history(client, run_id)) > b4, what="new points in MLflow")
+        wait_for(lambda b4=before, rid=run_id: len(history(client, rid)) > b4, what="new points in MLflow")
         if rd.state != "running":
             break
         os.kill(supervisor_pid(b), signal.SIGKILL)
