@@ -30,6 +30,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.errors import DstuiError
@@ -259,6 +260,12 @@ def fetch_histories(
     if not runs:
         return "none"
     scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        try:
+            _histories_sqlite(tracking_uri, runs)
+            return "sqlite"
+        except Exception:  # noqa: BLE001 - any problem: try the generic paths
+            pass
     if scheme in _DB_SCHEMES:
         try:
             _histories_sql(tracking_uri, runs)
@@ -316,6 +323,72 @@ def _histories_sql(tracking_uri: str, runs: Sequence[RunData]) -> None:
             g["step"].to_numpy(dtype="int64"),
             g["value"].to_numpy(dtype="float64"),
         )
+
+
+_STEP_OFFSET = 1 << 38  # packed rows: (key code << 40) | (is_nan << 39) | (step + offset)
+
+
+def _histories_sqlite(tracking_uri: str, runs: Sequence[RunData]) -> None:
+    """SQLite fast path: two numbers per row, read by two threads.
+
+    Turning rows into Python objects is the cost (SQLite itself scans 3.5 M
+    rows in under a second), so the key, NaN flag and step are packed into
+    one integer in SQL and the rows go straight into a numpy record array.
+    Rows come in insertion order (the run_uuid index keeps rowid order), so
+    a value logged twice at one step is resolved as "the last write wins".
+    sqlite3 releases the GIL while stepping, hence the second thread.
+    """
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from sqlalchemy.engine import make_url
+
+    db = make_url(tracking_uri).database
+    if not db:
+        raise ValueError("in-memory SQLite store")
+    keys = sorted({k for r in runs for k in r.metrics if _wanted_key(k)})
+    klist = "|" + "|".join(keys) + "|"
+    query = (
+        "SELECT (instr(?1, '|' || key || '|') << 40) + (is_nan << 39) + (step + ?2), value "
+        "FROM metrics WHERE run_uuid = ?3 AND instr(?1, '|' || key || '|') > 0"
+    )
+    dtype = np.dtype([("p", "i8"), ("v", "f8")])
+    uri = Path(db).resolve().as_uri() + "?mode=ro"
+
+    def load(run: RunData) -> tuple[RunData, dict[str, tuple[Any, Any]]]:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        try:
+            arr = np.fromiter(conn.execute(query, (klist, _STEP_OFFSET, run.run_id)), dtype=dtype)
+        finally:
+            conn.close()
+        packed, values = arr["p"], arr["v"].copy()
+        codes = packed >> 40
+        nan = ((packed >> 39) & 1).astype(bool)
+        steps = (packed & ((1 << 39) - 1)) - _STEP_OFFSET
+        values[nan] = np.nan
+        order = np.lexsort((steps, codes))  # stable: equal (key, step) keep write order
+        codes, steps, values = codes[order], steps[order], values[order]
+        last = np.ones(len(codes), dtype=bool)
+        if len(codes) > 1:
+            last[:-1] = (codes[1:] != codes[:-1]) | (steps[1:] != steps[:-1])
+        codes, steps, values = codes[last], steps[last], values[last]
+        out: dict[str, tuple[Any, Any]] = {}
+        if len(codes):
+            bounds = np.flatnonzero(np.diff(codes)) + 1
+            starts = np.r_[0, bounds]
+            ends = np.r_[bounds, len(codes)]
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+                pos = int(codes[a])
+                key = klist[pos : klist.index("|", pos)]
+                out[key] = (steps[a:b], values[a:b])
+        return run, out
+
+    if not Path(db).is_file():
+        raise FileNotFoundError(db)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for run, hist in pool.map(load, runs):
+            run.history = hist
 
 
 def _histories_api(client: Any, runs: Sequence[RunData], *, progress: Progress | None) -> None:

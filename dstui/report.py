@@ -613,7 +613,7 @@ class _Context:
         if "iter_series" in self.images:
             lines += ["", self._img("iter_series", "iteration time per step")]
         lines.append(
-            f"\nMetric histories read with the {'SQL fast path' if self.method == 'sql' else 'MLflow API'}; "
+            f"\nMetric histories read {_METHODS.get(self.method, self.method)}; "
             "system metrics (`system/...`) stay in MLflow and are not part of this report."
         )
         return "\n".join(lines) + "\n"
@@ -686,6 +686,11 @@ class _Context:
         return "\n".join(lines) + "\n"
 
 
+_METHODS = {
+    "sqlite": "directly from the SQLite store (fast path)",
+    "sql": "from the SQL store with one query per run",
+    "api": "through MLflow's get_metric_history",
+}
 _IDENTITY_PARAMS = frozenset({"seed", "nvme_path", "hung_after_s", "run_key", "revision", "repeat"})
 
 
@@ -863,8 +868,8 @@ def _write_json(path: Path, ctx: _Context) -> None:
         },
         "runs": runs,
     }
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, allow_nan=False, default=str)
+    # one json.dumps then one write: json.dump streams thousands of small chunks
+    path.write_text(json.dumps(doc, allow_nan=False, default=str), encoding="utf-8")
 
 
 def _clean(obj: Any) -> Any:

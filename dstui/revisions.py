@@ -119,6 +119,21 @@ def python_for(resolved: ResolvedRevision) -> str:
     return resolved.python
 
 
+def run_env(resolved: ResolvedRevision) -> dict[str, str]:
+    """Extra environment variables for a run under this revision.
+
+    DeepSpeed JIT-builds ops (e.g. the CPU shm comm op) into
+    ``~/.cache/torch_extensions/<op>`` whatever its version. Two revisions
+    with different op sources, run A B A B, would then rebuild each other's
+    op before every run (and could load a stale one); a per-env folder keeps
+    each revision's compiled ops apart and cached. ``installed`` keeps the
+    user's usual folder.
+    """
+    if not resolved.env_dir:
+        return {}
+    return {"TORCH_EXTENSIONS_DIR": str(Path(resolved.env_dir) / "torch_extensions")}
+
+
 def check_reported_version(resolved: ResolvedRevision, header_versions: dict[str, Any]) -> str | None:
     """Compare what a running process imported with what the revision resolved to.
 

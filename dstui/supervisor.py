@@ -314,6 +314,7 @@ class Supervisor:
                     "dstui.condition": spec.get("condition"),
                     "dstui.revision": spec.get("revision"),
                     "dstui.repeat": spec.get("repeat"),
+                    "dstui.order": spec.get("order"),
                     "dstui.run_key": spec.get("key"),
                     "dstui.kind": settings.get("kind"),
                     "dstui.run_dir": ref,
@@ -507,6 +508,11 @@ class Supervisor:
         if c is not None and rid:
             try:
                 tracking.set_tags(c, rid, tags)
+                if not t.header_done:
+                    # what the runner measured beats what dstui computed from settings
+                    tracking.log_params(
+                        c, rid, {k: rec.get(k) for k in ("tokens_per_step", "params", "flops_per_token", "peak_tflops", "world_size")}
+                    )
                 t.header_done = True
             except Exception as e:
                 self._tracking_down(e)

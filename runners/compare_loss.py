@@ -93,7 +93,11 @@ def _private_extensions_dir() -> None:
     os.environ["TORCH_EXTENSIONS_DIR"] = str(cache_dir() / "torch_extensions" / f"ds-{version}-{key}")
 
 
-_private_extensions_dir()
+try:  # the shared helper (runners/common.py) when present: one op cache with train.py
+    from common import isolate_op_cache as _isolate_op_cache  # noqa: E402
+except ImportError:  # pragma: no cover - common.py is another engineer's file
+    _isolate_op_cache = _private_extensions_dir
+_isolate_op_cache()
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402

@@ -249,18 +249,35 @@ def test_report_figures_match_independent_computation(store: tuple[Any, str, str
 
 
 def test_history_paths_agree(store: tuple[Any, str, str]) -> None:
-    """The SQL fast path and the public API read the same values."""
-    client, _, uri = store
+    """The SQLite fast path, the generic SQL path and the public API read the same values."""
+    from mlflow.entities import Metric
+
+    client, exp_id, uri = store
     build_comparison(store)
-    _, runs_sql = an.fetch_runs(client, EXP, batch=BATCH)
-    _, runs_api = an.fetch_runs(client, EXP, batch=BATCH)
-    assert an.fetch_histories(client, uri, runs_sql) == "sql"
-    an._histories_api(client, runs_api, progress=None)
-    for a, b in zip(runs_sql, runs_api, strict=True):
-        assert a.history.keys() == b.history.keys()
-        for k in a.history:
-            np.testing.assert_array_equal(a.history[k][0], b.history[k][0])
-            np.testing.assert_array_equal(a.history[k][1], b.history[k][1])
+    # a NaN loss, a negative step and a value re-logged at a step later (the newest wins)
+    parent = client.search_runs([exp_id], "tags.`dstui.role` = 'batch'")[0].info.run_id
+    rid = log_run(client, exp_id, parent, condition="odd", history={"loss": [(-1, 5.0), (1, 4.0), (2, float("nan"))]})
+    client.log_batch(rid, metrics=[Metric("loss", 3.5, int(time.time() * 1000) + 10_000, 1)])
+    loaded = {}
+    for method in ("sqlite", "sql", "api"):
+        _, runs = an.fetch_runs(client, EXP, batch=BATCH)
+        if method == "sqlite":
+            assert an.fetch_histories(client, uri, runs) == "sqlite"
+        elif method == "sql":
+            an._histories_sql(uri, runs)
+        else:
+            an._histories_api(client, runs, progress=None)
+        loaded[method] = {r.run_id: r.history for r in runs}
+    odd = loaded["sqlite"][rid]["loss"]
+    assert odd[0].tolist() == [-1, 1, 2]
+    np.testing.assert_array_equal(odd[1], [5.0, 3.5, np.nan])
+    for other in ("sql", "api"):
+        assert loaded[other].keys() == loaded["sqlite"].keys()
+        for run_id, hist in loaded["sqlite"].items():
+            assert hist.keys() == loaded[other][run_id].keys()
+            for k in hist:
+                np.testing.assert_array_equal(hist[k][0], loaded[other][run_id][k][0])
+                np.testing.assert_array_equal(hist[k][1], loaded[other][run_id][k][1])
 
 
 def test_grid_with_oom_and_failed_cells(store: tuple[Any, str, str], tmp_path: Path) -> None:

@@ -153,6 +153,8 @@ def test_resolved_round_trip_and_tags() -> None:
     tags = r.mlflow_tags()
     assert tags["dstui.revision"] == "new" and tags["dstui.revision.sha"] == r.sha
     assert R.python_for(r) == sys.executable
+    assert R.run_env(r) == {"TORCH_EXTENSIONS_DIR": "/x/torch_extensions"}
+    assert R.run_env(_resolved(kind="installed", env_dir=None)) == {}
     with pytest.raises(DstuiError, match="is gone"):
         R.python_for(_resolved(python="/nonexistent/bin/python"))
 
@@ -492,3 +494,19 @@ def test_compare_command_reads_mlflow(tmp_path: Path, monkeypatch: pytest.Monkey
     assert data["comparisons"][0]["p_value"] == pytest.approx(res.pvalue)
     with pytest.raises(DstuiError, match="no runs of baseline revision 'nope'"):
         cmd.run(argparse.Namespace(experiment="revs", baseline="nope", batch=None, loss_tol=1e-3, json=False))
+
+
+def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
+    """A DeepSpeed tree outside git (an unpacked sdist) gets a content-hash key, no sha."""
+    tree = tmp_path / "ds"
+    (tree / "deepspeed").mkdir(parents=True)
+    (tree / "setup.py").write_text("")
+    (tree / "deepspeed" / "__init__.py").write_text("x = 1\n")
+    base = R._BaseEnv.current()
+    p1 = R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base)
+    assert p1.key.startswith("tree-") and p1.sha is None and p1.kind == "path"
+    (tree / "deepspeed" / "__pycache__").mkdir()
+    (tree / "deepspeed" / "__pycache__" / "x.pyc").write_bytes(b"junk")  # build output: ignored
+    assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key == p1.key
+    (tree / "deepspeed" / "__init__.py").write_text("x = 2\n")
+    assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key != p1.key

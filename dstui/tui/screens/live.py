@@ -103,6 +103,10 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         self._poll()
         self.set_interval(getattr(self.app, "watch_s", 1.0), self._poll)
 
+    def on_resize(self) -> None:
+        # on 80x24 every row counts: a shorter log tail leaves the plots readable
+        self.query_one("#log-tail", Log).styles.height = 4 if self.size.height < 30 else 7
+
     # -- reading (worker thread) --------------------------------------------
 
     def _poll(self) -> None:
@@ -168,9 +172,13 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
                 curves.append(Curve(s.name, i, sm.x, sm.y))
                 if len(raw):
                     top = max(top, max(raw.y[-50:]))
+            plot = self.query_one(plot_id, MetricPlot)
+            if not any(len(c.x) for c in curves):
+                plot.set_empty("waiting for data")
+                continue
             scale, unit = (1.0, "") if key == "loss" else time_scale(top)
             title = label + (" (EMA)" if self.smooth else "")
-            self.query_one(plot_id, MetricPlot).set_curves(curves, scale=scale, unit=unit, title=title)
+            plot.set_curves(curves, scale=scale, unit=unit, title=title)
         # memory
         curves = []
         top = 0.0
@@ -181,7 +189,12 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
                 top = max(top, max(buf.y))
         scale, unit = byte_scale(top)
         title = "peak memory" if self.mem_key == "mem_peak" else "allocated memory"
-        self.query_one("#plot-mem", MetricPlot).set_curves(curves, scale=scale, unit=unit, title=title)
+        plot = self.query_one("#plot-mem", MetricPlot)
+        plot.title = title
+        if not any(len(c.x) for c in curves):
+            plot.set_empty("waiting for data")
+        else:
+            plot.set_curves(curves, scale=scale, unit=unit, title=title)
         # system readings
         key = self._system_key()
         plot = self.query_one("#plot-sys", MetricPlot)

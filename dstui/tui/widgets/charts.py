@@ -72,6 +72,7 @@ class MetricPlot(PlotextPlot):
     def set_empty(self, text: str) -> None:
         self._empty_text = text
         self._curves = []
+        self.unit = ""
         self._version += 1
         self.refresh()
 

@@ -1,0 +1,330 @@
+"""ZeRO vs plain PyTorch parity runner (runners/compare_loss.py, seed 002).
+
+Unit tests of the comparison semantics run in-process. The ``e2e`` tests start
+the real DeepSpeed launcher with two gloo ranks on the CPU. They are launched
+together on first use (two at a time: each job holds ~2 GB of RSS), so the
+whole module costs a few launches' worth of wall time, not one per test.
+
+Exactness findings (DeepSpeed 0.19.8, torch 2.13 CPU, 2 ranks, fp32, torch AdamW):
+
+* ZeRO-1 and ZeRO-2 equal the PyTorch baseline bit for bit: loss, every
+  gradient and every parameter, at every step.
+* ZeRO-3 does *not*, against a plain baseline. The loss is equal, but from
+  step 1 most gradients differ by a few ulps (max ~1e-8), which Adam's
+  normalisation turns into parameter differences up to ~1e-5. Cause: ZeRO-3
+  wraps the tensor inputs and outputs of every module in identity autograd
+  Functions (PostBackwardFunctionModule / PreBackwardFunctionForModule in
+  deepspeed/runtime/zero/parameter_offload.py) to know when a module's
+  backward runs. Values are unchanged, but the grouping in which autograd sums
+  the gradient of a tensor with three or more uses changes: the residual
+  stream feeds the residual add and an RMSNorm that uses its input twice, and
+  ``r + (p + m) != (r + m) + p`` in floating point. The pattern proves it:
+  lm_head, the final norm, the last layer's MLP and its post-attention norm
+  are exact (their gradients are formed before the first three-way fan-in);
+  everything from the last layer's attention down differs. The same identity
+  wrappers on a model without DeepSpeed reproduce exactly this set, and with
+  ``--mirror-zero3-hooks`` (the baseline wrapped like ZeRO-3 wraps the
+  engine's model) ZeRO-3 matches bit for bit. Partitioning, reduce-scatter
+  and all-gather are therefore exact; only the autograd graph differs.
+  Reduction order is not the cause with two ranks: ``a + b`` is commutative
+  and dividing by 2 is exact, wherever DeepSpeed places the averaging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = REPO / "runners" / "compare_loss.py"
+sys.path.insert(0, str(REPO / "runners"))
+
+import parity  # noqa: E402
+
+EXACT = ["--torch-adam", "--dtype", "fp32", "--rtol", "0", "--atol", "0", "--steps", "3"]
+# A tolerance far above rounding noise: the injected faults must stand out from
+# noise, not only from exact equality.
+TOL = ["--torch-adam", "--rtol", "1e-5", "--atol", "1e-8"]
+
+CASES: dict[str, list[str]] = {
+    "z1": ["--zero-stage", "1", *EXACT],
+    "z2": ["--zero-stage", "2", *EXACT],
+    "z3": ["--zero-stage", "3", *EXACT],
+    "z3_mirror": ["--zero-stage", "3", "--mirror-zero3-hooks", *EXACT],
+    # the seed's own spellings, on purpose
+    "inject_lr": ["--zero_stage", "2", "--dtype", "torch.float32", "--steps", "2", "--inject", "lr",
+                  *TOL],
+    "inject_grad": ["--zero-stage", "1", "--steps", "4", "--inject", "grad", "--inject-step", "3",
+                    *TOL],
+}
+MAX_PARALLEL = 2
+LAUNCH_TIMEOUT_S = 540
+
+
+# -- unit tests (no process group) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("fp32", "fp32"), ("torch.float32", "fp32"), ("torch.bfloat16", "bf16"),
+     ("BF16", "bf16"), ("torch.float16", "fp16"), ("half", "fp16")],
+)
+def test_dtype_aliases(text: str, want: str) -> None:
+    assert parity.canonical_dtype(text) == want
+
+
+def test_unknown_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parity.canonical_dtype("int8")
+
+
+def test_option_names_dash_first_then_seed_spelling() -> None:
+    assert parity.option_names("zero_stage") == ["--zero-stage", "--zero_stage"]
+    assert parity.option_names("lr") == ["--lr"]
+    assert parity.option_names("torch_adam", "--use_torch_adam") == [
+        "--torch-adam", "--torch_adam", "--use_torch_adam"]
+
+
+def test_zero_tolerance_means_bit_equality() -> None:
+    import torch
+
+    a = torch.tensor([1.0, 2.0, 3.0])
+    b = a.clone()
+    d = parity.compare_named([("w", a, b)], rtol=0.0, atol=0.0)
+    assert d.ok and d.max_abs == 0.0 and d.max_rel == 0.0
+    b[1] = torch.nextafter(b[1], torch.tensor(10.0))  # one ulp
+    d = parity.compare_named([("w", a, b)], rtol=0.0, atol=0.0)
+    assert not d.ok and d.max_abs > 0 and d.offenders[0][:1] == ("w",)
+    assert parity.compare_named([("w", a, b)], rtol=1e-6, atol=0.0).ok
+
+
+def test_nan_is_never_close_and_rel_diff_stays_finite() -> None:
+    import math
+
+    import torch
+
+    d = parity.compare_named([("w", torch.tensor([float("nan")]), torch.tensor([float("nan")]))],
+                             rtol=1.0, atol=1.0)
+    assert not d.ok and d.max_abs == math.inf
+    d = parity.compare_named([("z", torch.tensor([1e-3]), torch.tensor([0.0]))], rtol=0.0, atol=0.0)
+    assert not d.ok and math.isfinite(d.max_rel) and d.max_rel > 1e30
+
+
+def test_scalar_diff_uses_allclose_rule() -> None:
+    assert parity.scalar_diff(1.0, 1.0, 0.0, 0.0) == (0.0, True)
+    assert parity.scalar_diff(1.0 + 1e-7, 1.0, 1e-6, 0.0)[1]
+    assert not parity.scalar_diff(1.1, 1.0, 1e-6, 1e-6)[1]
+
+
+def test_synthetic_batches_are_a_function_of_seed_and_step() -> None:
+    import torch
+
+    a = parity.synthetic_batch(1, 2, global_batch=4, seq_length=8, vocab_size=50)
+    torch.manual_seed(123)  # the global RNG must not matter
+    b = parity.synthetic_batch(1, 2, global_batch=4, seq_length=8, vocab_size=50)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, parity.synthetic_batch(1, 3, global_batch=4, seq_length=8, vocab_size=50))
+    assert torch.equal(parity.rank_slice(a, 1, 2), a[2:4])
+
+
+def test_verdict_line() -> None:
+    assert parity.verdict_line(None, "") == "PASS"
+    assert parity.verdict_line(3, "grad") == "FAIL (first diverging step 3: grad)"
+
+
+# -- end to end: the real launcher, two gloo ranks -----------------------------
+
+
+@dataclass
+class Job:
+    name: str
+    argv: list[str]
+    metrics: Path
+    log: Path
+    done: threading.Event = field(default_factory=threading.Event)
+    returncode: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def records(self, kind: str) -> list[dict]:
+        if not self.metrics.exists():
+            return []
+        recs = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        return [r for r in recs if r["type"] == kind]
+
+    def summary(self) -> dict:
+        found = self.records("summary")
+        assert found, f"{self.name}: no summary record (exit {self.returncode})\n{self.output[-4000:]}"
+        return found[-1]
+
+
+def uses(*names: str):  # noqa: ANN201 - a decorator
+    """Declare the jobs a non-parametrized test reads, so that only those are launched."""
+
+    def mark(fn):  # noqa: ANN001, ANN202
+        fn.cases = names
+        return fn
+
+    return mark
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(job: Job, slots: threading.Semaphore) -> None:
+    with slots:
+        start = time.monotonic()
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+               "--master_port", str(_free_port()), str(RUNNER), *job.argv,
+               "--metrics-file", str(job.metrics)]
+        env = {k: v for k, v in os.environ.items() if k != "DSTUI_METRICS_FILE"}
+        with open(job.log, "w") as log:
+            try:
+                job.returncode = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env, timeout=LAUNCH_TIMEOUT_S).returncode
+            except subprocess.TimeoutExpired:
+                job.returncode = -1
+        job.seconds = time.monotonic() - start
+        job.done.set()
+
+
+def _wanted(session: pytest.Session) -> list[str]:
+    """The cases that the selected tests use (so ``-k inject`` launches two jobs, not six)."""
+    names = []
+    for item in session.items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("case") if callspec else None
+        for name in ([case] if case else []) + list(getattr(item.function, "cases", ())):
+            if name in CASES and name not in names:
+                names.append(name)
+    return names or list(CASES)
+
+
+@pytest.fixture(scope="module")
+def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    """Start every needed job at once, MAX_PARALLEL running; tests wait for their own."""
+    base = tmp_path_factory.mktemp("compare_loss")
+    slots = threading.Semaphore(MAX_PARALLEL)
+    out: dict[str, Job] = {}
+    for name in _wanted(request.session):
+        job = Job(name, CASES[name], base / f"{name}.jsonl", base / f"{name}.log")
+        out[name] = job
+        threading.Thread(target=_run, args=(job, slots), daemon=True).start()
+    return out
+
+
+def _finished(jobs: dict[str, Job], name: str) -> Job:
+    job = jobs[name]
+    assert job.done.wait(LAUNCH_TIMEOUT_S * len(jobs)), f"{name} never finished"
+    return job
+
+
+def _assert_exact(job: Job) -> None:
+    summary = job.summary()
+    steps = job.records("step")
+    assert job.returncode == 0, f"{job.name}: exit {job.returncode}\n{job.output[-4000:]}"
+    assert summary["verdict"] == "PASS" and summary["first_diverging_step"] is None
+    assert summary["status"] == "ok"
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        assert r["within_tol"] == 1
+        for key in ("loss_abs_diff", "grad_max_abs_diff", "grad_max_rel_diff",
+                    "param_max_abs_diff", "param_max_rel_diff"):
+            assert r[key] == 0.0, (job.name, r["step"], key, r[key])
+        assert r["loss"] == r["loss_baseline"]
+    # the parameters did move: equality is not an untrained artefact
+    assert steps[0]["loss"] != steps[-1]["loss"]
+    assert job.output.rstrip().endswith("PASS") or "\nPASS\n" in job.output
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", ["z1", "z2"])
+def test_zero_1_and_2_match_pytorch_exactly(jobs: dict[str, Job], case: str) -> None:
+    _assert_exact(_finished(jobs, case))
+
+
+@pytest.mark.e2e
+@pytest.mark.xfail(
+    strict=True,
+    reason="ZeRO-3's identity autograd wrappers around every module's inputs/outputs regroup the "
+           "summation of gradients of tensors with >= 3 uses (residual + RMSNorm), so gradients "
+           "differ by a few ulp from an unwrapped model; see the module docstring and "
+           "test_zero3_matches_exactly_when_baseline_mirrors_its_hooks",
+)
+@uses("z3")
+def test_zero3_matches_plain_pytorch_exactly(jobs: dict[str, Job]) -> None:
+    _assert_exact(_finished(jobs, "z3"))
+
+
+@pytest.mark.e2e
+@uses("z3")
+def test_zero3_differs_from_plain_pytorch_only_by_gradient_summation_order(jobs: dict[str, Job]) -> None:
+    """Pin the finding itself: equal loss at step 1, ulp-level gradient differences."""
+    job = _finished(jobs, "z3")
+    first = job.records("step")[0]
+    assert job.returncode == 1 and job.summary()["first_diverging_step"] == 1
+    assert first["loss_abs_diff"] == 0.0  # the forward pass is identical
+    assert 0.0 < first["grad_max_abs_diff"] < 1e-6  # rounding, not a bug-sized error
+    out = job.output
+    assert "grad lm_head.weight" not in out and "grad model.norm.weight" not in out
+    assert "grad model.layers.1.self_attn.o_proj.weight" in out
+
+
+@pytest.mark.e2e
+@uses("z3_mirror")
+def test_zero3_matches_exactly_when_baseline_mirrors_its_hooks(jobs: dict[str, Job]) -> None:
+    _assert_exact(_finished(jobs, "z3_mirror"))
+
+
+@pytest.mark.e2e
+@uses("inject_lr")
+def test_wrong_learning_rate_is_caught_at_step_1(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "inject_lr")
+    summary = job.summary()
+    assert job.returncode == 1, job.output[-4000:]
+    assert summary["verdict"] == "FAIL" and summary["first_diverging_step"] == 1
+    first = job.records("step")[0]
+    # step 1: same forward and gradients, different update
+    assert first["loss_within_tol"] == 1 and first["grad_within_tol"] == 1
+    assert first["param_within_tol"] == 0 and first["within_tol"] == 0
+    assert "FAIL (first diverging step 1:" in job.output
+
+
+@pytest.mark.e2e
+@uses("inject_grad")
+def test_perturbed_gradient_is_caught_at_its_step(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "inject_grad")
+    summary = job.summary()
+    steps = {r["step"]: r for r in job.records("step")}
+    assert job.returncode == 1, job.output[-4000:]
+    assert summary["verdict"] == "FAIL" and summary["first_diverging_step"] == 3
+    assert steps[1]["within_tol"] == 1 and steps[2]["within_tol"] == 1
+    assert steps[3]["grad_within_tol"] == 0 and steps[3]["loss_within_tol"] == 1
+    assert "FAIL (first diverging step 3:" in job.output
+
+
+@pytest.mark.e2e
+@uses("z1")
+def test_header_records_versions_and_world(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "z1")
+    (header,) = job.records("header")
+    assert header["world_size"] == 2 and header["hostname"]
+    assert set(header["versions"]) >= {"deepspeed", "torch", "transformers", "python"}
+    assert header["ds_config"]["zero_optimization"]["stage"] == 1
+    assert header["config"]["torch_adam"] is True
+    assert "Epoch 1, Step 3, Loss:" in job.output  # the seed's line, for line followers
