@@ -149,8 +149,14 @@ def build_argv(
     ]  # fmt: skip
 
 
-def build_env(run: RunSpec, rd: RunDir, base: dict[str, str] | None = None) -> dict[str, str]:
+def build_env(
+    run: RunSpec, rd: RunDir, base: dict[str, str] | None = None, revision: dict | None = None
+) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    rev_env = (revision or {}).get("env_dir")
+    if rev_env:
+        # each revision compiles its JIT ops into its own cache (see revisions.run_env)
+        env["TORCH_EXTENSIONS_DIR"] = str(Path(rev_env) / "torch_extensions")
     env.update(run.settings.env)
     env.update(
         {
@@ -199,6 +205,7 @@ def start(
     python: str | None = None,
     gpu_slice: list[int] | None = None,
     cwd: str | None = None,
+    revision: dict | None = None,
 ) -> subprocess.Popen:
     """Start the run in a new session; stdout+stderr of all ranks go to stdout.log.
 
@@ -208,7 +215,7 @@ def start(
     argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
     rd.cmd_file.write_text(shlex.join(argv) + "\n")
     rd.exit_file.unlink(missing_ok=True)
-    env = build_env(run, rd)
+    env = build_env(run, rd, revision=revision)
     with open(rd.log_file, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dstui._wrap", str(rd.path), "--", *argv],

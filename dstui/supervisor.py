@@ -323,10 +323,13 @@ class Supervisor:
                 }
                 rev = spec.get("revision_info") or {}
                 if rev:
-                    tags["dstui.revision.requested"] = rev.get("requested")
-                    tags["dstui.revision.sha"] = rev.get("sha")
-                    tags["dstui.revision.version"] = rev.get("version")
+                    from dstui.revisions import ResolvedRevision
+
+                    tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
                 rid = tracking.create_run(c, self.experiment_id, rd.name, tags=tags, parent_id=parent)
+                if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
+                    # a working-tree revision: the uncommitted changes it ran with
+                    c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
                 params = _flat_settings(launch.redact(settings))
                 params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
                 params["run_key"] = spec.get("key")
@@ -411,7 +414,10 @@ class Supervisor:
                 rd,
                 python=rev.get("python"),
                 gpu_slice=self._gpu_slice(rd, busy),
-                cwd=self.info.get("cwd"),
+                # Bundled runners start in the run folder: `python -m` puts the cwd first on
+                # sys.path, and a DeepSpeed clone there would shadow the revision's deepspeed.
+                cwd=self.info.get("cwd") if run.settings.kind == "command" else None,
+                revision=rev,
             )
         except OSError as e:
             rd.update_status(state="failed", reason=f"could not start: {e}", ended=time.time())
@@ -497,12 +503,14 @@ class Supervisor:
         tags = tracking.versions_tags(rec)
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
         rev = rd.spec().get("revision_info") or {}
-        want = rev.get("version")
-        got = (rec.get("versions") or {}).get("deepspeed")
-        if want and got and want != got:
-            reason = f"revision mismatch: asked for deepspeed {want}, the run imported {got}"
-            rd.update_status(reason=reason, revision_mismatch=True)
-            kill_group(rd.status().get("pgid"), grace_s=1.0)
+        if rev and (rd.spec().get("settings") or {}).get("kind") != "command":
+            from dstui.revisions import ResolvedRevision, check_reported_version
+
+            mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
+            if mismatch:
+                log.error("%s: %s", rd.name, mismatch)
+                rd.update_status(reason=f"revision mismatch: {mismatch}", revision_mismatch=True)
+                kill_group(rd.status().get("pgid"), grace_s=1.0)
         c = self.mlflow()
         rid = self.child_run_id(rd)
         if c is not None and rid:

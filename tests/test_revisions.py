@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dstui import revisions as R
 from dstui.errors import DstuiError, SpecError
@@ -510,3 +511,63 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
     assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key == p1.key
     (tree / "deepspeed" / "__init__.py").write_text("x = 2\n")
     assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key != p1.key
+
+
+# -- through the whole pipeline: runs under each revision report what they ran -----------------
+
+
+@pytest.mark.e2e
+def test_revisions_through_the_pipeline(
+    cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU smoke condition under a PyPI release, a git ref and the installed DeepSpeed."""
+    from conftest import dstui, mlflow_client
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    env = {"DSTUI_HOME": str(home), "DSTUI_CACHE": str(cache), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    import deepspeed  # the installed one, for the 'here' revision
+
+    before = clone_state(ds_repo)
+    spec = home / "revs.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "revs",
+        "settings": {"model": "tiny-llama", "seq_length": 32, "micro_batch": 1, "steps": 3, "warmup_steps": 1,
+                     "gpus": 2, "zero_stage": 1, "hung_after_s": 600},
+        "revisions": [
+            {"name": "stable", "pypi": OLD},
+            {"name": "main", "git": str(ds_repo), "ref": "main"},
+            {"name": "here", "installed": True},
+        ],
+        "repeats": 1,
+    }))  # fmt: skip
+    proc = dstui("run", str(spec), env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    client = mlflow_client(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("revs")
+    runs = {r.data.tags["dstui.revision"]: r for r in client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")}
+    main_sha = git(ds_repo, "rev-parse", "main")
+    want = {"stable": OLD, "here": deepspeed.__version__}
+    for name, run in runs.items():
+        tags = run.data.tags
+        reported = tags["dstui.version.deepspeed"]  # what the running process imported
+        assert reported == tags["dstui.revision.version"], (name, reported)
+        if name in want:
+            assert reported == want[name]
+    assert runs["main"].data.tags["dstui.revision.sha"] == main_sha
+    assert runs["main"].data.tags["dstui.version.deepspeed"].startswith("0.19.9")
+    # the order of the runs is recorded and interleaves the revisions
+    info = json.loads(next((home / "runs").glob("revs-*/batch.json")).read_text())
+    assert info["runs"] == ["base-stable-r0", "base-main-r0", "base-here-r0"]
+    assert clone_state(ds_repo) == before
+    # a second batch reuses the cached envs: resolving takes about a second
+    t0 = time.monotonic()
+    dry = dstui("run", "--dry-run", "--no-validate", str(spec), env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert time.monotonic() - t0 < 15  # includes interpreter start-up; no pip, no build
+    assert "using cached environment" in dry.stdout
+    out = dstui("compare", "--experiment", "revs", "--baseline", "here", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "stable" in out.stdout and "main" in out.stdout
