@@ -31,6 +31,7 @@ TRAIN_ARGS = (
 VERIFY_ARGS = (
     "model", "seq_length", "micro_batch", "steps", "seed", "lr", "dtype", "zero_stage", "offload",
     "offload_params", "nvme_path", "torch_adam", "rtol", "atol", "compile", "deepcompile",
+    "mirror_zero3_hooks",
 )  # fmt: skip
 RUNNER_SCRIPTS = {"train": RUNNERS_DIR / "train.py", "verify": RUNNERS_DIR / "compare_loss.py"}
 

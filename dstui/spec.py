@@ -80,6 +80,11 @@ class Settings(_Strict):
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms.")
     gpus: int = Field(1, ge=1, description="Ranks per node (GPUs, or CPU processes without GPUs).")
     nodes: int = Field(1, ge=1, description="Number of nodes (needs launcher.hostfile).")
+    mirror_zero3_hooks: bool = Field(
+        False,
+        description="verify: wrap the PyTorch baseline like ZeRO-3 wraps modules, so ZeRO-3 can match exactly "
+        "(ZeRO-3's hooks regroup gradient sums: ulp-level differences otherwise).",
+    )
     rtol: float = Field(0.0, ge=0, description="verify: relative tolerance.")
     atol: float = Field(0.0, ge=0, description="verify: absolute tolerance.")
     ds_config: str = Field("base.json", description="Template in configs/deepspeed/ or a path.")

@@ -380,5 +380,46 @@ def isolate_op_cache() -> str | None:
     return str(folder)
 
 
+def _building_in(folder: Path) -> bool:
+    """Whether a process on this host works in ``folder`` (ninja and the compilers run there)."""
+    target = str(folder.resolve())
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(proc / "cwd") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def clear_stale_op_locks(min_age_s: float = 120.0) -> list[str]:
+    """Remove JIT-build lock files that no live build holds; return what was removed.
+
+    torch's FileBaton waits forever on ``<ext>/lock``; a build killed midway
+    (a cancelled run, a test timeout) leaves the lock behind and every later
+    run hangs in deepspeed.initialize. Seen here with fused_adam. A lock is
+    stale when it is older than ``min_age_s`` and no process has its folder as
+    working directory (Linux /proc; elsewhere nothing is touched).
+    """
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root or not Path("/proc/self/cwd").exists():
+        return []
+    import time
+
+    removed = []
+    for lock in Path(root).glob("*/lock"):
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:
+            continue
+        if age >= min_age_s and not _building_in(lock.parent):
+            try:
+                lock.unlink()
+            except OSError:
+                continue
+            removed.append(str(lock))
+    return removed
+
+
 def hostname() -> str:
     return socket.gethostname()

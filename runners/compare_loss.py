@@ -33,6 +33,14 @@ per partition and the baseline per tensor, so clipping alone breaks exactness.
 A config given with ``--ds-config`` is used as it is; its ``gradient_clipping``
 is mirrored in the baseline with ``clip_grad_norm_`` (expect a tolerance then).
 
+ZeRO-3 and exactness: ZeRO-3 wraps the inputs and outputs of every module in
+identity autograd Functions (its backward hooks). They change no values but
+regroup how autograd sums the gradient of a tensor used three or more times
+(the residual stream of a transformer), so against a plain baseline ZeRO-3
+gradients differ by a few ulp from step 1. ``--mirror-zero3-hooks`` wraps the
+baseline the same way; then ZeRO-3 matches bit for bit, which shows that its
+partitioning and collectives are exact (tests/test_compare_loss.py).
+
 Output: metrics records (``header``/``step``/``summary``, docs/ARCHITECTURE.md)
 from rank 0, a readable line per step, the seed's ``Epoch 1, Step N, Loss:``
 line, and a final ``PASS`` or ``FAIL (first diverging step N: ...)``; the exit
@@ -115,6 +123,7 @@ from parity import (  # noqa: E402  (needs the sys.path lines above)
     synthetic_batch,
     verdict_line,
 )
+from pydantic import ValidationError  # noqa: E402
 
 from dstui import dsconfig  # noqa: E402
 from dstui.metrics import HEADER, STEP, SUMMARY, MetricsWriter  # noqa: E402
@@ -219,7 +228,12 @@ def ds_config_of(args: argparse.Namespace, world: int) -> dict[str, Any]:
     """The DeepSpeed config: ``--ds-config`` as it is, else base.json + the flags."""
     if args.ds_config:
         return json.loads(Path(args.ds_config).read_text())
-    s = settings_of(args, world)
+    try:
+        s = settings_of(args, world)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "options"
+        raise SystemExit(f"compare_loss: {where}: {first['msg']}") from None
     cfg = dsconfig.deep_merge(dsconfig.load_template("base.json"), dsconfig.from_settings(s))
     cfg["gradient_clipping"] = 0.0  # see the module docstring: clipping breaks exactness
     cfg["steps_per_print"] = 10**9
@@ -361,6 +375,13 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose_logging:
         torch._logging.set_logs(recompiles=True, guards=True, graph_breaks=True)
 
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        # Started without a launcher: one rank, instead of DeepSpeed's MPI discovery.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     deepspeed.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     accel = get_accelerator()

@@ -26,7 +26,8 @@ Exactness findings (DeepSpeed 0.19.8, torch 2.13 CPU, 2 ranks, fp32, torch AdamW
   ``--mirror-zero3-hooks`` (the baseline wrapped like ZeRO-3 wraps the
   engine's model) ZeRO-3 matches bit for bit. Partitioning, reduce-scatter
   and all-gather are therefore exact; only the autograd graph differs.
-  Reduction order is not the cause with two ranks: ``a + b`` is commutative
+  A single-rank ZeRO-3 run (no communication at all) shows the same
+  differences. Reduction order is not the cause with two ranks: ``a + b`` is commutative
   and dividing by 2 is exact, wherever DeepSpeed places the averaging.
 """
 
@@ -39,8 +40,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -49,6 +52,8 @@ RUNNER = REPO / "runners" / "compare_loss.py"
 sys.path.insert(0, str(REPO / "runners"))
 
 import parity  # noqa: E402
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXACT = ["--torch-adam", "--dtype", "fp32", "--rtol", "0", "--atol", "0", "--steps", "3"]
 # A tolerance far above rounding noise: the injected faults must stand out from
@@ -170,11 +175,11 @@ class Job:
         return found[-1]
 
 
-def uses(*names: str):  # noqa: ANN201 - a decorator
+def uses(*names: str) -> Callable[[F], F]:
     """Declare the jobs a non-parametrized test reads, so that only those are launched."""
 
-    def mark(fn):  # noqa: ANN001, ANN202
-        fn.cases = names
+    def mark(fn: F) -> F:
+        fn.cases = names  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -328,3 +333,37 @@ def test_header_records_versions_and_world(jobs: dict[str, Job]) -> None:
     assert header["ds_config"]["zero_optimization"]["stage"] == 1
     assert header["config"]["torch_adam"] is True
     assert "Epoch 1, Step 3, Loss:" in job.output  # the seed's line, for line followers
+
+
+# -- through the pipeline: `kind: verify` conditions, verdicts in MLflow ---------------------
+
+
+@pytest.mark.e2e
+def test_verify_conditions_through_the_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PASS (ZeRO-3, mirrored hooks, zero tolerance) and a deliberate FAIL, via `dstui run`."""
+    import yaml
+    from conftest import SPECS, dstui, mlflow_client
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    data = yaml.safe_load((SPECS / "verify_zero.yaml").read_text())
+    data["settings"]["steps"] = 3
+    data["conditions"] = [
+        {"name": "z3", "zero_stage": 3, "mirror_zero3_hooks": True},
+        {"name": "z1-broken", "zero_stage": 1, "extra_args": ["--inject", "lr"]},
+    ]
+    spec = tmp_path / "verify.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    proc = dstui("run", str(spec), env={"DSTUI_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": uri}, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one run failed on purpose
+    client = mlflow_client(uri)
+    exp = client.get_experiment_by_name("verify-zero")
+    runs = {r.data.tags["dstui.condition"]: r for r in client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")}
+    good, bad = runs["z3"], runs["z1-broken"]
+    assert good.data.tags["dstui.verdict"] == "PASS" and good.info.status == "FINISHED"
+    for key in ("grad_max_abs_diff", "param_max_abs_diff", "loss_abs_diff"):
+        hist = client.get_metric_history(good.info.run_id, key)
+        assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [1, 2, 3]
+        assert all(m.value == 0.0 for m in hist), key
+    assert bad.data.tags["dstui.verdict"] == "FAIL" and bad.info.status == "FAILED"
+    assert bad.data.tags["dstui.reason"] == "verify FAIL (first diverging step 1)"

@@ -517,6 +517,7 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(1800)
 def test_revisions_through_the_pipeline(
     cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

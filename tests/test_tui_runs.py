@@ -37,8 +37,8 @@ async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
         screen = app.screen
         assert isinstance(screen, RunsScreen)
         await pilot.press("l")
-        assert await wait_for(pilot, lambda: screen.batch is not None and screen._rows, timeout=60)
-        assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=120), states(screen)
+        assert await wait_for(pilot, lambda: screen.batch is not None and screen._rows, timeout=240)
+        assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=240), states(screen)
         row = screen._rows["echo-r0"]
         assert row[3] == "5/5" and row[5] == "1"  # progress and last loss (5.0 / 5)
         # the log viewer shows the run's stdout
@@ -58,41 +58,43 @@ async def test_cancel_kills_process_group_then_retry(tui_env):  # noqa: F811
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
         await pilot.press("l")
-        assert await wait_for(pilot, lambda: states(screen) == ["running"], timeout=120), states(screen)
+        assert await wait_for(pilot, lambda: states(screen) == ["running"], timeout=240), states(screen)
         rd = RunDir(screen.batch.path / "echo-r0")
-        assert await wait_for(pilot, lambda: rd.status().get("pgid"), timeout=30)
+        assert await wait_for(pilot, lambda: rd.status().get("pgid"), timeout=240)
         pgid = rd.status()["pgid"]
         assert not group_gone(pgid)
         await pilot.press("c")
         await pilot.pause()
         await pilot.press("y")
-        assert await wait_for(pilot, lambda: group_gone(pgid), timeout=30)
-        assert await wait_for(pilot, lambda: states(screen) == ["killed"], timeout=60), states(screen)
+        assert await wait_for(pilot, lambda: group_gone(pgid), timeout=240)
+        assert await wait_for(pilot, lambda: states(screen) == ["killed"], timeout=240), states(screen)
         # retry: queued again, a new process group starts
         await pilot.press("r")
         assert await wait_for(pilot, lambda: rd.status().get("pgid") not in (None, pgid)
-                              and rd.state == "running", timeout=120), rd.status()  # fmt: skip
+                              and rd.state == "running", timeout=240), rd.status()  # fmt: skip
         assert (rd.path / "attempts" / "1").is_dir()
         pgid2 = rd.status()["pgid"]
         await pilot.press("c")
         await pilot.pause()
         await pilot.press("y")
-        assert await wait_for(pilot, lambda: group_gone(pgid2), timeout=30)
+        assert await wait_for(pilot, lambda: group_gone(pgid2), timeout=240)
 
 
 async def test_leave_and_come_back_takes_over(tui_env):  # noqa: F811
     """A batch whose supervisor is gone is taken over when the TUI starts."""
     spec = seed_spec(tui_env, name="orphan")
     b = batch_mod.create(batch_mod.plan(spec, validate=False))  # folders only, nobody supervising
+    b.update_info(created=b.info()["created"] - 120)  # launched a while ago, then the terminal went away
     app = DstuiApp(watch_s=0.3)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
         assert await wait_for(pilot, lambda: screen.batch is not None and screen.batch.id == b.id)
-        assert await wait_for(pilot, lambda: all(r.state in FINAL_STATES for r in b.runs()), timeout=120)
+        assert await wait_for(pilot, lambda: all(r.state in FINAL_STATES for r in b.runs()), timeout=240)
         assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=10)
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(1800)
 async def test_e2e_real_cpu_smoke_from_ui(tui_env):  # noqa: F811
     """The real bundled runner under DeepSpeed on CPU (2 ranks, ZeRO 0-3), launched from the UI."""
     if shutil.which("deepspeed") is None and not (REPO / "runners" / "train.py").exists():
@@ -102,5 +104,5 @@ async def test_e2e_real_cpu_smoke_from_ui(tui_env):  # noqa: F811
         screen = app.screen
         await pilot.press("l")
         assert await wait_for(pilot, lambda: len(screen._rows) == 4, timeout=180)
-        ok = await wait_for(pilot, lambda: all(s in FINAL_STATES for s in states(screen)), timeout=900)
+        ok = await wait_for(pilot, lambda: all(s in FINAL_STATES for s in states(screen)), timeout=1700)
         assert ok and states(screen) == ["done"] * 4, states(screen)

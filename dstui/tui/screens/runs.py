@@ -28,6 +28,7 @@ STATE_STYLE = {
     "killed": "magenta",
 }
 MAX_BATCHES = 30
+TAKEOVER_GRACE_S = 30.0
 RUN_COLUMNS = ("", "run", "state", "step", "ETA", "loss", "iter s", "tok/s", "peak mem", "reason")
 
 
@@ -115,6 +116,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
         self._batch_rows: dict[str, tuple] = {}
         self._live: dict[str, bool] = {}
         self._last_batches = 0.0
+        self._last_takeover = time.monotonic()
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -163,6 +165,10 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
     def _tick(self) -> None:
         self.refresh_batches()
         self.refresh_runs()
+        now = time.monotonic()
+        if getattr(self.app, "supervise", True) and now - self._last_takeover > TAKEOVER_GRACE_S:
+            self._last_takeover = now
+            self.take_over()  # a supervisor that died while we watch is replaced too
 
     def refresh_batches(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -326,10 +332,18 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
 
     @work(thread=True, group="control", exit_on_error=False, name="retry")
     def retry_run(self, rd: RunDir) -> None:
-        from dstui import batch
+        from dstui import batch, supervisor
 
         batch.retry(rd)
         self.app.call_from_thread(self.notify, f"queued again: {rd.name} (old attempt kept)")
+        # a supervisor that was just finishing the batch may exit without seeing the
+        # re-queued run; make sure someone picks it up
+        for _ in range(20):
+            time.sleep(0.5)
+            if rd.state != "queued":
+                return
+        if not supervisor.is_supervised(rd.batch):
+            supervisor.spawn(rd.batch)
 
     def action_launch(self) -> None:
         spec = getattr(self.app, "spec_path", None)
@@ -362,8 +376,11 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
         live: dict[str, bool] = {}
         restarted = []
         for b in list_batches(paths.runs_dir())[:MAX_BATCHES]:
-            if b.info().get("finalized"):
+            info = b.info()
+            if info.get("finalized") and b.is_finished():
                 continue
+            if time.time() - info.get("created", 0) < TAKEOVER_GRACE_S:
+                continue  # just launched (e.g. by `dstui demo`): its supervisor may still be starting
             if supervisor.ensure_supervised(b):
                 restarted.append(b.id)
             live[b.id] = True
