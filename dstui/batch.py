@@ -154,12 +154,9 @@ def resume(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, trackin
 def retry(rd: RunDir) -> None:
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
-    from dstui.supervisor import is_supervised
+    from dstui.supervisor import kick
 
     batch = rd.batch
     reset_run(rd)
     batch.update_info(finalized=False)
-    if not is_supervised(batch):
-        from dstui.supervisor import spawn
-
-        spawn(batch)
+    kick(batch)

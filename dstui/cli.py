@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if first is None and not any(a in ("-h", "--help", "--version") for a in argv):
         argv = ["tui", *argv]
         first = "tui"
+    elif first not in COMMANDS and first is not None and first.endswith((".yaml", ".yml")):
+        argv = ["tui", *argv]  # `dstui SPEC.yaml` opens the TUI on that spec
+        first = "tui"
     parser = build_parser(first if first in COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command is None:

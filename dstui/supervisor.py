@@ -97,8 +97,12 @@ def is_supervised(batch: BatchDir) -> bool:
         return False
 
 
-def spawn(batch: BatchDir, *, env: dict[str, str] | None = None) -> int:
-    """Start a detached supervisor for a batch; returns its pid."""
+def spawn(batch: BatchDir, *, env: dict[str, str] | None = None, wait_s: float = 10.0) -> int:
+    """Start a detached supervisor for a batch; returns its pid.
+
+    Waits until it holds the batch lock (or has exited), so a caller that
+    checks :func:`is_supervised` right after does not start a twin.
+    """
     with open(batch.log_file, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dstui", "supervise", str(batch.path)],
@@ -109,7 +113,25 @@ def spawn(batch: BatchDir, *, env: dict[str, str] | None = None) -> int:
             close_fds=True,
             env=env,
         )
+    deadline = time.time() + wait_s
+    while time.time() < deadline and proc.poll() is None and not is_supervised(batch):
+        time.sleep(0.05)
     return proc.pid
+
+
+def kick(batch: BatchDir, *, settle_s: float = 3.0) -> None:
+    """Make sure queued runs of a batch get a supervisor.
+
+    A live supervisor picks up newly queued runs by itself; one that is just
+    finishing may already have looked. So: if the lock is free, or becomes free
+    within ``settle_s``, start a new supervisor.
+    """
+    deadline = time.time() + settle_s
+    while is_supervised(batch):
+        if time.time() > deadline:
+            return  # a supervisor in its main loop: it will see the queued run
+        time.sleep(0.1)
+    spawn(batch)
 
 
 def ensure_supervised(batch: BatchDir) -> bool:
@@ -352,10 +374,12 @@ class Supervisor:
             while True:
                 self.step()
                 if self.done():
-                    break
+                    self.finalize_batch()
+                    # a retry may have queued a run while we were finishing: look again
+                    if not any(r.state == "queued" for r in self.batch.runs()):
+                        return 0
+                    self.batch.update_info(finalized=False)
                 time.sleep(self.poll_s)
-            self.finalize_batch()
-            return 0
         finally:
             self.lock.release()
 

@@ -445,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: cannot start the process group: {e}", file=sys.stderr, flush=True)
         return 1
     rank = deepspeed.comm.get_rank()
+    wants_dc = args.deepcompile or (args.sequence_parallel > 1 and args.sp_mode == "deepcompile")
+    if wants_dc and accel.device_name() == "cpu":
+        # Its 'dc' op includes ATen/cuda headers (deepspeed/ops/csrc/includes/deepcompile.h);
+        # on a CPU-only torch the JIT build fails after minutes with "cuda.h: No such file".
+        print(f"train.py: error: DeepCompile needs a CUDA device (DeepSpeed {deepspeed.__version__} "
+              "builds its 'dc' op against CUDA headers); use --compile on CPU", file=sys.stderr, flush=True)
+        return 2
     writer = MetricsWriter(args.metrics_file if rank == 0 else None)
     code = 0
     try:

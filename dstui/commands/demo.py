@@ -29,12 +29,10 @@ def demo_spec() -> Path:
     n = sysmetrics.gpu_count()
     if n == 0:
         return SMOKE
-    if SMOKE_GPU.is_file():
-        return SMOKE_GPU
     from dstui.spec import load_spec, save_spec
 
-    spec = load_spec(SMOKE)
-    spec.settings["gpus"] = min(2, n)
+    spec = load_spec(SMOKE_GPU if SMOKE_GPU.is_file() else SMOKE)
+    spec.settings["gpus"] = min(int(spec.settings.get("gpus", 2)), n)  # a 1-GPU box runs 1 rank
     spec.settings["dtype"] = "bf16"
     spec.name = "smoke-gpu"
     out = paths.home() / "runs" / "_specs" / "smoke-gpu.yaml"
