@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.errors import DstuiError
+from dstui.failures import is_oom
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
@@ -102,12 +103,6 @@ class RunData:
         if name not in self.params:
             return default
         return parse_value(self.params[name])
-
-
-def is_oom(reason: str | None) -> bool:
-    """True for CUDA/host out-of-memory failures (the reason tag names them)."""
-    text = (reason or "").lower()
-    return "out of memory" in text or "outofmemory" in text or text.strip() == "oom"
 
 
 def parse_value(text: str) -> Any:

@@ -55,4 +55,6 @@ def classify(log_tail: str, exit_code: int | None, sig: int | None = None) -> st
 
 
 def is_oom(reason: str | None) -> bool:
-    return bool(reason) and "out of memory" in reason.lower()
+    """True for CUDA/host out-of-memory failures (the reason tag names them)."""
+    text = (reason or "").lower()
+    return "out of memory" in text or "outofmemory" in text or text.strip() == "oom"

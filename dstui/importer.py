@@ -163,20 +163,10 @@ class ParsedLog:
 
 
 def _value(text: str) -> Any:
-    t = text.strip().strip("'\"")
-    low = t.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return t
+    """Like analysis.parse_value, but quotes around a value are dropped first."""
+    from dstui.analysis import parse_value
+
+    return parse_value(text.strip().strip("'\""))
 
 
 def _number(text: str) -> float | None:

@@ -400,7 +400,11 @@ def run(args: argparse.Namespace) -> int:
     micro = int(cfg.get("train_micro_batch_size_per_gpu", args.micro_batch))
     if int(cfg.get("gradient_accumulation_steps", 1)) != 1:
         raise SystemExit("compare_loss: gradient_accumulation_steps must be 1")
-    clip = float(cfg.get("gradient_clipping", 0.0) or 0.0)
+    # An absent key is not "no clipping": DeepSpeed's default clips at 1.0, and the
+    # baseline must do what DeepSpeed does.
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+
+    clip = float(cfg.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT) or 0.0)
     opt_kind, opt_kwargs = adam_spec(cfg, args.lr)
 
     writer = MetricsWriter(args.metrics_file if rank == 0 else None)

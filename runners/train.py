@@ -130,7 +130,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ()))
         flag = f"--{where.replace('_', '-')}: " if where else ""
-        raise RunnerError(f"{flag}{err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
+        raise RunnerError(f"{flag}{msg}") from None
 
 
 def ds_config_of(args: argparse.Namespace, s: Settings) -> dict[str, Any]:

@@ -82,13 +82,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
                               "--grad-accum", "2", "--micro-batch", "2", "--dtype", "bf16",
                               "--zero-stage", "2", "--torch-adam"]
     launches["ulysses"] = [*COMMON, "--zero-stage", "1", "--sequence-parallel", "2", "--sp-check"]
-    launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "2"]
+    launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "3"]
 
     started = {name: _start(args, tmp / f"{name}.jsonl") for name, args in launches.items()}
     results: dict[str, Result] = {}
     for name, (proc, metrics, t0) in started.items():
         try:
-            out, _ = proc.communicate(timeout=420)
+            out, _ = proc.communicate(timeout=540)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()

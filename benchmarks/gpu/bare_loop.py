@@ -48,7 +48,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["master", "autocast", "fp32"], default="master")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default=None, help="default: cuda when there is a GPU, else cpu")
     p.add_argument("--out", default=None, help="append the JSON result to this file")
     p.add_argument("--profile", default=None, help="write the profiler's top ops of 5 more steps to this file")
     return p.parse_args(argv)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    dev = torch.device(a.device)
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = dev.type == "cuda"
     transformers.set_seed(a.seed)
     config = common.model_config(a.model)

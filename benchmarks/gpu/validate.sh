@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# dstui on real GPUs (issue 8), for a fresh lent accelerator machine (2 GPUs):
+#
+#   benchmarks/gpu/validate.sh batch   # configs/experiments/gpu_validation.yaml through `dstui run`,
+#                                      # nvidia-smi sampled meanwhile, `dstui report`, MLflow store exported
+#   benchmarks/gpu/validate.sh bench   # MFU (runner vs bare PyTorch loop, 1 GPU), host-device syncs,
+#                                      # cost of watching (dstui vs bare launcher, interleaved, 2 GPUs)
+#   benchmarks/gpu/validate.sh all     # both (more than one 10-minute device command)
+#
+# Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
+# imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
+# are installed with --target into $SITE; dstui itself runs from this checkout (PYTHONPATH).
+# Everything that must come back is put under $OUT as a few archives (the device tool brings back at
+# most 8 files, two folders deep).
+set -u -o pipefail
+
+PHASE=${1:-all}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+PY=${PYTHON:-python3}
+OUT=${OUT:-$REPO/gpu-out}
+WORK=${DSTUI_GPU_WORK:-/tmp/dstui-gpu}
+SITE=${DSTUI_GPU_SITE:-/tmp/site}
+mkdir -p "$OUT" "$WORK"
+# Overridable so the script can be tried on a CPU box with a tiny model first.
+VALIDATION_SPEC=${VALIDATION_SPEC:-configs/experiments/gpu_validation.yaml}
+MFU_SPEC=${MFU_SPEC:-benchmarks/gpu/mfu.yaml}
+WATCH_SPEC=${WATCH_SPEC:-benchmarks/gpu/watch.yaml}
+BENCH_ARGS=${BENCH_ARGS:---model llama-1b --seq-length 2048 --micro-batch 8}
+
+# NVLink multicast stays off on shared hosts (the lent machines' rule; harmless elsewhere).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The image sets 9.0a, which DeepSpeed's JIT op builder cannot parse ("invalid literal for int()").
+export TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
+export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions   # JIT ops built once, shared by every run
+export DSTUI_HOME=$WORK/home
+export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$DSTUI_HOME"
+T0=$(date +%s)
+say() { echo "[validate $(( $(date +%s) - T0 ))s] $*"; }
+
+setup() {
+    if [ -z "${DSTUI_GPU_NO_INSTALL:-}" ] && [ ! -f "$SITE/.dstui-installed" ]; then
+        say "installing $(ls .whl/*.whl | wc -l) wheels into $SITE"
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+            || { say "wheel install failed"; return 1; }
+        touch "$SITE/.dstui-installed"
+    fi
+    # mlflow's and opentelemetry's generated protobuf code needs a recent enough protobuf runtime
+    if ! $PY -c "import mlflow.protos.service_pb2, opentelemetry.proto.trace.v1.trace_pb2" 2>/dev/null; then
+        say "protobuf too old for mlflow: installing .whl/fallback/"
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/fallback/*.whl
+    fi
+    {
+        echo "## date"; date -u
+        echo "## nvidia-smi"; nvidia-smi
+        echo "## nvidia-smi topo -m"; nvidia-smi topo -m
+        echo "## nvidia-smi -q (clocks, power)"; nvidia-smi -q -d CLOCK,POWER | head -80
+        echo "## nvcc"; nvcc --version 2>&1 | tail -2
+        echo "## cpu / memory"; nproc; free -g
+        echo "## python packages"
+        $PY - <<'EOF'
+import importlib.metadata as md, platform, sys
+print("python", platform.python_version(), sys.executable)
+for n in ["torch", "deepspeed", "transformers", "mlflow-skinny", "pydantic", "protobuf", "typing_extensions",
+          "sqlalchemy", "numpy", "pandas", "matplotlib", "nvidia-ml-py", "triton", "ninja", "psutil"]:
+    try:
+        print(f"{n} {md.version(n)}")
+    except md.PackageNotFoundError:
+        print(f"{n} -")
+import torch
+print("torch.cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
+      [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+import deepspeed, mlflow, dstui
+print("imports ok:", deepspeed.__file__, mlflow.__version__, dstui.__file__)
+EOF
+    } >"$OUT/env-$PHASE.txt" 2>&1
+    tail -8 "$OUT/env-$PHASE.txt"
+    grep -q "imports ok" "$OUT/env-$PHASE.txt" || { say "imports failed"; return 1; }
+}
+
+prebuild() {
+    # Build DeepSpeed's JIT ops (FusedAdam for every run, CPUAdam for offload, the DeepCompile op)
+    # in parallel once, before anything is timed; each run then only loads them.
+    say "building JIT ops in $TORCH_EXTENSIONS_DIR"
+    local pids=()
+    for b in "FusedAdamBuilder" "CPUAdamBuilder" "dc.DeepCompileBuilder"; do
+        (
+            mod=deepspeed.ops.op_builder; cls=$b
+            case $b in *.*) mod=$mod.${b%%.*}; cls=${b#*.};; esac
+            MAX_JOBS=10 $PY -c "from $mod import $cls as B; import time; t=time.time(); B().load(); print('$cls built/loaded in %.1fs' % (time.time()-t))"
+        ) >"$WORK/build-$b.log" 2>&1 &
+        pids+=($!)
+    done
+    local ok=0
+    for i in "${!pids[@]}"; do wait "${pids[$i]}" || ok=1; done
+    for f in "$WORK"/build-*.log; do tail -1 "$f"; done
+    [ $ok = 0 ] || { say "an op build failed:"; tail -30 "$WORK"/build-*.log; }
+    return 0
+}
+
+start_smi() {  # $1 = csv
+    $PY benchmarks/gpu/nvsmi_sample.py --out "$1" --interval 0.5 --seconds 900 &
+    SMI_PID=$!
+}
+stop_smi() { kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; }
+
+cancel_leftovers() {  # runs of a batch still going after a timeout must not disturb what follows
+    local batch=$1
+    for st in "$batch"/*/status.json; do
+        if grep -qE '"state": "(running|starting|queued)"' "$st"; then
+            $PY -m dstui cancel "$(dirname "$st")" || true
+        fi
+    done
+    sleep 3
+}
+
+spec_name() { $PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$1"; }
+
+phase_batch() {
+    local limit=${BATCH_LIMIT:-420} name
+    name=$(spec_name "$VALIDATION_SPEC")
+    start_smi "$WORK/nvsmi-batch.csv"
+    say "dstui run $VALIDATION_SPEC (limit ${limit}s)"
+    timeout "$limit" $PY -m dstui run "$VALIDATION_SPEC"
+    say "dstui run exited $?"
+    stop_smi
+    local batch
+    batch=$(ls -dt "$DSTUI_HOME/runs/$name"-* | head -1)
+    cancel_leftovers "$batch"
+    $PY -m dstui status "$(basename "$batch")" --no-takeover || true
+    say "dstui report"
+    timeout 120 $PY -m dstui report --experiment "$name" --batch "$(basename "$batch")" \
+        --baseline z0 --tolerance 0.05 -o "$WORK/report" || say "report failed"
+    $PY benchmarks/gpu/nvsmi_check.py --nvsmi "$WORK/nvsmi-batch.csv" --out "$WORK/nvsmi-check-batch.json" \
+        "$batch"/*/system.jsonl || true
+    echo "-- busy only:"
+    $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-batch.csv" \
+        --out "$WORK/nvsmi-check-batch-busy.json" "$batch"/*/system.jsonl || true
+    $PY benchmarks/gpu/summarize.py "$batch" --baseline z0 --json "$WORK/summary-batch.json" | tee "$WORK/summary-batch.md"
+    tar -C "$WORK" -czf "$OUT/report.tgz" report 2>/dev/null || true
+    # the MLflow store (SQLite + artifacts), the run folders, the nvidia-smi samples and the checks
+    tar -C "$WORK" -czf "$OUT/batch-data.tgz" home/mlruns "home/runs/$(basename "$batch")" nvsmi-batch.csv \
+        nvsmi-check-batch.json nvsmi-check-batch-busy.json summary-batch.json summary-batch.md build-*.log 2>/dev/null || true
+    ls -la "$OUT"
+}
+
+phase_bench() {
+    local b=$WORK/bench
+    mkdir -p "$b"
+    start_smi "$WORK/nvsmi-bench.csv"
+    say "MFU: bare PyTorch loops on GPU 0"
+    for mode in master autocast; do
+        CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/bare_loop.py $BENCH_ARGS --steps 30 --warmup-steps 8 --mode $mode --out "$b/bare_loop.jsonl" \
+            --profile "$b/bare_${mode}_top_ops.txt" | cut -c1-600
+    done
+    say "MFU: the runner through dstui run on GPU 0 ($MFU_SPEC)"
+    CUDA_VISIBLE_DEVICES=0 timeout 180 $PY -m dstui run "$MFU_SPEC" --quiet
+    local mb wname
+    mb=$(ls -dt "$DSTUI_HOME/runs/$(spec_name "$MFU_SPEC")"-* | head -1)
+    wname=$(spec_name "$WATCH_SPEC")
+    cancel_leftovers "$mb"
+    $PY benchmarks/gpu/summarize.py "$mb" | tee "$b/summary-mfu.md"
+    say "syncs per step and top ops of the DeepSpeed engine (1 GPU, ZeRO-0)"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/sync_profile.py $BENCH_ARGS --zero-stage 0 \
+        --steps 8 --out "$b/sync_profile.jsonl" --tables "$b" 2>&1 | grep -v "^\[rank0\]:\[W" | tail -5
+    say "cost of watching: W B B W W B on 2 GPUs ($WATCH_SPEC)"
+    timeout "${WATCH_LIMIT:-330}" $PY benchmarks/gpu/watch_cost.py --spec "$WATCH_SPEC" --out "$b/watch" --timeout 150 \
+        --order "${WATCH_ORDER:-WBBWWB}"
+    stop_smi
+    local wb
+    for wb in $(ls -d "$DSTUI_HOME/runs/$wname"-* 2>/dev/null); do cancel_leftovers "$wb"; done
+    $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-bench.csv" --out "$b/nvsmi-check-watch.json" \
+        "$DSTUI_HOME/runs/$wname"-*/*/system.jsonl || true
+    tar -C "$WORK" -czf "$OUT/bench-data.tgz" bench nvsmi-bench.csv \
+        $(cd "$WORK" && ls -d "home/runs/$(basename "$mb")" "home/runs/$wname"-* 2>/dev/null) 2>/dev/null || true
+    ls -la "$OUT"
+}
+
+setup || exit 1
+[ -n "${SKIP_PREBUILD:-}" ] || prebuild
+case $PHASE in
+    batch) phase_batch ;;
+    bench) phase_bench ;;
+    all) phase_batch; phase_bench ;;
+    setup) ;;
+    *) echo "usage: $0 batch|bench|all|setup" >&2; exit 2 ;;
+esac
+say "done ($PHASE)"
