@@ -26,7 +26,7 @@ TRAIN_ARGS = (
     "model", "load_weights", "dataset", "dataset_config", "dataset_percent", "seq_length",
     "micro_batch", "grad_accum", "steps", "warmup_steps", "log_interval", "dtype", "zero_stage",
     "offload", "offload_params", "nvme_path", "deepcompile", "compile", "activation_checkpointing",
-    "sequence_parallel", "sp_mode", "lr", "torch_adam", "seed", "deterministic",
+    "sequence_parallel", "sp_mode", "sp_check", "lr", "torch_adam", "seed", "deterministic",
 )  # fmt: skip
 VERIFY_ARGS = (
     "model", "seq_length", "micro_batch", "steps", "seed", "lr", "dtype", "zero_stage", "offload",

@@ -74,6 +74,9 @@ class Settings(_Strict):
     activation_checkpointing: bool = Field(False, description="HF gradient checkpointing.")
     sequence_parallel: int = Field(1, ge=1, description="Ulysses sequence-parallel degree.")
     sp_mode: SpMode = Field("eager", description="Ulysses mode: eager, compile or deepcompile.")
+    sp_check: bool = Field(
+        False, description="Ulysses: also train without sequence parallelism and compare the losses."
+    )
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
     torch_adam: bool = Field(False, description="Use torch.optim.AdamW instead of DeepSpeed's.")
     seed: int = Field(42, description="Seed for init, data order and dropout.")

@@ -550,7 +550,9 @@ class Supervisor:
                 self._tracking_down(e)
 
     def _on_summary(self, t: Tracked, rd: RunDir, rec: dict) -> None:
-        fields = {"summary": {k: v for k, v in rec.items() if k != "type"}}
+        # a runner may add a second summary (e.g. a check's verdict): merge, don't replace
+        merged = {**(rd.status().get("summary") or {}), **{k: v for k, v in rec.items() if k != "type"}}
+        fields: dict[str, Any] = {"summary": merged}
         if rec.get("verdict"):
             fields["verdict"] = rec["verdict"]
         rd.update_status(**fields)
@@ -606,8 +608,11 @@ class Supervisor:
         elif code == 0:
             fields.update(state="done", reason=None)
         elif summary.get("verdict") == "FAIL":
-            step = summary.get("first_diverging_step")
-            fields.update(state="failed", reason=f"verify FAIL (first diverging step {step})")
+            if summary.get("check"):
+                fields.update(state="failed", reason=f"{summary['check']} FAIL")
+            else:
+                step = summary.get("first_diverging_step")
+                fields.update(state="failed", reason=f"verify FAIL (first diverging step {step})")
         else:
             fields.update(state="failed", reason=failures.classify(rd.log_tail(16384), code, sig))
         rd.update_status(**fields)

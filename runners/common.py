@@ -84,7 +84,9 @@ def model_config(name: str) -> Any:
         cfg = json.loads((MODELS_DIR / f"{name}.json").read_text())
         model_type = cfg.pop("model_type", None)
         if not model_type:
-            raise RunnerError(f"model preset '{name}' has no 'model_type' ({MODELS_DIR / name}.json)")
+            raise RunnerError(
+                f"model preset '{name}' has no 'model_type' ({MODELS_DIR / name}.json)"
+            )
         return AutoConfig.for_model(model_type, **cfg)
     try:
         return AutoConfig.from_pretrained(name)
@@ -98,7 +100,9 @@ def build_model(name: str, config: Any, *, load_weights: bool, attn_implementati
 
     if load_weights:
         if is_preset(name):
-            raise RunnerError(f"--load-weights needs a hub id or a local path; '{name}' is a preset (config only)")
+            raise RunnerError(
+                f"--load-weights needs a hub id or a local path; '{name}' is a preset (config only)"
+            )
         return AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
@@ -150,7 +154,9 @@ def byte_tokens(text: str | bytes, vocab: int) -> Any:
     import torch
 
     if vocab < 256:
-        raise RunnerError(f"byte-level tokens need a vocabulary of at least 256 (the model has {vocab})")
+        raise RunnerError(
+            f"byte-level tokens need a vocabulary of at least 256 (the model has {vocab})"
+        )
     data = text.encode("utf-8") if isinstance(text, str) else text
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
@@ -199,21 +205,31 @@ def load_tokens(
         text = text[: max(1, int(len(text) * percent / 100.0))]
         if tok is None:
             return byte_tokens(text, vocab), "tiny-corpus (bytes)"
-        return torch.tensor(tok(text)["input_ids"], dtype=torch.long), f"tiny-corpus ({model_name} tokenizer)"
+        return torch.tensor(
+            tok(text)["input_ids"], dtype=torch.long
+        ), f"tiny-corpus ({model_name} tokenizer)"
 
     # Any other name is a Hugging Face dataset. This needs the hub (or its
     # cache) and so cannot run in the offline CI, but it is what users run.
     try:
         import datasets
     except ImportError:
-        raise RunnerError("the 'datasets' package is needed for HF datasets; pip install datasets") from None
+        raise RunnerError(
+            "the 'datasets' package is needed for HF datasets; pip install datasets"
+        ) from None
     split = _hf_split(percent)
     try:
         ds = datasets.load_dataset(dataset, dataset_config, split=split)
     except Exception as e:  # noqa: BLE001 - datasets raises many types; all mean "cannot load"
-        raise RunnerError(f"cannot load dataset '{dataset}' ({dataset_config}, {split}): {e}") from None
-    column = "text" if "text" in ds.column_names else next(
-        (c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"), None
+        raise RunnerError(
+            f"cannot load dataset '{dataset}' ({dataset_config}, {split}): {e}"
+        ) from None
+    column = (
+        "text"
+        if "text" in ds.column_names
+        else next(
+            (c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"), None
+        )
     )
     if column is None:
         raise RunnerError(f"dataset '{dataset}' has no text column (columns: {ds.column_names})")
@@ -231,7 +247,9 @@ def pack(tokens: Any, seq_length: int) -> Any:
     """Cut the stream into [n, seq_length] blocks (the tail that does not fill a block is dropped)."""
     n = tokens.numel() // seq_length
     if n == 0:
-        raise RunnerError(f"the dataset has {tokens.numel()} tokens, fewer than one sequence of {seq_length}")
+        raise RunnerError(
+            f"the dataset has {tokens.numel()} tokens, fewer than one sequence of {seq_length}"
+        )
     return tokens[: n * seq_length].view(n, seq_length).contiguous()
 
 
@@ -323,7 +341,9 @@ def device_info(accel: Any) -> dict[str, Any]:
         try:
             import torch
 
-            gpu_name = torch.cuda.get_device_name(accel.current_device()) if name == "cuda" else name
+            gpu_name = (
+                torch.cuda.get_device_name(accel.current_device()) if name == "cuda" else name
+            )
         except Exception:  # noqa: BLE001 - naming a device must never stop a run
             gpu_name = name
     return {"device": name, "on_cpu": on_cpu, "gpu_name": gpu_name, "gpu_count": gpu_count}

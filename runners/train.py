@@ -58,63 +58,143 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
-    a("--model", default=_default("model"),
-      help=f"model preset in configs/models/ ({', '.join(common.presets())}), a hub id or a local path; "
-           "presets are random-initialised from their config")
-    a("--load-weights", action="store_true",
-      help="load pretrained weights of a hub/local model (default: its config only, random init)")
-    a("--dataset", default=_default("dataset"),
-      help="'tiny-corpus' (shipped text, byte tokens), 'synthetic' (seeded random tokens) "
-           "or a Hugging Face dataset name (needs the hub or its cache)")
-    a("--dataset-config", default=_default("dataset_config"),
-      help="HF dataset config name, e.g. wikitext-2-raw-v1")
-    a("--dataset-percent", type=float, default=_default("dataset_percent"),
-      help="percentage of the train split (or of tiny-corpus) to use")
+    a(
+        "--model",
+        default=_default("model"),
+        help=f"model preset in configs/models/ ({', '.join(common.presets())}), a hub id or a local path; "
+        "presets are random-initialised from their config",
+    )
+    a(
+        "--load-weights",
+        action="store_true",
+        help="load pretrained weights of a hub/local model (default: its config only, random init)",
+    )
+    a(
+        "--dataset",
+        default=_default("dataset"),
+        help="'tiny-corpus' (shipped text, byte tokens), 'synthetic' (seeded random tokens) "
+        "or a Hugging Face dataset name (needs the hub or its cache)",
+    )
+    a(
+        "--dataset-config",
+        default=_default("dataset_config"),
+        help="HF dataset config name, e.g. wikitext-2-raw-v1",
+    )
+    a(
+        "--dataset-percent",
+        type=float,
+        default=_default("dataset_percent"),
+        help="percentage of the train split (or of tiny-corpus) to use",
+    )
     a("--seq-length", type=int, default=_default("seq_length"), help="tokens per sample")
-    a("--micro-batch", type=int, default=_default("micro_batch"),
-      help="samples per rank per micro step (train_micro_batch_size_per_gpu)")
-    a("--grad-accum", type=int, default=_default("grad_accum"),
-      help="micro steps per optimizer step (gradient_accumulation_steps)")
+    a(
+        "--micro-batch",
+        type=int,
+        default=_default("micro_batch"),
+        help="samples per rank per micro step (train_micro_batch_size_per_gpu)",
+    )
+    a(
+        "--grad-accum",
+        type=int,
+        default=_default("grad_accum"),
+        help="micro steps per optimizer step (gradient_accumulation_steps)",
+    )
     a("--steps", type=int, default=_default("steps"), help="optimizer steps to run")
-    a("--warmup-steps", type=int, default=_default("warmup_steps"),
-      help="leading steps left out of the timing statistics of the summary")
-    a("--log-interval", type=int, default=_default("log_interval"),
-      help="write a step record every N optimizer steps (the last step is always logged)")
-    a("--dtype", choices=["fp32", "bf16", "fp16"], default=_default("dtype"), help="training precision")
+    a(
+        "--warmup-steps",
+        type=int,
+        default=_default("warmup_steps"),
+        help="leading steps left out of the timing statistics of the summary",
+    )
+    a(
+        "--log-interval",
+        type=int,
+        default=_default("log_interval"),
+        help="write a step record every N optimizer steps (the last step is always logged)",
+    )
+    a(
+        "--dtype",
+        choices=["fp32", "bf16", "fp16"],
+        default=_default("dtype"),
+        help="training precision",
+    )
     a("--zero-stage", type=int, default=_default("zero_stage"), help="ZeRO stage 0-3")
-    a("--offload", choices=["none", "cpu", "nvme"], default=_default("offload"),
-      help="offload optimizer state (ZeRO >= 1; cpu needs DeepSpeedCPUAdam, JIT-built)")
-    a("--offload-params", choices=["none", "cpu", "nvme"], default=_default("offload_params"),
-      help="offload parameters (ZeRO-3 only)")
+    a(
+        "--offload",
+        choices=["none", "cpu", "nvme"],
+        default=_default("offload"),
+        help="offload optimizer state (ZeRO >= 1; cpu needs DeepSpeedCPUAdam, JIT-built)",
+    )
+    a(
+        "--offload-params",
+        choices=["none", "cpu", "nvme"],
+        default=_default("offload_params"),
+        help="offload parameters (ZeRO-3 only)",
+    )
     a("--nvme-path", default=_default("nvme_path"), help="swap folder for nvme offload")
-    a("--deepcompile", action="store_true",
-      help="DeepSpeed DeepCompile: compile.deepcompile=true and engine.compile()")
+    a(
+        "--deepcompile",
+        action="store_true",
+        help="DeepSpeed DeepCompile: compile.deepcompile=true and engine.compile()",
+    )
     a("--compile", action="store_true", help="torch.compile the engine (engine.compile())")
-    a("--activation-checkpointing", action="store_true",
-      help="HF gradient checkpointing (recompute activations in backward)")
-    a("--sequence-parallel", type=int, default=_default("sequence_parallel"),
-      help="Ulysses sequence-parallel degree (ranks that share one sequence); 1 = off")
-    a("--sp-mode", choices=["eager", "compile", "deepcompile"], default=_default("sp_mode"),
-      help="how the Ulysses model runs: eager, torch.compile, or DeepCompile")
-    a("--sp-check", action="store_true",
-      help="after the sequence-parallel run, train the same steps on the same samples without "
-           "sequence parallelism and compare the losses (exit 1 when they differ beyond "
-           "--sp-rtol/--sp-atol)")
+    a(
+        "--activation-checkpointing",
+        action="store_true",
+        help="HF gradient checkpointing (recompute activations in backward)",
+    )
+    a(
+        "--sequence-parallel",
+        type=int,
+        default=_default("sequence_parallel"),
+        help="Ulysses sequence-parallel degree (ranks that share one sequence); 1 = off",
+    )
+    a(
+        "--sp-mode",
+        choices=["eager", "compile", "deepcompile"],
+        default=_default("sp_mode"),
+        help="how the Ulysses model runs: eager, torch.compile, or DeepCompile",
+    )
+    a(
+        "--sp-check",
+        action="store_true",
+        help="after the sequence-parallel run, train the same steps on the same samples without "
+        "sequence parallelism and compare the losses (exit 1 when they differ beyond "
+        "--sp-rtol/--sp-atol)",
+    )
     a("--sp-rtol", type=float, default=1e-4, help="relative tolerance of --sp-check")
     a("--sp-atol", type=float, default=1e-5, help="absolute tolerance of --sp-check")
     a("--lr", type=float, default=_default("lr"), help="AdamW learning rate (constant)")
-    a("--torch-adam", action="store_true",
-      help="use torch.optim.AdamW as a client optimizer instead of DeepSpeed's AdamW")
+    a(
+        "--torch-adam",
+        action="store_true",
+        help="use torch.optim.AdamW as a client optimizer instead of DeepSpeed's AdamW",
+    )
     a("--seed", type=int, default=_default("seed"), help="seed of init, data order and dropout")
-    a("--deterministic", action="store_true",
-      help="torch.use_deterministic_algorithms(True) (slower; sets CUBLAS_WORKSPACE_CONFIG)")
-    a("--ds-config", default=None,
-      help="DeepSpeed config JSON to use as-is (dstui writes one per run); without it the "
-           "runner builds one from these flags over configs/deepspeed/base.json")
-    a("--metrics-file", default=os.environ.get("DSTUI_METRICS_FILE"),
-      help="file rank 0 appends the JSON records to (default: $DSTUI_METRICS_FILE; unset = none)")
-    a("--local_rank", "--local-rank", dest="local_rank", type=int,
-      default=int(os.environ.get("LOCAL_RANK", 0)), help="set by the launcher")
+    a(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) (slower; sets CUBLAS_WORKSPACE_CONFIG)",
+    )
+    a(
+        "--ds-config",
+        default=None,
+        help="DeepSpeed config JSON to use as-is (dstui writes one per run); without it the "
+        "runner builds one from these flags over configs/deepspeed/base.json",
+    )
+    a(
+        "--metrics-file",
+        default=os.environ.get("DSTUI_METRICS_FILE"),
+        help="file rank 0 appends the JSON records to (default: $DSTUI_METRICS_FILE; unset = none)",
+    )
+    a(
+        "--local_rank",
+        "--local-rank",
+        dest="local_rank",
+        type=int,
+        default=int(os.environ.get("LOCAL_RANK", 0)),
+        help="set by the launcher",
+    )
     return p
 
 
@@ -130,7 +210,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ()))
         flag = f"--{where.replace('_', '-')}: " if where else ""
-        msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
+        msg = str(err["msg"]).removeprefix(
+            "Value error, "
+        )  # pydantic's prefix says nothing to a user
         raise RunnerError(f"{flag}{msg}") from None
 
 
@@ -155,7 +237,9 @@ def ds_config_of(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 class Trainer:
     """One DeepSpeed engine plus the data it eats and the numbers it produces."""
 
-    def __init__(self, args: argparse.Namespace, ds_config: dict[str, Any], *, use_sp: bool) -> None:
+    def __init__(
+        self, args: argparse.Namespace, ds_config: dict[str, Any], *, use_sp: bool
+    ) -> None:
         import deepspeed
         import torch
         import transformers
@@ -168,7 +252,9 @@ class Trainer:
         self.world = deepspeed.comm.get_world_size()
         self.sp = args.sequence_parallel if use_sp else 1
         if self.world % self.sp:
-            raise RunnerError(f"--sequence-parallel {self.sp} does not divide the {self.world} ranks")
+            raise RunnerError(
+                f"--sequence-parallel {self.sp} does not divide the {self.world} ranks"
+            )
         self.dp = self.world // self.sp
 
         transformers.set_seed(args.seed)
@@ -185,7 +271,9 @@ class Trainer:
             args.model, config, load_weights=args.load_weights, attn_implementation="sdpa"
         )
         if args.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.params = common.count_params(model)
 
         cfg = dict(ds_config)
@@ -205,13 +293,19 @@ class Trainer:
         if mpu is not None:
             init["mpu"] = mpu
         self.engine, *_ = deepspeed.initialize(**init)
-        if args.compile or args.deepcompile or (self.sp > 1 and args.sp_mode in ("compile", "deepcompile")):
+        if (
+            args.compile
+            or args.deepcompile
+            or (self.sp > 1 and args.sp_mode in ("compile", "deepcompile"))
+        ):
             self.engine.compile()
 
         self.micro_batch = self.engine.train_micro_batch_size_per_gpu()
         self.grad_accum = self.engine.gradient_accumulation_steps()
         self.tokens_per_step = self.micro_batch * self.grad_accum * args.seq_length * self.dp
-        self.flops_per_token = common.flops_per_token(self.params, self.layers, self.hidden, args.seq_length)
+        self.flops_per_token = common.flops_per_token(
+            self.params, self.layers, self.hidden, args.seq_length
+        )
         self.peak = common.peak_tflops(self.dev["gpu_name"], args.dtype)
         self.device = self.accel.current_device_name()
         self.batches = self._data()
@@ -232,7 +326,9 @@ class Trainer:
             seed=a.seed,
         )
         if int(tokens.max()) >= self.vocab:
-            raise RunnerError(f"the data has token ids up to {int(tokens.max())}, beyond the vocabulary ({self.vocab})")
+            raise RunnerError(
+                f"the data has token ids up to {int(tokens.max())}, beyond the vocabulary ({self.vocab})"
+            )
         blocks = common.pack(tokens, a.seq_length)
         self.shard = common.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
         if self.sp > 1:
@@ -294,7 +390,11 @@ class Trainer:
 
 
 def train(
-    args: argparse.Namespace, ds_config: dict[str, Any], *, use_sp: bool, writer: MetricsWriter | None
+    args: argparse.Namespace,
+    ds_config: dict[str, Any],
+    *,
+    use_sp: bool,
+    writer: MetricsWriter | None,
 ) -> list[float]:
     """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run."""
     tr = Trainer(args, ds_config, use_sp=use_sp)
@@ -352,7 +452,7 @@ def train(
     if writer is not None:
         # Statistics over every step after warm-up, logged or not: the timing
         # sync happens on every step, so unlogged steps are measured too.
-        timed = times[args.warmup_steps:] or times
+        timed = times[args.warmup_steps :] or times
         later = times[1:]
         tflops = [tr.tflops_per_gpu(t) for t in timed]
         summary: dict[str, Any] = {
@@ -391,7 +491,9 @@ def sp_check(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: lis
     for i, (a, b) in enumerate(zip(sp_losses, ref_losses, strict=False)):
         close = math.isclose(a, b, rel_tol=args.sp_rtol, abs_tol=args.sp_atol)
         ok = ok and close
-        lines.append(f"  logged step {i + 1}: sp {a:.6f}  no-sp {b:.6f}  diff {a - b:+.3e}  {'ok' if close else 'DIFF'}")
+        lines.append(
+            f"  logged step {i + 1}: sp {a:.6f}  no-sp {b:.6f}  diff {a - b:+.3e}  {'ok' if close else 'DIFF'}"
+        )
     if deepspeed.comm.get_rank() == 0:
         verdict = "match" if ok else "DIFFER"
         print(f"sp-check: losses {verdict} (rtol {args.sp_rtol}, atol {args.sp_atol})", flush=True)
@@ -430,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     common.isolate_op_cache()
     for lock in common.clear_stale_op_locks():
-        print(f"train.py: removed a stale JIT-build lock left by a killed build: {lock}", file=sys.stderr, flush=True)
+        print(
+            f"train.py: removed a stale JIT-build lock left by a killed build: {lock}",
+            file=sys.stderr,
+            flush=True,
+        )
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
@@ -450,15 +556,22 @@ def main(argv: list[str] | None = None) -> int:
     if wants_dc and accel.device_name() == "cpu":
         # Its 'dc' op includes ATen/cuda headers (deepspeed/ops/csrc/includes/deepcompile.h);
         # on a CPU-only torch the JIT build fails after minutes with "cuda.h: No such file".
-        print(f"train.py: error: DeepCompile needs a CUDA device (DeepSpeed {deepspeed.__version__} "
-              "builds its 'dc' op against CUDA headers); use --compile on CPU", file=sys.stderr, flush=True)
+        print(
+            f"train.py: error: DeepCompile needs a CUDA device (DeepSpeed {deepspeed.__version__} "
+            "builds its 'dc' op against CUDA headers); use --compile on CPU",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     writer = MetricsWriter(args.metrics_file if rank == 0 else None)
     code = 0
     try:
         losses = train(args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer)
-        if args.sp_check and not sp_check(args, ds_config, losses):
-            code = 1
+        if args.sp_check:
+            ok = sp_check(args, ds_config, losses)
+            # the verdict goes to the metrics file too: dstui tags the run PASS/FAIL from it
+            writer.write(SUMMARY, steps=args.steps, verdict="PASS" if ok else "FAIL", check="sp-check")
+            code = 0 if ok else 1
     except RunnerError as e:
         print(f"[rank {rank}] train.py: error: {e}", file=sys.stderr, flush=True)
         code = 2

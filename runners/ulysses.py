@@ -23,7 +23,9 @@ from runners.common import RunnerError, ShardedBatches
 
 # torch 2.13 deprecates the autograd-aware all_gather in favour of a private
 # API; the public one is what DeepSpeed's tutorial uses, so keep it, quietly.
-warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated")
+warnings.filterwarnings(
+    "ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated"
+)
 
 _ATTN = "sdpa"
 _saved_attention: Any = None
@@ -37,9 +39,13 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int) -
     global _saved_attention
     sp = args.sequence_parallel
     if heads % sp:
-        raise RunnerError(f"--sequence-parallel {sp} must divide the model's {heads} attention heads")
+        raise RunnerError(
+            f"--sequence-parallel {sp} must divide the model's {heads} attention heads"
+        )
     if not (kv_heads % sp == 0 or sp % kv_heads == 0):
-        raise RunnerError(f"--sequence-parallel {sp} and the model's {kv_heads} KV heads must divide one another")
+        raise RunnerError(
+            f"--sequence-parallel {sp} and the model's {kv_heads} KV heads must divide one another"
+        )
     if args.seq_length % sp:
         raise RunnerError(f"--sequence-parallel {sp} must divide --seq-length {args.seq_length}")
     # The check compares the config's attention with the one being wrapped.
@@ -93,7 +99,10 @@ def loss(engine: Any, batch: dict[str, Any]) -> Any:
     labels = batch.pop("shift_labels")
     logits = engine(**batch).logits
     local = torch.nn.functional.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum"
+        logits.float().view(-1, logits.shape[-1]),
+        labels.view(-1),
+        ignore_index=-100,
+        reduction="sum",
     )
     count = (labels != -100).sum().float()
     group = mpu.get_sequence_parallel_group()
@@ -102,7 +111,9 @@ def loss(engine: Any, batch: dict[str, Any]) -> Any:
     return torch.stack(list(sums)).sum() / torch.stack(list(counts)).sum().clamp(min=1.0)
 
 
-def reference_batches(shard: ShardedBatches, sp: int, rank: int, world: int) -> Iterator[dict[str, Any]]:
+def reference_batches(
+    shard: ShardedBatches, sp: int, rank: int, world: int
+) -> Iterator[dict[str, Any]]:
     """Whole micro batches in the order the SP run's group saw them: peer 0's, peer 1's, ... then again.
 
     Every rank of a group trains on the same full sample, so the data-parallel
@@ -110,7 +121,8 @@ def reference_batches(shard: ShardedBatches, sp: int, rank: int, world: int) -> 
     """
     first = rank // sp * sp
     peers = [
-        iter(ShardedBatches(shard.blocks, shard.micro_batch, world, p, shard.seed)) for p in range(first, first + sp)
+        iter(ShardedBatches(shard.blocks, shard.micro_batch, world, p, shard.seed))
+        for p in range(first, first + sp)
     ]
     while True:
         for it in peers:

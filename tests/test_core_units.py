@@ -139,3 +139,22 @@ def test_status_is_written_atomically(tmp_path: Path) -> None:
     data = json.loads(rd.status_file.read_text())
     assert data["state"] == "running" and data["steps_total"] == 5
     assert [p.name for p in rd.path.iterdir()] == ["status.json"]  # no temp files left
+
+
+def test_every_command_has_help() -> None:
+    from dstui.cli import COMMANDS
+
+    for name, (_, help_text) in COMMANDS.items():
+        if help_text == "==SUPPRESS==":
+            continue
+        out = subprocess.run([sys.executable, "-m", "dstui", name, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "usage: dstui " + name in out.stdout, (name, out.stderr)
+
+
+def test_mlflow_ui_binds_to_loopback(tmp_path: Path) -> None:
+    env = {**__import__("os").environ, "DSTUI_HOME": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    out = subprocess.run([sys.executable, "-m", "dstui", "ui"], capture_output=True, text=True, env=env, check=True).stdout
+    first = out.splitlines()[0]
+    assert "--host 127.0.0.1" in first and f"sqlite:///{tmp_path}/mlruns/mlflow.db" in first
+    assert "ssh -L 5000:127.0.0.1:5000" in out

@@ -29,8 +29,20 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "runners" / "train.py"
 STEPS = 4
 STAGES = (0, 1, 2, 3)
-COMMON = ["--model", "tiny-llama", "--dataset", "tiny-corpus", "--seq-length", "64",
-          "--steps", str(STEPS), "--warmup-steps", "1", "--seed", "7"]
+COMMON = [
+    "--model",
+    "tiny-llama",
+    "--dataset",
+    "tiny-corpus",
+    "--seq-length",
+    "64",
+    "--steps",
+    str(STEPS),
+    "--warmup-steps",
+    "1",
+    "--seed",
+    "7",
+]
 
 
 def _free_port() -> int:
@@ -57,11 +69,22 @@ def _start(args: list[str], metrics: Path | None) -> tuple[subprocess.Popen, Pat
     # One intra-op thread per rank: several launches share two cores, and
     # oversubscribed OpenMP threads spin rather than work.
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-           "--master_port", str(_free_port()), str(TRAIN), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        str(TRAIN),
+        *args,
+    ]
     if metrics is not None:
         cmd += ["--metrics-file", str(metrics)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     return proc, metrics, time.monotonic()
 
 
@@ -77,10 +100,29 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
         cfg_path.write_text(json.dumps(cfg))
         launches[f"z{stage}"] = [*COMMON, "--zero-stage", str(stage), "--ds-config", str(cfg_path)]
     # Standalone: no --ds-config, other paths of the loop (bf16, accumulation, log interval).
-    launches["standalone"] = ["--model", "tiny-gpt2", "--dataset", "synthetic", "--seq-length", "32",
-                              "--steps", "4", "--warmup-steps", "1", "--log-interval", "2",
-                              "--grad-accum", "2", "--micro-batch", "2", "--dtype", "bf16",
-                              "--zero-stage", "2", "--torch-adam"]
+    launches["standalone"] = [
+        "--model",
+        "tiny-gpt2",
+        "--dataset",
+        "synthetic",
+        "--seq-length",
+        "32",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--log-interval",
+        "2",
+        "--grad-accum",
+        "2",
+        "--micro-batch",
+        "2",
+        "--dtype",
+        "bf16",
+        "--zero-stage",
+        "2",
+        "--torch-adam",
+    ]
     launches["ulysses"] = [*COMMON, "--zero-stage", "1", "--sequence-parallel", "2", "--sp-check"]
     launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "3"]
 
@@ -122,7 +164,15 @@ def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
     steps = r.of("step")
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     for s in steps:
-        for field in ("loss", "iter_time", "tokens_per_s", "tflops_per_gpu", "mem_alloc", "mem_peak", "lr"):
+        for field in (
+            "loss",
+            "iter_time",
+            "tokens_per_s",
+            "tflops_per_gpu",
+            "mem_alloc",
+            "mem_peak",
+            "lr",
+        ):
             assert _finite(s[field]), (field, s)
         assert s["iter_time"] > 0 and s["mem_peak"] >= s["mem_alloc"] > 0
         assert "mfu" not in s  # no known peak on CPU: no made-up MFU
@@ -130,7 +180,13 @@ def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
     (summary,) = r.of("summary")
     assert summary["status"] == "ok" and summary["steps"] == STEPS and summary["warmup_steps"] == 1
     assert summary["final_loss"] == steps[-1]["loss"]
-    for field in ("iter_time_mean", "iter_time_std", "tokens_per_s_mean", "compile_time", "mem_peak_max"):
+    for field in (
+        "iter_time_mean",
+        "iter_time_std",
+        "tokens_per_s_mean",
+        "compile_time",
+        "mem_peak_max",
+    ):
         assert _finite(summary[field]), field
     assert r.records[0]["type"] == "header" and r.records[-1]["type"] == "summary"
 
@@ -191,13 +247,42 @@ def test_bad_preset_is_a_clear_error(runs: dict[str, Result]) -> None:
 
 
 def test_help_explains_every_setting() -> None:
-    out = subprocess.run([sys.executable, str(TRAIN), "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(TRAIN), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
-    names = [n for n in Settings.model_fields if n in {
-        "model", "load_weights", "dataset", "dataset_config", "dataset_percent", "seq_length",
-        "micro_batch", "grad_accum", "steps", "warmup_steps", "log_interval", "dtype", "zero_stage",
-        "offload", "offload_params", "nvme_path", "deepcompile", "compile", "activation_checkpointing",
-        "sequence_parallel", "sp_mode", "lr", "torch_adam", "seed", "deterministic"}]
+    names = [
+        n
+        for n in Settings.model_fields
+        if n
+        in {
+            "model",
+            "load_weights",
+            "dataset",
+            "dataset_config",
+            "dataset_percent",
+            "seq_length",
+            "micro_batch",
+            "grad_accum",
+            "steps",
+            "warmup_steps",
+            "log_interval",
+            "dtype",
+            "zero_stage",
+            "offload",
+            "offload_params",
+            "nvme_path",
+            "deepcompile",
+            "compile",
+            "activation_checkpointing",
+            "sequence_parallel",
+            "sp_mode",
+            "lr",
+            "torch_adam",
+            "seed",
+            "deterministic",
+        }
+    ]
     assert len(names) == 25
     for n in names:
         assert "--" + n.replace("_", "-") in out.stdout, n

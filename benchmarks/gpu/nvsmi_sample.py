@@ -32,6 +32,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--seconds", type=float, default=3600.0)
+    p.add_argument("--apps", default=None, help="also log --query-compute-apps (pid, memory) here every 2 s")
     a = p.parse_args()
     fields = list(FIELDS)
     for f in OPTIONAL:  # newer drivers only; an unknown field fails the whole query
@@ -41,9 +42,22 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     end = time.time() + a.seconds
+    apps = open(a.apps, "w") if a.apps else None  # noqa: SIM115 - closed at exit
+    if apps:
+        apps.write("t,gpu_uuid,pid,process_name,used_memory_mib\n")
+    last_apps = 0.0
     with open(a.out, "w") as fh:
         fh.write("t_before,t_after," + ",".join(fields) + "\n")
         while not stop and time.time() < end:
+            if apps and time.time() - last_apps >= 2.0:
+                last_apps = time.time()
+                r = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                     "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10,
+                )  # fmt: skip
+                for line in r.stdout.strip().splitlines():
+                    apps.write(f"{last_apps:.3f}," + ",".join(x.strip() for x in line.split(",")) + "\n")
+                apps.flush()
             t0 = time.time()
             r = query(fields)
             t1 = time.time()

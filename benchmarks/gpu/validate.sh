@@ -39,7 +39,11 @@ export DSTUI_HOME=$WORK/home
 export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$DSTUI_HOME"
 T0=$(date +%s)
+# Everything must be back under $OUT before the device command's 10-minute limit: phases shrink
+# their longest part to what is left of DEADLINE_S (seconds after this script started).
+DEADLINE_S=${DEADLINE_S:-570}
 say() { echo "[validate $(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
 
 setup() {
     if [ -z "${DSTUI_GPU_NO_INSTALL:-}" ] && [ ! -f "$SITE/.dstui-installed" ]; then
@@ -86,7 +90,7 @@ prebuild() {
     # in parallel once, before anything is timed; each run then only loads them.
     say "building JIT ops in $TORCH_EXTENSIONS_DIR"
     local pids=()
-    for b in "FusedAdamBuilder" "CPUAdamBuilder" "dc.DeepCompileBuilder"; do
+    for b in ${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder}; do
         (
             mod=deepspeed.ops.op_builder; cls=$b
             case $b in *.*) mod=$mod.${b%%.*}; cls=${b#*.};; esac
@@ -102,7 +106,7 @@ prebuild() {
 }
 
 start_smi() {  # $1 = csv
-    $PY benchmarks/gpu/nvsmi_sample.py --out "$1" --interval 0.5 --seconds 900 &
+    $PY benchmarks/gpu/nvsmi_sample.py --out "$1" --apps "${1%.csv}-apps.csv" --interval 0.5 --seconds 900 &
     SMI_PID=$!
 }
 stop_smi() { kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; }
@@ -120,7 +124,7 @@ cancel_leftovers() {  # runs of a batch still going after a timeout must not dis
 spec_name() { $PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$1"; }
 
 phase_batch() {
-    local limit=${BATCH_LIMIT:-420} name
+    local limit=${BATCH_LIMIT:-$(( $(left) - 100 ))} name
     name=$(spec_name "$VALIDATION_SPEC")
     start_smi "$WORK/nvsmi-batch.csv"
     say "dstui run $VALIDATION_SPEC (limit ${limit}s)"
@@ -143,7 +147,7 @@ phase_batch() {
     tar -C "$WORK" -czf "$OUT/report.tgz" report 2>/dev/null || true
     # the MLflow store (SQLite + artifacts), the run folders, the nvidia-smi samples and the checks
     tar -C "$WORK" -czf "$OUT/batch-data.tgz" home/mlruns "home/runs/$(basename "$batch")" nvsmi-batch.csv \
-        nvsmi-check-batch.json nvsmi-check-batch-busy.json summary-batch.json summary-batch.md build-*.log 2>/dev/null || true
+        nvsmi-batch-apps.csv nvsmi-check-batch.json nvsmi-check-batch-busy.json summary-batch.json summary-batch.md build-*.log 2>/dev/null || true
     ls -la "$OUT"
 }
 
@@ -151,11 +155,12 @@ phase_bench() {
     local b=$WORK/bench
     mkdir -p "$b"
     start_smi "$WORK/nvsmi-bench.csv"
-    say "MFU: bare PyTorch loops on GPU 0"
-    for mode in master autocast; do
-        CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/bare_loop.py $BENCH_ARGS --steps 30 --warmup-steps 8 --mode $mode --out "$b/bare_loop.jsonl" \
-            --profile "$b/bare_${mode}_top_ops.txt" | cut -c1-600
-    done
+    bare() {  # $1 = master | autocast
+        CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/bare_loop.py $BENCH_ARGS --steps 30 --warmup-steps 8 \
+            --mode "$1" --out "$b/bare_loop.jsonl" --profile "$b/bare_${1}_top_ops.txt" | cut -c1-700
+    }
+    say "MFU: bare PyTorch loop (bf16 weights + fp32 master, like DeepSpeed) on GPU 0"
+    bare master
     say "MFU: the runner through dstui run on GPU 0 ($MFU_SPEC)"
     CUDA_VISIBLE_DEVICES=0 timeout 180 $PY -m dstui run "$MFU_SPEC" --quiet
     local mb wname
@@ -167,19 +172,23 @@ phase_bench() {
     CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/sync_profile.py $BENCH_ARGS --zero-stage 0 \
         --steps 8 --out "$b/sync_profile.jsonl" --tables "$b" 2>&1 | grep -v "^\[rank0\]:\[W" | tail -5
     say "cost of watching: W B B W W B on 2 GPUs ($WATCH_SPEC)"
-    timeout "${WATCH_LIMIT:-330}" $PY benchmarks/gpu/watch_cost.py --spec "$WATCH_SPEC" --out "$b/watch" --timeout 150 \
+    timeout "$(( $(left) - 30 ))" $PY benchmarks/gpu/watch_cost.py --spec "$WATCH_SPEC" \
+        --deadline "$(( T0 + DEADLINE_S - 45 ))" --out "$b/watch" --timeout 150 \
         --order "${WATCH_ORDER:-WBBWWB}"
+    if [ "$(left)" -gt 70 ]; then say "MFU: bare PyTorch loop, AMP autocast variant"; bare autocast; fi
     stop_smi
     local wb
     for wb in $(ls -d "$DSTUI_HOME/runs/$wname"-* 2>/dev/null); do cancel_leftovers "$wb"; done
     $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-bench.csv" --out "$b/nvsmi-check-watch.json" \
         "$DSTUI_HOME/runs/$wname"-*/*/system.jsonl || true
-    tar -C "$WORK" -czf "$OUT/bench-data.tgz" bench nvsmi-bench.csv \
+    tar -C "$WORK" -czf "$OUT/bench-data.tgz" bench nvsmi-bench.csv nvsmi-bench-apps.csv \
         $(cd "$WORK" && ls -d "home/runs/$(basename "$mb")" "home/runs/$wname"-* 2>/dev/null) 2>/dev/null || true
     ls -la "$OUT"
 }
 
 setup || exit 1
+# the bench phase needs FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
+[ "$PHASE" = bench ] && PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder}
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
     batch) phase_batch ;;

@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--order", default="WBBWWB", help="W = through dstui, B = bare launcher")
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="unix time: start no run that would not end before it (judged by the longest so far)")
     a = p.parse_args(argv)
 
     import yaml
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     template: list[str] | None = None
     cwd: str | None = None
     rows = []
+    longest = 0.0
     for i, mode in enumerate(a.order):
+        if a.deadline and rows and time.time() + 1.15 * longest > a.deadline:
+            print(f"[watch_cost] stopping before run {i}: the deadline is near", flush=True)
+            break
         if mode == "B" and template is None:
             raise SystemExit("the order must start with W (the bare runs reuse its argv)")
         sampler = NvmlPeak()
@@ -163,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             state = "done" if rc == 0 else f"exit {rc}"
             log_tail = (run_dir / "stdout.log").read_text(errors="replace")[-400:]
         peak = sampler.stop()
+        longest = max(longest, wall)
         m = read_metrics(metrics_file)
         s = m["summary"]
         warm = int(s.get("warmup_steps", 0) or 0)
