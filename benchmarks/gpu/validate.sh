@@ -41,7 +41,7 @@ mkdir -p "$DSTUI_HOME"
 T0=$(date +%s)
 # Everything must be back under $OUT before the device command's 10-minute limit: phases shrink
 # their longest part to what is left of DEADLINE_S (seconds after this script started).
-DEADLINE_S=${DEADLINE_S:-570}
+DEADLINE_S=${DEADLINE_S:-585}
 say() { echo "[validate $(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
 
@@ -124,7 +124,7 @@ cancel_leftovers() {  # runs of a batch still going after a timeout must not dis
 spec_name() { $PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$1"; }
 
 phase_batch() {
-    local limit=${BATCH_LIMIT:-$(( $(left) - 100 ))} name
+    local limit=${BATCH_LIMIT:-$(( $(left) - 75 ))} name
     name=$(spec_name "$VALIDATION_SPEC")
     start_smi "$WORK/nvsmi-batch.csv"
     say "dstui run $VALIDATION_SPEC (limit ${limit}s)"
