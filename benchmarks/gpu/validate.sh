@@ -128,7 +128,7 @@ phase_batch() {
     name=$(spec_name "$VALIDATION_SPEC")
     start_smi "$WORK/nvsmi-batch.csv"
     say "dstui run $VALIDATION_SPEC (limit ${limit}s)"
-    timeout "$limit" $PY -m dstui run "$VALIDATION_SPEC"
+    timeout "$limit" $PY -m dstui run "$VALIDATION_SPEC" ${RESUME:+--resume}
     say "dstui run exited $?"
     stop_smi
     local batch
