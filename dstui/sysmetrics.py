@@ -51,7 +51,10 @@ def gpu_readings(indices: list[int] | None = None) -> dict[str, float]:
         try:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:  # v2 'used' excludes driver-reserved memory, like nvidia-smi
+                mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+            except Exception:
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
             out[f"gpu{i}_util_percent"] = float(util.gpu)
             out[f"gpu{i}_mem_used_bytes"] = float(mem.used)
             with contextlib.suppress(Exception):

@@ -37,20 +37,29 @@ from runners import common  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--dataset", default="tiny-corpus")
     p.add_argument("--seq-length", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup-steps", type=int, default=8)
-    p.add_argument("--nosync-steps", type=int, default=10, help="extra steps timed as one block (no per-step sync)")
+    p.add_argument(
+        "--nosync-steps",
+        type=int,
+        default=10,
+        help="extra steps timed as one block (no per-step sync)",
+    )
     p.add_argument("--mode", choices=["master", "autocast", "fp32"], default="master")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default=None, help="default: cuda when there is a GPU, else cpu")
     p.add_argument("--out", default=None, help="append the JSON result to this file")
-    p.add_argument("--profile", default=None, help="write the profiler's top ops of 5 more steps to this file")
+    p.add_argument(
+        "--profile", default=None, help="write the profiler's top ops of 5 more steps to this file"
+    )
     return p.parse_args(argv)
 
 
@@ -86,11 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     build_s = time.perf_counter() - t_build
 
     tokens, _ = common.load_tokens(
-        a.dataset, dataset_config=None, percent=100.0, model_name=a.model, vocab=vocab,
-        seq_length=a.seq_length, samples_needed=(a.steps + a.nosync_steps) * a.micro_batch, seed=a.seed,
+        a.dataset,
+        dataset_config=None,
+        percent=100.0,
+        model_name=a.model,
+        vocab=vocab,
+        seq_length=a.seq_length,
+        samples_needed=(a.steps + a.nosync_steps) * a.micro_batch,
+        seed=a.seed,
     )
-    batches = iter(common.ShardedBatches(common.pack(tokens, a.seq_length), a.micro_batch, 1, 0, a.seed))
-    autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.mode == "autocast")
+    batches = iter(
+        common.ShardedBatches(common.pack(tokens, a.seq_length), a.micro_batch, 1, 0, a.seed)
+    )
+    autocast = torch.autocast(
+        device_type=dev.type, dtype=torch.bfloat16, enabled=a.mode == "autocast"
+    )
 
     def step() -> torch.Tensor:
         batch = {k: v.to(dev, non_blocking=True) for k, v in next(batches).items()}
@@ -138,9 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                 step()
             sync()
         sort = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-        Path(a.profile).write_text(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=60))
+        Path(a.profile).write_text(
+            prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=60)
+        )
 
-    timed = times[a.warmup_steps:] or times
+    timed = times[a.warmup_steps :] or times
     tok = a.micro_batch * a.seq_length
     fpt = common.flops_per_token(params, layers, hidden, a.seq_length)
     name = torch.cuda.get_device_name(dev) if on_gpu else "cpu"

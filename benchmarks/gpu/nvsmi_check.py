@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nvsmi", required=True)
     p.add_argument("--window", type=float, default=0.6)
-    p.add_argument("--busy-only", action="store_true", help="only pairs where nvidia-smi shows > 0%% util")
+    p.add_argument(
+        "--busy-only", action="store_true", help="only pairs where nvidia-smi shows > 0%% util"
+    )
     p.add_argument("--out", default=None, help="write the result as JSON here")
     p.add_argument("system", nargs="+", help="system.jsonl files")
     a = p.parse_args(argv)
@@ -91,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 diffs.setdefault(what, []).append((float(value) * pair[2], ref))
     out = {}
-    print(f"{'quantity':<16}{'pairs':>7}{'dstui mean':>13}{'smi mean':>11}{'mean diff':>11}{'mean |diff|':>13}{'max |diff|':>12}")
+    print(
+        f"{'quantity':<16}{'pairs':>7}{'dstui mean':>13}{'smi mean':>11}{'mean diff':>11}{'mean |diff|':>13}{'max |diff|':>12}"
+    )
     for what, pairs in diffs.items():
         d = [x - y for x, y in pairs]
         row = {
@@ -103,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             "max_abs_diff": max(abs(x) for x in d),
         }
         out[what] = row
-        print(f"{what:<16}{row['pairs']:>7}{row['dstui_mean']:>13.1f}{row['smi_mean']:>11.1f}"
-              f"{row['mean_diff']:>11.2f}{row['mean_abs_diff']:>13.2f}{row['max_abs_diff']:>12.2f}")
+        print(
+            f"{what:<16}{row['pairs']:>7}{row['dstui_mean']:>13.1f}{row['smi_mean']:>11.1f}"
+            f"{row['mean_diff']:>11.2f}{row['mean_abs_diff']:>13.2f}{row['max_abs_diff']:>12.2f}"
+        )
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
     return 0 if out else 1

@@ -32,7 +32,9 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--seconds", type=float, default=3600.0)
-    p.add_argument("--apps", default=None, help="also log --query-compute-apps (pid, memory) here every 2 s")
+    p.add_argument(
+        "--apps", default=None, help="also log --query-compute-apps (pid, memory) here every 2 s"
+    )
     a = p.parse_args()
     fields = list(FIELDS)
     for f in OPTIONAL:  # newer drivers only; an unknown field fails the whole query
@@ -56,14 +58,18 @@ def main() -> int:
                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10,
                 )  # fmt: skip
                 for line in r.stdout.strip().splitlines():
-                    apps.write(f"{last_apps:.3f}," + ",".join(x.strip() for x in line.split(",")) + "\n")
+                    apps.write(
+                        f"{last_apps:.3f}," + ",".join(x.strip() for x in line.split(",")) + "\n"
+                    )
                 apps.flush()
             t0 = time.time()
             r = query(fields)
             t1 = time.time()
             if r.returncode == 0:
                 for line in r.stdout.strip().splitlines():
-                    fh.write(f"{t0:.3f},{t1:.3f}," + ",".join(x.strip() for x in line.split(",")) + "\n")
+                    fh.write(
+                        f"{t0:.3f},{t1:.3f}," + ",".join(x.strip() for x in line.split(",")) + "\n"
+                    )
                 fh.flush()
             time.sleep(max(0.0, a.interval - (time.time() - t0)))
     return 0

@@ -35,8 +35,16 @@ def load(run: Path) -> dict:
                 steps.append(rec)
             elif kind == "summary":
                 summary = rec
-    status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-    return {"name": run.name, "header": header, "steps": steps, "summary": summary, "status": status}
+    status = (
+        json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
+    )
+    return {
+        "name": run.name,
+        "header": header,
+        "steps": steps,
+        "summary": summary,
+        "status": status,
+    }
 
 
 def fmt(x: float | None, spec: str) -> str:
@@ -44,11 +52,14 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def table(runs: list[dict], baseline: str | None) -> str:
-    base = next((r for r in runs if r["status"].get("condition") == baseline), runs[0] if runs else None)
+    base = next(
+        (r for r in runs if r["status"].get("condition") == baseline), runs[0] if runs else None
+    )
     base_loss = {s["step"]: s["loss"] for s in base["steps"]} if base else {}
     lines = [
         "| run | state | iter time (ms) | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem (GiB) | compile (s) | slowest later step (s) | loss step 1 | final loss | max abs loss diff vs "
-        + (base["name"] if base else "-") + " |",
+        + (base["name"] if base else "-")
+        + " |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -63,10 +74,15 @@ def table(runs: list[dict], baseline: str | None) -> str:
                 name=r["name"],
                 state=st.get("state", "?"),
                 reason=reason,
-                it=(f"{s['iter_time_mean'] * 1e3:.1f} ± {s['iter_time_std'] * 1e3:.1f}" if s.get("iter_time_mean") else "-"),
+                it=(
+                    f"{s['iter_time_mean'] * 1e3:.1f} ± {s['iter_time_std'] * 1e3:.1f}"
+                    if s.get("iter_time_mean")
+                    else "-"
+                ),
                 tps=fmt(s.get("tokens_per_s_mean") and s["tokens_per_s_mean"] / world, ",.0f"),
                 tf=fmt(s.get("tflops_per_gpu_mean"), ".1f"),
-                mfu=fmt(s.get("mfu_mean") and 100 * s["mfu_mean"], ".1f") + ("%" if s.get("mfu_mean") else ""),
+                mfu=fmt(s.get("mfu_mean") and 100 * s["mfu_mean"], ".1f")
+                + ("%" if s.get("mfu_mean") else ""),
                 mem=fmt(s.get("mem_peak_max") and s["mem_peak_max"] / GIB, ".1f"),
                 comp=fmt(s.get("compile_time"), ".1f"),
                 slow=fmt(max(later) if later else None, ".2f"),
@@ -81,8 +97,14 @@ def table(runs: list[dict], baseline: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("batch", help="batch folder (runs/<batch>)")
-    p.add_argument("--baseline", default=None, help="condition the losses are compared with (default: first run)")
-    p.add_argument("--json", default=None, help="also write the per-run data (no per-step lists) here")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="condition the losses are compared with (default: first run)",
+    )
+    p.add_argument(
+        "--json", default=None, help="also write the per-run data (no per-step lists) here"
+    )
     a = p.parse_args(argv)
     runs = [load(d) for d in sorted(Path(a.batch).iterdir()) if (d / "status.json").is_file()]
     runs.sort(key=lambda r: r["status"].get("order", 0))
@@ -99,8 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(table(runs, a.baseline))
     if a.json:
-        out = [{"name": r["name"], "summary": r["summary"], "status": {k: v for k, v in r["status"].items() if k != "argv"},
-                "losses": [s["loss"] for s in r["steps"]], "iter_times": [s["iter_time"] for s in r["steps"]]} for r in runs]
+        out = [
+            {
+                "name": r["name"],
+                "summary": r["summary"],
+                "status": {k: v for k, v in r["status"].items() if k != "argv"},
+                "losses": [s["loss"] for s in r["steps"]],
+                "iter_times": [s["iter_time"] for s in r["steps"]],
+            }
+            for r in runs
+        ]
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
 

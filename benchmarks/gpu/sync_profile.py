@@ -56,7 +56,9 @@ ORIGINS = ("/runners/", "/benchmarks/", "/deepspeed/", "/transformers/", "/torch
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--dataset", default="tiny-corpus")
     p.add_argument("--seq-length", type=int, default=2048)
@@ -77,7 +79,7 @@ def _origin(stack: list[traceback.FrameSummary]) -> str:
         if f.endswith("sync_profile.py") or "/warnings.py" in f:
             continue
         if any(o in f for o in ORIGINS[:4]):
-            short = f[f.rfind("/", 0, f.rfind("/")) + 1:]
+            short = f[f.rfind("/", 0, f.rfind("/")) + 1 :]
             return f"{short}:{fr.lineno} {fr.name}"
     fr = stack[-1]
     return f"{fr.filename}:{fr.lineno}"
@@ -178,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         for ev in prof.events():
             if ev.name in SYNC_CALLS:
                 counts[ev.name] += 1
-            if on_gpu and getattr(ev, "device_type", None) is not None and str(ev.device_type).endswith("CUDA"):
+            if (
+                on_gpu
+                and getattr(ev, "device_type", None) is not None
+                and str(ev.device_type).endswith("CUDA")
+            ):
                 kernels += 1
         # the trailing synchronize of the measurement itself is not the loop's
         counts["cudaDeviceSynchronize"] -= 1 if on_gpu else 0
-        res[f"{name}_profiled_syncs_per_step"] = {k: v / a.steps for k, v in sorted(counts.items()) if v}
+        res[f"{name}_profiled_syncs_per_step"] = {
+            k: v / a.steps for k, v in sorted(counts.items()) if v
+        }
         res[f"{name}_device_events_per_step"] = kernels / a.steps
         if a.tables and name == "engine":
             Path(a.tables).mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# dstui on real GPUs (issue 8), for a fresh lent accelerator machine (2 GPUs):
+# dstui on real GPUs (issue 8), for a fresh lent accelerator machine (2 GPUs). One phase fits one
+# 10-minute device command (docs/gpu-validation/README.md has the numbers these produced):
 #
 #   benchmarks/gpu/validate.sh batch   # configs/experiments/gpu_validation.yaml through `dstui run`,
-#                                      # nvidia-smi sampled meanwhile, `dstui report`, MLflow store exported
-#   benchmarks/gpu/validate.sh bench   # MFU (runner vs bare PyTorch loop, 1 GPU), host-device syncs,
-#                                      # cost of watching (dstui vs bare launcher, interleaved, 2 GPUs)
-#   benchmarks/gpu/validate.sh all     # both (more than one 10-minute device command)
+#                                      # nvidia-smi sampled meanwhile, `dstui report`, MLflow store
+#                                      # exported. 7 runs x ~85 s do not fit one command: run it again
+#                                      # with RESUME=1 (`dstui run --resume`) to finish the batch.
+#   benchmarks/gpu/validate.sh mfu     # 1 GPU: bare PyTorch loop vs the runner (MFU), syncs, top ops
+#   benchmarks/gpu/validate.sh watch   # 2 GPUs: cost of watching, dstui vs bare launcher, interleaved
+#   benchmarks/gpu/validate.sh bench|all   # mfu+watch | batch+mfu+watch (more than one command)
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
@@ -151,10 +154,10 @@ phase_batch() {
     ls -la "$OUT"
 }
 
-phase_bench() {
-    local b=$WORK/bench
+phase_mfu() {  # ~4.5 min: bare loop, the runner through dstui (1 GPU), syncs and top ops
+    local b=$WORK/bench mb
     mkdir -p "$b"
-    start_smi "$WORK/nvsmi-bench.csv"
+    start_smi "$WORK/nvsmi-mfu.csv"
     bare() {  # $1 = master | autocast
         CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/bare_loop.py $BENCH_ARGS --steps 30 --warmup-steps 8 \
             --mode "$1" --out "$b/bare_loop.jsonl" --profile "$b/bare_${1}_top_ops.txt" | cut -c1-700
@@ -163,38 +166,47 @@ phase_bench() {
     bare master
     say "MFU: the runner through dstui run on GPU 0 ($MFU_SPEC)"
     CUDA_VISIBLE_DEVICES=0 timeout 180 $PY -m dstui run "$MFU_SPEC" --quiet
-    local mb wname
     mb=$(ls -dt "$DSTUI_HOME/runs/$(spec_name "$MFU_SPEC")"-* | head -1)
-    wname=$(spec_name "$WATCH_SPEC")
     cancel_leftovers "$mb"
     $PY benchmarks/gpu/summarize.py "$mb" | tee "$b/summary-mfu.md"
     say "syncs per step and top ops of the DeepSpeed engine (1 GPU, ZeRO-0)"
     CUDA_VISIBLE_DEVICES=0 timeout 150 $PY benchmarks/gpu/sync_profile.py $BENCH_ARGS --zero-stage 0 \
         --steps 8 --out "$b/sync_profile.jsonl" --tables "$b" 2>&1 | grep -v "^\[rank0\]:\[W" | tail -5
-    say "cost of watching: W B B W W B on 2 GPUs ($WATCH_SPEC)"
+    if [ "$(left)" -gt 70 ]; then say "MFU: bare PyTorch loop, AMP autocast variant"; bare autocast; fi
+    stop_smi
+    tar -C "$WORK" -czf "$OUT/mfu-data.tgz" bench nvsmi-mfu.csv nvsmi-mfu-apps.csv "home/runs/$(basename "$mb")" 2>/dev/null || true
+    ls -la "$OUT"
+}
+
+phase_watch() {  # ~7.5 min on 2 GPUs (each llama-1b run costs ~70 s, mostly start-up)
+    local b=$WORK/bench wname wb
+    mkdir -p "$b"
+    wname=$(spec_name "$WATCH_SPEC")
+    start_smi "$WORK/nvsmi-watch.csv"
+    say "cost of watching: ${WATCH_ORDER:-WBBWWB} on 2 GPUs ($WATCH_SPEC)"
     timeout "$(( $(left) - 30 ))" $PY benchmarks/gpu/watch_cost.py --spec "$WATCH_SPEC" \
         --deadline "$(( T0 + DEADLINE_S - 45 ))" --out "$b/watch" --timeout 150 \
         --order "${WATCH_ORDER:-WBBWWB}"
-    if [ "$(left)" -gt 70 ]; then say "MFU: bare PyTorch loop, AMP autocast variant"; bare autocast; fi
     stop_smi
-    local wb
     for wb in $(ls -d "$DSTUI_HOME/runs/$wname"-* 2>/dev/null); do cancel_leftovers "$wb"; done
-    $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-bench.csv" --out "$b/nvsmi-check-watch.json" \
+    $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-watch.csv" --out "$b/nvsmi-check-watch.json" \
         "$DSTUI_HOME/runs/$wname"-*/*/system.jsonl || true
-    tar -C "$WORK" -czf "$OUT/bench-data.tgz" bench nvsmi-bench.csv nvsmi-bench-apps.csv \
-        $(cd "$WORK" && ls -d "home/runs/$(basename "$mb")" "home/runs/$wname"-* 2>/dev/null) 2>/dev/null || true
+    tar -C "$WORK" -czf "$OUT/watch-data.tgz" bench/watch bench/nvsmi-check-watch.json nvsmi-watch.csv \
+        nvsmi-watch-apps.csv $(cd "$WORK" && ls -d "home/runs/$wname"-* 2>/dev/null) 2>/dev/null || true
     ls -la "$OUT"
 }
 
 setup || exit 1
-# the bench phase needs FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
-[ "$PHASE" = bench ] && PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder}
+# the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
+case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
     batch) phase_batch ;;
-    bench) phase_bench ;;
-    all) phase_batch; phase_bench ;;
+    mfu) phase_mfu ;;
+    watch) phase_watch ;;
+    bench) phase_mfu; phase_watch ;;
+    all) phase_batch; phase_mfu; phase_watch ;;
     setup) ;;
-    *) echo "usage: $0 batch|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

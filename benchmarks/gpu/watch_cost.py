@@ -56,7 +56,9 @@ class NvmlPeak(threading.Thread):
         while not self._stop_ev.is_set():
             for i in range(self.n):
                 try:
-                    used = self.nv.nvmlDeviceGetMemoryInfo(self.nv.nvmlDeviceGetHandleByIndex(i)).used
+                    used = self.nv.nvmlDeviceGetMemoryInfo(
+                        self.nv.nvmlDeviceGetHandleByIndex(i)
+                    ).used
                 except Exception:  # noqa: BLE001
                     continue
                 self.peak[i] = max(self.peak.get(i, 0.0), float(used))
@@ -104,13 +106,19 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--spec", default=str(REPO / "benchmarks" / "gpu" / "watch.yaml"))
     p.add_argument("--order", default="WBBWWB", help="W = through dstui, B = bare launcher")
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="unix time: start no run that would not end before it (judged by the longest so far)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="unix time: start no run that would not end before it (judged by the longest so far)",
+    )
     a = p.parse_args(argv)
 
     import yaml
