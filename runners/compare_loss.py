@@ -655,12 +655,24 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     try:
-        return run(args)
+        code = run(args)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(2)
+    # Both ranks got here: leave the process group together, then skip the interpreter's
+    # teardown, where gloo's threads were seen to abort a finished run ("terminate called
+    # without an active exception", exit -6 after PASS).
+    try:
+        if deepspeed.comm.is_initialized():
+            deepspeed.comm.barrier()
+            deepspeed.comm.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the verdict is already written
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

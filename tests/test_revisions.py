@@ -536,7 +536,8 @@ def test_revisions_through_the_pipeline(
     spec.write_text(yaml.safe_dump({
         "name": "revs",
         "settings": {"model": "tiny-llama", "seq_length": 32, "micro_batch": 1, "steps": 3, "warmup_steps": 1,
-                     "gpus": 2, "zero_stage": 1, "hung_after_s": 600},
+                     "gpus": 2, "zero_stage": 1, "hung_after_s": 600,
+                     "torch_adam": True},  # no FusedAdam JIT build in each fresh revision env
         "revisions": [
             {"name": "stable", "pypi": OLD},
             {"name": "main", "git": str(ds_repo), "ref": "main"},
