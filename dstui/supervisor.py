@@ -622,6 +622,12 @@ class Supervisor:
             fields.update(state="failed", reason=failures.classify(rd.log_tail(16384), code, sig))
         rd.update_status(**fields)
         log.info("%s ended: %s %s", rd.name, fields["state"], fields.get("reason") or "")
+        # killed or crashed ranks never unlink DeepSpeed's /dev/shm buffers: do it for them
+        from dstui import shm
+
+        removed = shm.remove_buffers(shm.master_port_of(st.get("argv")))
+        if removed:
+            log.info("%s: removed %d stale /dev/shm all-reduce buffers", rd.name, len(removed))
 
     def _flush(self, t: Tracked, rd: RunDir, *, force: bool = False) -> None:
         if not t.pending:

@@ -158,3 +158,16 @@ def test_mlflow_ui_binds_to_loopback(tmp_path: Path) -> None:
     first = out.splitlines()[0]
     assert "--host 127.0.0.1" in first and f"sqlite:///{tmp_path}/mlruns/mlflow.db" in first
     assert "ssh -L 5000:127.0.0.1:5000" in out
+
+
+def test_shm_buffers_of_a_run_are_found_by_port(tmp_path: Path) -> None:
+    from dstui import shm
+
+    for name in ("deepspeed_allreduce_buffer_0_127.0.0.1_29611_0", "deepspeed_allreduce_buffer_0_127.0.0.1_29611_1",
+                 "deepspeed_allreduce_buffer_0_127.0.0.1_29612_0", "other_29611_0"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"x")
+    assert shm.master_port_of(["python", "-m", "deepspeed.launcher.runner", "--master_port", "29611"]) == "29611"
+    assert shm.master_port_of(["x", "--master_port=1234"]) == "1234" and shm.master_port_of(None) is None
+    removed = shm.remove_buffers("29611", shm_dir=tmp_path)
+    assert len(removed) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed_allreduce_buffer_0_127.0.0.1_29612_0", "other_29611_0"]

@@ -67,9 +67,13 @@ def test_smoke_spec_end_to_end(home: Path) -> None:
     # same seed, fp32: every ZeRO stage computes the same first loss
     assert len(set(first_losses)) == 1, first_losses
 
+    from dstui import shm
+
     for rd in batch.runs():
         assert rd.status()["state"] == "done"
         assert "Epoch 1, Step 8, Loss:" in rd.log_file.read_text()
+        # DeepSpeed's CPU all-reduce buffers (66 MB a rank, in RAM) must not outlive the run
+        assert shm.buffers_of_port(shm.master_port_of(rd.status()["argv"])) == []
 
     st = dstui("status", "--no-takeover", check=True).stdout
     assert batch.id in st and st.count(" done ") >= 4
