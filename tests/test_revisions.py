@@ -550,7 +550,7 @@ def test_revisions_through_the_pipeline(
     client = mlflow_client(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("revs")
     runs = {r.data.tags["dstui.revision"]: r for r in client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")}
-    main_sha = git(ds_repo, "rev-parse", "main")
+    main_sha = git(ds_repo, "rev-parse", "main").strip()
     want = {"stable": OLD, "here": deepspeed.__version__}
     for name, run in runs.items():
         tags = run.data.tags
