@@ -59,3 +59,22 @@ def run_row(rd: RunDir) -> list[str]:
 
 
 RUN_HEADER = ["run", "state", "step", "eta", "loss", "iter_s", "tok/s", "peak_mem", "reason"]
+
+
+def add_run_refs(p: Any) -> None:
+    p.add_argument("runs", nargs="+", help="run name (e.g. z3-r0, newest batch first), batch/run, or run folder")
+
+
+def find_runs(refs: list[str]) -> list[RunDir]:
+    """Every referenced run, or an error naming the first one that does not exist."""
+    from dstui import paths
+    from dstui.errors import DstuiError
+    from dstui.rundir import find_run
+
+    out = []
+    for ref in refs:
+        rd = find_run(paths.runs_dir(), ref)
+        if rd is None:
+            raise DstuiError(f"no run '{ref}' under {paths.runs_dir()}")
+        out.append(rd)
+    return out
