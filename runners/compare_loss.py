@@ -55,7 +55,6 @@ import copy
 import json
 import math
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -74,38 +73,11 @@ for _p in (str(_REPO), str(_RUNNERS)):
 
 
 
-def _private_extensions_dir() -> None:
-    """Give this DeepSpeed install its own JIT-op cache unless one is set.
+# One JIT-op cache per DeepSpeed install, shared with train.py (see common.isolate_op_cache):
+# must happen before deepspeed is imported.
+import common  # noqa: E402
 
-    torch keeps JIT-built ops (DeepSpeed's shm comm op on CPU, fused_adam, ...)
-    in ~/.cache/torch_extensions/<py>_<device>/<op> whatever the DeepSpeed
-    version; a run of another revision then rebuilds or loads a foreign .so
-    (seen here: 0.19.8 loading 0.18.0's deepspeed_shm_comm and dying with
-    "has no attribute 'vector_kernel_level'"). Keying the folder by the
-    installed package's location and version keeps revisions apart.
-    """
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return
-    import hashlib
-    import importlib.metadata
-    import importlib.util
-
-    spec = importlib.util.find_spec("deepspeed")
-    try:
-        version = importlib.metadata.version("deepspeed")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    key = hashlib.sha1(f"{spec.origin if spec else ''}|{version}".encode()).hexdigest()[:12]
-    from dstui.paths import cache_dir
-
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(cache_dir() / "torch_extensions" / f"ds-{version}-{key}")
-
-
-try:  # the shared helper (runners/common.py) when present: one op cache with train.py
-    from common import isolate_op_cache as _isolate_op_cache  # noqa: E402
-except ImportError:  # pragma: no cover - common.py is another engineer's file
-    _isolate_op_cache = _private_extensions_dir
-_isolate_op_cache()
+common.isolate_op_cache()
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
@@ -301,17 +273,6 @@ def mem_now() -> tuple[int, int]:
     return rss, peak
 
 
-def versions() -> dict[str, str]:
-    import transformers
-
-    return {
-        "deepspeed": deepspeed.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
-
-
 def git_sha() -> str | None:
     try:
         from deepspeed.git_version_info import git_hash
@@ -478,7 +439,7 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
             runner="compare_loss",
             config={**vars(args), "world_size": world, "zero_stage": stage, "dtype": dtype_name},
             ds_config=cfg,
-            versions=versions(),
+            versions=common.versions(),
             deepspeed_git_sha=git_sha(),
             device=device_name,
             gpu_name=gpu_name,
