@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from dstui import shm
 from dstui.paths import RUNNERS_DIR
 from dstui.rundir import RunDir, write_json_atomic
 from dstui.spec import RunSpec, Settings
@@ -58,9 +60,49 @@ def redact(obj: object) -> object:
     return obj
 
 
-def free_port() -> int:
+_HANDED_OUT: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux; the usual default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A master port for a new job, free now and unlikely to be taken before the job binds it.
+
+    The launcher binds the port 10-20 s after it is chosen (DeepSpeed imports
+    first). A port from the kernel's ephemeral range (what binding port 0 hands
+    out) can meanwhile become the local end of any outgoing connection on the
+    host (gloo and NCCL open many), and the job then dies with "address already
+    in use". So: a random free port below that range, never one this process
+    already handed out (runs launched side by side), and never one whose
+    DeepSpeed CPU all-reduce buffers a dead job left in /dev/shm (they are named
+    by port, and a new job would map the stale ones).
+    """
+    rng = rng or random.Random()
+    low, _ = ephemeral_range()
+    top = max(low, 11024)
+    for _ in range(200):
+        port = rng.randrange(top - 10000, top)
+        if port not in _HANDED_OUT and not shm.buffers_of_port(port) and _bindable(port):
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: any free port
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 

@@ -38,7 +38,40 @@ def client(uri: str | None = None) -> MlflowClient:
     _quiet_mlflow()
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri or paths.tracking_uri())
+    uri = uri or paths.tracking_uri()
+    use_wal(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+_WAL_DONE: set[str] = set()
+
+
+def use_wal(uri: str) -> bool:
+    """Put a local SQLite store in write-ahead-log mode (once; the mode is kept in the file).
+
+    In SQLite's default rollback-journal mode every MLflow transaction costs
+    several fsyncs (journal, database, directory) and blocks readers. While runs
+    are live the supervisor commits every couple of seconds on the disk the
+    training job logs to, and the TUI and reports read the same file. WAL makes
+    a commit one fsync of the log and lets readers go on beside the writer.
+    Best effort: a store that cannot switch (read-only, a network file system)
+    stays as it is.
+    """
+    if not uri.startswith("sqlite:///") or uri in _WAL_DONE:
+        return False
+    import sqlite3
+
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return False
+    _WAL_DONE.add(uri)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path, timeout=10)) as con:
+            mode = con.execute("PRAGMA journal_mode=WAL").fetchone()
+        return bool(mode) and str(mode[0]).lower() == "wal"
+    except (OSError, sqlite3.Error):
+        return False
 
 
 def ensure_experiment(c: MlflowClient, name: str) -> str:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from dstui.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "runners" / "compare_loss.py"
@@ -185,17 +186,11 @@ def uses(*names: str) -> Callable[[F], F]:
     return mark
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(job: Job, slots: threading.Semaphore) -> None:
     with slots:
         start = time.monotonic()
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-               "--master_port", str(_free_port()), str(RUNNER), *job.argv,
+               "--master_port", str(free_port()), str(RUNNER), *job.argv,
                "--metrics-file", str(job.metrics)]
         env = {k: v for k, v in os.environ.items() if k != "DSTUI_METRICS_FILE"}
         with open(job.log, "w") as log:

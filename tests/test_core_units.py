@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dstui import failures, launch
+from dstui import failures, launch, shm
 from dstui.metrics import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
 from dstui.rundir import RunDir
 from dstui.spec import expand, parse_spec
@@ -171,3 +171,55 @@ def test_shm_buffers_of_a_run_are_found_by_port(tmp_path: Path) -> None:
     removed = shm.remove_buffers("29611", shm_dir=tmp_path)
     assert len(removed) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed_allreduce_buffer_0_127.0.0.1_29612_0", "other_29611_0"]
+
+
+def test_master_ports_avoid_the_ephemeral_range_and_taken_ports() -> None:
+    import random
+    import socket
+
+    low, _ = launch.ephemeral_range()
+    ports = [launch.free_port() for _ in range(30)]
+    assert len(set(ports)) == 30  # never the same port twice to runs started side by side
+    assert all(max(low, 11024) - 10000 <= p < max(low, 11024) for p in ports)
+
+    class Offers(random.Random):
+        """Offers the given ports first, then random ones."""
+
+        def __init__(self, *first: int) -> None:
+            super().__init__(0)
+            self.first = list(first)
+
+        def randrange(self, *a: int) -> int:  # type: ignore[override]
+            return self.first.pop(0) if self.first else super().randrange(*a)
+
+    # a port someone listens on is skipped
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        assert launch.free_port(Offers(taken)) != taken
+    # so is a port whose all-reduce buffers a dead DeepSpeed job left in /dev/shm
+    if shm.SHM_DIR.is_dir():
+        stale = max(low, 11024) - 7
+        leftover = shm.SHM_DIR / f"{shm.PREFIX}0_127.0.0.1_{stale}_0"
+        assert launch._bindable(stale)  # so only the leftover can make it skip this port
+        leftover.write_bytes(b"")
+        try:
+            assert launch.free_port(Offers(stale)) != stale
+        finally:
+            leftover.unlink()
+
+
+def test_sqlite_store_is_switched_to_write_ahead_log(tmp_path: Path) -> None:
+    import sqlite3
+
+    from dstui import tracking
+
+    db = tmp_path / "store" / "mlflow.db"
+    c = tracking.client(f"sqlite:///{db}")
+    exp = tracking.ensure_experiment(c, "wal")
+    rid = tracking.create_run(c, exp, "r", tags={"a": "b"})
+    tracking.log_metrics(c, rid, [("loss", 1.5, 1000, 1), ("loss", 1.25, 2000, 2)])
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert [m.value for m in c.get_metric_history(rid, "loss")] == [1.5, 1.25]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 import yaml
 from conftest import SPECS, dstui, mlflow_client
 
+from dstui.launch import free_port
 from dstui.rundir import BatchDir, list_batches
 
 
@@ -172,15 +172,9 @@ def test_user_command_in_seed_format_is_followed_live(home: Path) -> None:
     assert run.info.status == "FINISHED"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_team_mlflow_server(home: Path, tmp_path: Path) -> None:
     """A team points dstui at a shared `mlflow server`: a real one on 127.0.0.1."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dstui import dsconfig
+from dstui.launch import free_port
 from dstui.metrics import parse_seed_line, read_records
 from dstui.spec import Settings
 
@@ -44,12 +44,6 @@ COMMON = [
     "--seed",
     "7",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -77,7 +71,7 @@ def _start(args: list[str], metrics: Path | None) -> tuple[subprocess.Popen, Pat
         "--num_gpus",
         "2",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         str(TRAIN),
         *args,
     ]

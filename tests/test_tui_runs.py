@@ -22,6 +22,17 @@ def states(screen: RunsScreen) -> list[str]:
     return [str(cells[2]) for cells in screen._rows.values()]
 
 
+def why_not_done(screen: RunsScreen) -> str:
+    """Each run that did not finish, with its recorded reason and the end of its log."""
+    out = [f"states: {states(screen)}"]
+    for rd in screen.batch.runs() if screen.batch else []:
+        if rd.state != "done":
+            st = rd.status()
+            out.append(f"--- {rd.name}: {st.get('state')} ({st.get('reason')}), exit {st.get('exit_code')}")
+            out.append(rd.log_tail(3000))
+    return "\n".join(out)
+
+
 def group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -105,4 +116,4 @@ async def test_e2e_real_cpu_smoke_from_ui(tui_env):  # noqa: F811
         await pilot.press("l")
         assert await wait_for(pilot, lambda: len(screen._rows) == 4, timeout=180)
         ok = await wait_for(pilot, lambda: all(s in FINAL_STATES for s in states(screen)), timeout=1700)
-        assert ok and states(screen) == ["done"] * 4, states(screen)
+        assert ok and states(screen) == ["done"] * 4, why_not_done(screen)

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from dstui.launch import free_port  # noqa: E402
 
 
 class NvmlPeak(threading.Thread):
@@ -68,12 +69,6 @@ class NvmlPeak(threading.Thread):
         self._stop_ev.set()
         self.join(timeout=2)
         return self.peak
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read_metrics(path: Path) -> dict:
