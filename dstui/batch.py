@@ -6,6 +6,7 @@ process or an MLflow run exists: a bad spec leaves nothing behind.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui import dsconfig, launch, paths
-from dstui.errors import DstuiError
+from dstui.errors import DstuiError, SpecError
 from dstui.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
 from dstui.spec import ExperimentSpec, RunSpec, expand_file
 
@@ -37,10 +38,13 @@ def plan(
     validate: bool = True,
     resolve_revisions: bool = True,
     progress: Callable[[str], None] = print,
+    only: list[str] | None = None,
 ) -> Plan:
     spec_path = Path(spec_path).resolve()
     spec, runs = expand_file(spec_path)
     file = str(spec_path)
+    if only:
+        runs = select(runs, only, file=file)
     if validate:
         configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
     else:
@@ -52,6 +56,15 @@ def plan(
         resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
         revisions = {name: _as_dict(r) for name, r in resolved.items()}
     return Plan(spec_path, spec, runs, configs, revisions)
+
+
+def select(runs: list[RunSpec], patterns: list[str], *, file: str | None = None) -> list[RunSpec]:
+    """The runs whose name or condition matches any of the shell-style patterns (order kept)."""
+    chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, p) or fnmatch.fnmatchcase(r.condition, p) for p in patterns)]
+    if not chosen:
+        names = ", ".join(sorted({r.condition for r in runs}))
+        raise SpecError(f"no run matches {' '.join(patterns)!r}; its conditions: {names}", file=file, field="--only")
+    return chosen
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:
@@ -121,8 +134,19 @@ def reset_run(rd: RunDir) -> None:
     )
 
 
-def resume(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> tuple[BatchDir, dict[str, int]]:
-    """Re-use the newest batch of this spec: keep done runs with the same key, re-queue the rest."""
+def resume(
+    p: Plan,
+    *,
+    runs_root: Path | None = None,
+    parallel: int = 1,
+    tracking_uri: str | None = None,
+    partial: bool = False,
+) -> tuple[BatchDir, dict[str, int]]:
+    """Re-use the newest batch of this spec: keep done runs with the same key, re-queue the rest.
+
+    ``partial``: the plan holds only some of the spec's runs (``--only``); the
+    batch keeps its other runs as they are instead of dropping them.
+    """
     batch = latest_batch_for(p.spec.name, runs_root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
@@ -146,7 +170,11 @@ def resume(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, trackin
                 shutil.rmtree(rd.path)
             counts["new"] += 1
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    info.update(runs=[r.name for r in p.runs], parallel=parallel, finalized=False, resumed=time.time())
+    names = [r.name for r in p.runs]
+    if partial:  # the batch's order stays; runs new to it go last
+        old = list(info.get("runs", []))
+        names = old + [n for n in names if n not in old]
+    info.update(runs=names, parallel=parallel, finalized=False, resumed=time.time())
     write_json_atomic(batch.batch_file, info)
     return batch, counts
 

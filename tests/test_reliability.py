@@ -190,6 +190,34 @@ def test_resume_keeps_done_and_reruns_failed_then_retry(home: Path) -> None:
     assert states == [("flaky-r0", "FAILED"), ("flaky-r0", "FINISHED"), ("good-r0", "FINISHED"), ("good-r0", "FINISHED")]
 
 
+def test_only_runs_the_chosen_conditions_and_resume_keeps_the_rest(home: Path) -> None:
+    flag = home / "fixed"
+    conds = [
+        {"name": "a", "args": ["--steps", "2"]},
+        {"name": "b-slow", "args": ["--steps", "2", "--fail-at", "1", "--fail-unless", str(flag)]},
+        {"name": "b-fast", "args": ["--steps", "2"]},
+    ]
+    spec = spec_file(home, "only", conds, steps=2)
+    bad = dstui("run", str(spec), "--only", "zzz*", timeout=120)
+    assert bad.returncode == 2 and "no run matches" in bad.stderr and "a, b-fast, b-slow" in bad.stderr
+    assert not (home / "runs").exists() or not list_batches(home / "runs")  # nothing laid out
+    # a whole batch where b-slow fails, then only it is resumed
+    assert dstui("run", str(spec), timeout=120).returncode == 1
+    b = only_batch(home)
+    assert [r.state for r in b.runs()] == ["done", "failed", "done"]
+    before = {r.name: r.status()["started"] for r in b.runs()}
+    flag.write_text("fixed")
+    proc = dstui("run", "--resume", str(spec), "--only", "b-s*", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 kept, 1 requeued, 0 new" in proc.stdout
+    runs = {r.name: r for r in b.runs()}
+    assert list(runs) == ["a-r0", "b-slow-r0", "b-fast-r0"]  # the batch keeps all three, in order
+    assert all(r.state == "done" for r in runs.values())
+    assert runs["a-r0"].status()["started"] == before["a-r0"]  # untouched
+    assert runs["b-fast-r0"].status()["started"] == before["b-fast-r0"]
+    assert runs["b-slow-r0"].status()["attempt"] == 2
+
+
 def test_one_supervisor_per_batch(home: Path) -> None:
     spec = spec_file(home, "lock", [{"name": "slow", "args": ["--steps", "40", "--interval", "0.2"]}], steps=40)
     dstui("run", "--detach", str(spec), check=True)

@@ -5,7 +5,8 @@
 #   benchmarks/gpu/validate.sh batch   # configs/experiments/gpu_validation.yaml through `dstui run`,
 #                                      # nvidia-smi sampled meanwhile, `dstui report`, MLflow store
 #                                      # exported. 7 runs x ~85 s do not fit one command: run it again
-#                                      # with RESUME=1 (`dstui run --resume`) to finish the batch.
+#                                      # with RESUME=1 (`dstui run --resume`) to finish the batch,
+#                                      # or ONLY="z3-dc" BASELINE=z3-dc for chosen conditions alone.
 #   benchmarks/gpu/validate.sh mfu     # 1 GPU: bare PyTorch loop vs the runner (MFU), syncs, top ops
 #   benchmarks/gpu/validate.sh watch   # 2 GPUs: cost of watching, dstui vs bare launcher, interleaved
 #   benchmarks/gpu/validate.sh bench|all   # mfu+watch | batch+mfu+watch (more than one command)
@@ -131,7 +132,8 @@ phase_batch() {
     name=$(spec_name "$VALIDATION_SPEC")
     start_smi "$WORK/nvsmi-batch.csv"
     say "dstui run $VALIDATION_SPEC (limit ${limit}s)"
-    timeout "$limit" $PY -m dstui run "$VALIDATION_SPEC" ${RESUME:+--resume}
+    # ONLY="z3-dc" runs just those conditions (dstui run --only); BASELINE names the report's baseline
+    timeout "$limit" $PY -m dstui run "$VALIDATION_SPEC" ${RESUME:+--resume} ${ONLY:+--only $ONLY}
     say "dstui run exited $?"
     stop_smi
     local batch
@@ -140,13 +142,13 @@ phase_batch() {
     $PY -m dstui status "$(basename "$batch")" --no-takeover || true
     say "dstui report"
     timeout 120 $PY -m dstui report --experiment "$name" --batch "$(basename "$batch")" \
-        --baseline z0 --tolerance 0.05 -o "$WORK/report" || say "report failed"
+        --baseline "${BASELINE:-z0}" --tolerance 0.05 -o "$WORK/report" || say "report failed"
     $PY benchmarks/gpu/nvsmi_check.py --nvsmi "$WORK/nvsmi-batch.csv" --out "$WORK/nvsmi-check-batch.json" \
         "$batch"/*/system.jsonl || true
     echo "-- busy only:"
     $PY benchmarks/gpu/nvsmi_check.py --busy-only --nvsmi "$WORK/nvsmi-batch.csv" \
         --out "$WORK/nvsmi-check-batch-busy.json" "$batch"/*/system.jsonl || true
-    $PY benchmarks/gpu/summarize.py "$batch" --baseline z0 --json "$WORK/summary-batch.json" | tee "$WORK/summary-batch.md"
+    $PY benchmarks/gpu/summarize.py "$batch" --baseline "${BASELINE:-z0}" --json "$WORK/summary-batch.json" | tee "$WORK/summary-batch.md"
     tar -C "$WORK" -czf "$OUT/report.tgz" report 2>/dev/null || true
     # the MLflow store (SQLite + artifacts), the run folders, the nvidia-smi samples and the checks
     tar -C "$WORK" -czf "$OUT/batch-data.tgz" home/mlruns "home/runs/$(basename "$batch")" nvsmi-batch.csv \

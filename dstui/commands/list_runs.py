@@ -18,11 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip DeepSpeed's config validation (faster; the spec itself is still checked)",
     )
+    p.add_argument("--only", nargs="+", metavar="PATTERN", help="list only these runs or conditions (shell patterns)")
     p.add_argument("--commands", action="store_true", help="also print each run's exact argv")
 
 
 def run(args: argparse.Namespace) -> int:
-    p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False)
+    p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
     rows = []
     for r in p.runs:
         s = r.settings

@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue the newest batch of this spec: keep finished runs with the same key, "
         "re-run failed/killed/missing ones",
     )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PATTERN",
+        help="run only these runs or conditions (names or shell patterns, e.g. z3-dc 'z1-*'); "
+        "with --resume the batch keeps its other runs as they are",
+    )
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
@@ -42,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parallel < 1:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
-    plan = batch.plan(args.spec, validate=not args.no_validate)
+    plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only)
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
@@ -52,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return 0
     if args.resume:
-        b, counts = batch.resume(plan, parallel=args.parallel)
+        b, counts = batch.resume(plan, parallel=args.parallel, partial=bool(args.only))
         print(f"resuming batch {b.id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     else:
         b = batch.create(plan, parallel=args.parallel)
