@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dstui import tracking
 from dstui.errors import DstuiError
 from dstui.failures import is_oom
 
@@ -170,10 +171,6 @@ def run_from_mlflow(run: Any) -> RunData:
 # -- fetching from MLflow -----------------------------------------------------
 
 
-def _quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
-
-
 def fetch_runs(
     client: Any,
     experiment: str,
@@ -200,7 +197,10 @@ def fetch_runs(
     else:
         filt = "tags.`dstui.role` = 'run'"
         if batch:
-            filt += f" and tags.`dstui.batch` = '{_quote(batch)}'"
+            lit = tracking.literal(batch)
+            if lit is None:
+                raise ReportError(f"batch id {batch!r} holds both kinds of quote; MLflow cannot filter on it")
+            filt += f" and tags.`dstui.batch` = {lit}"
         token = None
         while True:
             page = client.search_runs(
@@ -228,9 +228,7 @@ def _order_of(run: RunData) -> int:
 
 def find_batch_parent(client: Any, experiment_id: str, batch: str) -> Any | None:
     """The batch's parent run (tags dstui.role=batch, dstui.batch=ID), if any."""
-    filt = f"tags.`dstui.role` = 'batch' and tags.`dstui.batch` = '{_quote(batch)}'"
-    found = client.search_runs([experiment_id], filter_string=filt, max_results=1)
-    return found[0] if found else None
+    return tracking.find_run(client, experiment_id, {"dstui.role": "batch", "dstui.batch": batch})
 
 
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")

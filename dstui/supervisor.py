@@ -291,13 +291,9 @@ class Supervisor:
         if c is None:
             return None
         try:
-            found = c.search_runs(
-                [self.experiment_id],
-                filter_string=f"tags.`dstui.batch` = '{self.batch.id}' and tags.`dstui.role` = 'batch'",
-                max_results=1,
-            )
+            found = tracking.find_run(c, self.experiment_id, {"dstui.batch": self.batch.id, "dstui.role": "batch"})
             if found:
-                pid = found[0].info.run_id
+                pid = found.info.run_id
             else:
                 tags = {
                     "dstui.role": "batch",
@@ -326,13 +322,9 @@ class Supervisor:
             # the folder plus the attempt identifies this child, so a supervisor that died
             # between creating it and saving its id finds it again instead of making a twin
             ref = f"{rd.path}#{st.get('attempt', 1)}"
-            found = c.search_runs(
-                [self.experiment_id],
-                filter_string=f"tags.`dstui.run_dir` = '{ref}'",
-                max_results=1,
-            )
+            found = tracking.find_run(c, self.experiment_id, {"dstui.run_dir": ref})
             if found:
-                rid = found[0].info.run_id
+                rid = found.info.run_id
             else:
                 settings = spec.get("settings", {})
                 tags = {

@@ -92,6 +92,33 @@ def ensure_experiment(c: MlflowClient, name: str) -> str:
         return exp.experiment_id
 
 
+def literal(value: Any) -> str | None:
+    """A string literal for an MLflow filter, or None when none can hold the value.
+
+    MLflow's filter parser takes backslashes as they are and has no escape for
+    quotes: a value with a ' goes in double quotes, one with both kinds cannot
+    be written at all.
+    """
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    return None
+
+
+def find_run(c: MlflowClient, experiment_id: str, tags: dict[str, Any]) -> Any | None:
+    """The first run of the experiment whose tags equal all of these, or None."""
+    parts = []
+    for key, value in tags.items():
+        lit = literal(value)
+        if lit is None:
+            return None
+        parts.append(f"tags.`{key}` = {lit}")
+    found = c.search_runs([experiment_id], filter_string=" and ".join(parts), max_results=1)
+    return found[0] if found else None
+
+
 def create_run(
     c: MlflowClient,
     experiment_id: str,

@@ -223,3 +223,17 @@ def test_sqlite_store_is_switched_to_write_ahead_log(tmp_path: Path) -> None:
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert [m.value for m in c.get_metric_history(rid, "loss")] == [1.5, 1.25]
+
+
+def test_runs_are_found_by_tags_with_quotes_and_backslashes(tmp_path: Path) -> None:
+    from dstui import tracking
+
+    c = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = tracking.ensure_experiment(c, "find")
+    values = ["/home/o'brien/runs/b/z1-r0#1", "C:\\runs\\z1", 'say "hi"', "plain"]
+    ids = {v: tracking.create_run(c, exp, "r", tags={"dstui.run_dir": v, "dstui.role": "run"}) for v in values}
+    for v, rid in ids.items():
+        found = tracking.find_run(c, exp, {"dstui.run_dir": v, "dstui.role": "run"})
+        assert found is not None and found.info.run_id == rid, v
+    assert tracking.find_run(c, exp, {"dstui.run_dir": "nowhere"}) is None
+    assert tracking.literal("""it's "both" """) is None
