@@ -13,6 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "configs" / "experiments"
 
 
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty MLflow SQLite store; copying it saves ~5 s of migrations per test."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated DSTUI_HOME with its own SQLite MLflow store."""

@@ -32,15 +32,6 @@ GARBAGE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
 @pytest.fixture
 def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> str:
     shutil.copy(empty_db, tmp_path / "mlflow.db")

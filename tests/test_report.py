@@ -26,16 +26,6 @@ EXP = "cmp"
 BATCH = "cmp-20260101-000000"
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty MLflow SQLite store; copying it saves ~5 s of migrations per test."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> tuple[Any, str, str]:
     import shutil
