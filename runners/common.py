@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO_DIR / "configs" / "models"
@@ -439,6 +439,38 @@ def clear_stale_op_locks(min_age_s: float = 120.0) -> list[str]:
                 continue
             removed.append(str(lock))
     return removed
+
+
+def leave_process_group() -> None:
+    """Leave the process group together; rank 0 then unlinks DeepSpeed's CPU all-reduce buffers.
+
+    DeepSpeed never unlinks its /dev/shm buffers (66 MB a rank, in RAM); they
+    are named by master port, so this job's are exactly those of MASTER_PORT.
+    """
+    import deepspeed
+
+    deepspeed.comm.barrier()
+    first = deepspeed.comm.get_rank() == 0
+    deepspeed.comm.destroy_process_group()
+    if first:
+        from dstui import shm
+
+        shm.remove_buffers(os.environ.get("MASTER_PORT"))
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit without the interpreter's teardown once everything is written.
+
+    After a finished run, tearing down the interpreter can still kill the
+    process: gloo's threads were seen to abort there ("terminate called
+    without an active exception", SIGABRT), turning a run whose summary was
+    written into a failed one. After an error, a normal exit would run the
+    process group's destructor, which blocks while the other rank waits in a
+    collective, so the launcher would never see this rank die.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def hostname() -> str:

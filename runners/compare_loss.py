@@ -619,26 +619,15 @@ def main(argv: list[str] | None = None) -> int:
         code = run(args)
     except Exception:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
+        common.exit_now(2)
     # Both ranks got here: leave the process group together, then skip the interpreter's
-    # teardown, where gloo's threads were seen to abort a finished run ("terminate called
-    # without an active exception", exit -6 after PASS).
+    # teardown (common.exit_now says why).
     try:
         if deepspeed.comm.is_initialized():
-            deepspeed.comm.barrier()
-            first = deepspeed.comm.get_rank() == 0
-            deepspeed.comm.destroy_process_group()
-            if first:  # DeepSpeed never unlinks its CPU all-reduce buffers (66 MB a rank)
-                from dstui import shm
-
-                shm.remove_buffers(os.environ.get("MASTER_PORT"))
+            common.leave_process_group()
     except Exception:  # noqa: BLE001 - the verdict is already written
         pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    common.exit_now(code)
 
 
 if __name__ == "__main__":

@@ -583,28 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.close()
     if code == 0:
-        deepspeed.comm.barrier()
-        deepspeed.comm.destroy_process_group()
-        if rank == 0:  # DeepSpeed never unlinks its CPU all-reduce buffers (66 MB a rank)
-            from dstui import shm
-
-            shm.remove_buffers(os.environ.get("MASTER_PORT"))
+        common.leave_process_group()
     return code
 
 
-def leave(code: int) -> None:
-    """Exit without the interpreter's teardown once everything is written.
-
-    After a finished run, tearing down the interpreter can still kill the
-    process: gloo's threads were seen to abort there ("terminate called
-    without an active exception", SIGABRT), turning a run whose summary was
-    written into a failed one. The metrics file is closed and the process
-    group left by then, so nothing is lost by skipping it.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    leave(main())
+    common.exit_now(main())  # the metrics file is closed and the group left by then
