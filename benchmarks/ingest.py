@@ -77,8 +77,8 @@ def bench_direct(tmp: Path, steps: int) -> float:
 def bench_dstui(tmp: Path, steps: int) -> tuple[float, int]:
     from mlflow import MlflowClient
 
-    from dstui.rundir import BatchDir, RunDir, write_json_atomic
-    from dstui.supervisor import Supervisor
+    from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+    from dstui.execute.supervisor import Supervisor
 
     uri = store(tmp, "dstui")
     batch = BatchDir(tmp / "runs" / "bench-batch")

@@ -24,7 +24,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tui_pty import PtyApp  # noqa: E402
 
-from dstui.rundir import write_json_atomic  # noqa: E402
+from dstui.core.rundir import write_json_atomic  # noqa: E402
 
 N_RUNS = 8
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from dstui import __version__
-from dstui.errors import DstuiError
+from dstui.core.errors import DstuiError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

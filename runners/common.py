@@ -453,7 +453,7 @@ def leave_process_group() -> None:
     first = deepspeed.comm.get_rank() == 0
     deepspeed.comm.destroy_process_group()
     if first:
-        from dstui import shm
+        from dstui.core import shm
 
         shm.remove_buffers(os.environ.get("MASTER_PORT"))
 

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dstui.launch import free_port
+from dstui.execute.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "runners" / "compare_loss.py"

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dstui import failures, launch, shm
-from dstui.metrics import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
-from dstui.rundir import RunDir
-from dstui.spec import expand, parse_spec
+from dstui.core import failures, shm
+from dstui.core.records import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
+from dstui.core.rundir import RunDir
+from dstui.execute import launch
+from dstui.spec.models import expand, parse_spec
 
 
 def test_seed_line_round_trip() -> None:
@@ -161,7 +162,7 @@ def test_mlflow_ui_binds_to_loopback(tmp_path: Path) -> None:
 
 
 def test_shm_buffers_of_a_run_are_found_by_port(tmp_path: Path) -> None:
-    from dstui import shm
+    from dstui.core import shm
 
     for name in ("deepspeed_allreduce_buffer_0_127.0.0.1_29611_0", "deepspeed_allreduce_buffer_0_127.0.0.1_29611_1",
                  "deepspeed_allreduce_buffer_0_127.0.0.1_29612_0", "other_29611_0"):  # fmt: skip
@@ -213,7 +214,7 @@ def test_master_ports_avoid_the_ephemeral_range_and_taken_ports() -> None:
 def test_sqlite_store_is_switched_to_write_ahead_log(tmp_path: Path) -> None:
     import sqlite3
 
-    from dstui import tracking
+    from dstui.tracking import client as tracking
 
     db = tmp_path / "store" / "mlflow.db"
     c = tracking.client(f"sqlite:///{db}")
@@ -226,7 +227,7 @@ def test_sqlite_store_is_switched_to_write_ahead_log(tmp_path: Path) -> None:
 
 
 def test_runs_are_found_by_tags_with_quotes_and_backslashes(tmp_path: Path) -> None:
-    from dstui import tracking
+    from dstui.tracking import client as tracking
 
     c = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = tracking.ensure_experiment(c, "find")

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dstui import importer
-from dstui.importer import ImportError_, import_dir, parse_kv_line, parse_summary_line
+from dstui.importer import seedlogs as importer
+from dstui.importer.seedlogs import ImportError_, import_dir, parse_kv_line, parse_summary_line
 
 GIB = 1024**3
 
@@ -174,7 +174,7 @@ def test_oom_without_metadata_and_report_over_import(uri: str, tmp_path: Path) -
     assert runs["z3_big"].status == "failed" and runs["z3_big"].reason == "CUDA out of memory"
     assert result.malformed_lines == 0
 
-    from dstui.report import export_report
+    from dstui.report.markdown import export_report
 
     md = export_report("old", tmp_path / "rep", batch=result.batch).read_text()
     assert "z3_big" in md and "OOM" in md and "z1_small" in md

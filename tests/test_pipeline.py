@@ -14,8 +14,8 @@ import pytest
 import yaml
 from conftest import SPECS, dstui, mlflow_client
 
-from dstui.launch import free_port
-from dstui.rundir import BatchDir, list_batches
+from dstui.core.rundir import BatchDir, list_batches
+from dstui.execute.launch import free_port
 
 
 def children(client, experiment: str) -> list:
@@ -67,7 +67,7 @@ def test_smoke_spec_end_to_end(home: Path) -> None:
     # same seed, fp32: every ZeRO stage computes the same first loss
     assert len(set(first_losses)) == 1, first_losses
 
-    from dstui import shm
+    from dstui.core import shm
 
     for rd in batch.runs():
         assert rd.status()["state"] == "done"

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from conftest import REPO, SPECS, dstui, mlflow_client
 
-from dstui.rundir import BatchDir, RunDir, list_batches
-from dstui.supervisor import is_supervised
+from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.execute.supervisor import is_supervised
 
 FAKE = str(REPO / "tests" / "programs" / "fake_runner.py")
 

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dstui import analysis as an
-from dstui.charts import fmt_num
-from dstui.report import export_report
+from dstui.analysis import runs as an
+from dstui.report.charts import fmt_num
+from dstui.report.markdown import export_report
 
 GB = 1024**3
 EXP = "cmp"

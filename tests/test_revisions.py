@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dstui import revisions as R
-from dstui.errors import DstuiError, SpecError
-from dstui.spec import Revision
+from dstui.core.errors import DstuiError, SpecError
+from dstui.revisions import envs as R
+from dstui.spec.models import Revision
 
 OLD, NEW = "0.18.0", "0.19.8"
 GIT_ENV = {
@@ -369,7 +369,7 @@ def test_base_env_unchanged_and_times(freeze_before: str) -> None:
 
 # -- revision_compare: statistics against scipy computed here -----------------------------
 
-from dstui import revision_compare as RC  # noqa: E402
+from dstui.analysis import revision_compare as RC  # noqa: E402
 
 
 def _samples(cond: str, rev: str, means: list[float], **kw: object) -> list[RC.RunSample]:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dstui import dsconfig
-from dstui.launch import free_port
-from dstui.metrics import parse_seed_line, read_records
-from dstui.spec import Settings
+from dstui.core.records import parse_seed_line, read_records
+from dstui.execute.launch import free_port
+from dstui.spec import dsconfig
+from dstui.spec.models import Settings
 
 pytestmark = pytest.mark.e2e
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dstui import dsconfig
-from dstui.errors import SpecError
-from dstui.paths import CONFIGS_DIR
-from dstui.spec import dump_spec, expand, expand_file, load_spec, parse_spec
+from dstui.core.errors import SpecError
+from dstui.core.paths import CONFIGS_DIR
+from dstui.spec import dsconfig
+from dstui.spec.models import dump_spec, expand, expand_file, load_spec, parse_spec
 
 EXPERIMENTS = sorted((CONFIGS_DIR / "experiments").glob("*.yaml"))
 

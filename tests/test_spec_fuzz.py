@@ -14,9 +14,9 @@ from conftest import dstui
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dstui import batch
-from dstui.errors import DstuiError
-from dstui.spec import SETTING_NAMES
+from dstui.core.errors import DstuiError
+from dstui.execute import batch
+from dstui.spec.models import SETTING_NAMES
 
 scalars = st.one_of(
     st.none(),

@@ -9,7 +9,7 @@ import yaml
 from test_tui_helpers import REPO, anyio_backend, run_cli, tui_env, wait_for  # noqa: F401
 from textual.widgets import Input, Static
 
-from dstui.spec import expand_file
+from dstui.spec.models import expand_file
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
 

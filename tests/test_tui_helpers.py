@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dstui.rundir import BatchDir, write_json_atomic
+from dstui.core.rundir import BatchDir, write_json_atomic
 
 T0 = 1_790_000_000.0  # a fixed "now" for fixture folders (no clocks in snapshots)
 REPO = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import pytest
 from test_tui_helpers import anyio_backend, fixture_batch, tui_env, wait_for, write_run  # noqa: F401
 from textual.widgets import Log
 
-from dstui.rundir import BatchDir, RunDir
+from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.live import LiveScreen
 from dstui.tui.series import RunSeries, decimate, ema

@@ -24,7 +24,7 @@ CONDITIONS = {
 
 def make_store() -> None:
     """An experiment as the supervisor lays it out: a parent per batch, a child per run."""
-    from dstui import tracking
+    from dstui.tracking import client as tracking
 
     c = tracking.client()
     exp = tracking.ensure_experiment(c, "fixture")
@@ -100,7 +100,7 @@ async def test_results_conditions_baseline_sort_filter(tui_env):  # noqa: F811
 async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
     make_store()
     calls = []
-    fake = types.ModuleType("dstui.report")
+    fake = types.ModuleType("dstui.report.markdown")
 
     def export_report(experiment, out_dir, *, batch=None, runs=None, baseline=None, **kw):  # noqa: ANN001, ANN003
         out_dir.mkdir(parents=True)
@@ -109,10 +109,10 @@ async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
         return out_dir / "report.md"
 
     fake.export_report = export_report
-    monkeypatch.setitem(sys.modules, "dstui.report", fake)
-    import dstui
+    monkeypatch.setitem(sys.modules, "dstui.report.markdown", fake)
+    import dstui.report
 
-    monkeypatch.setattr(dstui, "report", fake, raising=False)
+    monkeypatch.setattr(dstui.report, "markdown", fake, raising=False)
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = await open_results(pilot, app)
@@ -130,10 +130,10 @@ async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
 
 async def test_results_without_report_module(tui_env, monkeypatch):  # noqa: F811
     make_store()
-    monkeypatch.setitem(sys.modules, "dstui.report", None)  # import fails
-    import dstui
+    monkeypatch.setitem(sys.modules, "dstui.report.markdown", None)  # import fails
+    import dstui.report
 
-    monkeypatch.delattr(dstui, "report", raising=False)
+    monkeypatch.delattr(dstui.report, "markdown", raising=False)
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = await open_results(pilot, app)

@@ -9,8 +9,8 @@ import pytest
 from test_tui_helpers import REPO, anyio_backend, seed_spec, tui_env, wait_for  # noqa: F401
 from textual.widgets import Log
 
-from dstui import batch as batch_mod
-from dstui.rundir import FINAL_STATES, RunDir
+from dstui.core.rundir import FINAL_STATES, RunDir
+from dstui.execute import batch as batch_mod
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.log import LogScreen
 from dstui.tui.screens.runs import RunsScreen

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dstui.launch import free_port  # noqa: E402
+from dstui.execute.launch import free_port  # noqa: E402
 
 
 class NvmlPeak(threading.Thread):
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    from dstui import paths
+    from dstui.core import paths
 
     experiment = yaml.safe_load(Path(a.spec).read_text())["name"]
     out = Path(a.out)

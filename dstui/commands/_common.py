@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dstui.rundir import RunDir
+from dstui.core.rundir import RunDir
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -67,9 +67,9 @@ def add_run_refs(p: Any) -> None:
 
 def find_runs(refs: list[str]) -> list[RunDir]:
     """Every referenced run, or an error naming the first one that does not exist."""
-    from dstui import paths
-    from dstui.errors import DstuiError
-    from dstui.rundir import find_run
+    from dstui.core import paths
+    from dstui.core.errors import DstuiError
+    from dstui.core.rundir import find_run
 
     out = []
     for ref in refs:

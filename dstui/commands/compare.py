@@ -1,7 +1,7 @@
 """`dstui compare`: each revision against a baseline revision, per condition, from MLflow.
 
-The statistics live in :mod:`dstui.revision_compare` (pure, unit-tested);
-this module only fetches runs (through :mod:`dstui.analysis`, so compare and
+The statistics live in :mod:`dstui.analysis.revision_compare` (pure, unit-tested);
+this module only fetches runs (through :mod:`dstui.analysis.runs`, so compare and
 report read MLflow the same way) and prints.
 """
 
@@ -11,9 +11,9 @@ import argparse
 import json
 from typing import Any
 
-from dstui import paths
-from dstui.errors import DstuiError
-from dstui.revision_compare import DEFAULT_LOSS_TOL, METHOD, Comparison, RunSample, compare
+from dstui.analysis.revision_compare import DEFAULT_LOSS_TOL, METHOD, Comparison, RunSample, compare
+from dstui.core import paths
+from dstui.core.errors import DstuiError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str
     """Per-run samples of one batch (chosen as the newest with the baseline when not given)."""
     from mlflow.tracking import MlflowClient
 
-    from dstui import analysis
+    from dstui.analysis import runs as analysis
 
     uri = paths.tracking_uri()
     client = MlflowClient(tracking_uri=uri)

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dstui import batch, paths, supervisor
+from dstui.core import paths
+from dstui.execute import batch, supervisor
 
 SMOKE = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
 SMOKE_GPU = paths.CONFIGS_DIR / "experiments" / "smoke_gpu.yaml"
@@ -24,12 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def demo_spec() -> Path:
     """smoke.yaml on CPU; on GPUs smoke_gpu.yaml, or smoke.yaml sized to the GPUs there are."""
-    from dstui import sysmetrics
+    from dstui.execute import sysmetrics
 
     n = sysmetrics.gpu_count()
     if n == 0:
         return SMOKE
-    from dstui.spec import load_spec, save_spec
+    from dstui.spec.models import load_spec, save_spec
 
     spec = load_spec(SMOKE_GPU if SMOKE_GPU.is_file() else SMOKE)
     spec.settings["gpus"] = min(int(spec.settings.get("gpus", 2)), n)  # a 1-GPU box runs 1 rank

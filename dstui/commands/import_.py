@@ -1,6 +1,6 @@
 """`dstui import`: bring existing result folders and seed-format logs into MLflow.
 
-The work is :func:`dstui.importer.import_dir`; imported runs become a batch
+The work is :func:`dstui.importer.seedlogs.import_dir`; imported runs become a batch
 like any launched one, so `dstui report --batch import-FOLDER` works on them.
 """
 
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Import and print what happened; 1 when nothing could be imported."""
-    from dstui.importer import import_dir
+    from dstui.importer.seedlogs import import_dir
 
     result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force)
     print(result.summary_text())

@@ -6,9 +6,9 @@ import argparse
 import shlex
 from pathlib import Path
 
-from dstui import batch, launch
 from dstui.commands._common import table
-from dstui.rundir import RunDir
+from dstui.core.rundir import RunDir
+from dstui.execute import batch, launch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """`dstui report`: export a markdown report with charts, CSV and JSON from MLflow.
 
-The work is :func:`dstui.report.export_report`, shared with the TUI's results
+The work is :func:`dstui.report.markdown.export_report`, shared with the TUI's results
 view; this module only turns arguments into that call and prints where the
 report went.
 """
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export the report; errors (unknown experiment, no runs) are DstuiErrors the CLI prints."""
-    from dstui.report import export_report
+    from dstui.report.markdown import export_report
 
     def progress(frac: float, msg: str) -> None:
         if not args.quiet:

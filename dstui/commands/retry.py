@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from dstui import batch
 from dstui.commands._common import add_run_refs, find_runs
+from dstui.execute import batch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

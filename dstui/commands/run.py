@@ -11,9 +11,9 @@ import shlex
 import sys
 import time
 
-from dstui import batch, launch, supervisor
 from dstui.commands._common import RUN_HEADER, run_row, table
-from dstui.rundir import FINAL_STATES, BatchDir
+from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.execute import batch, launch, supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

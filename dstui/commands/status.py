@@ -10,10 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from dstui import paths, supervisor
 from dstui.commands._common import RUN_HEADER, run_row, table
-from dstui.errors import DstuiError
-from dstui.rundir import BatchDir, list_batches
+from dstui.core import paths
+from dstui.core.errors import DstuiError
+from dstui.core.rundir import BatchDir, list_batches
+from dstui.execute import supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dstui import supervisor
+from dstui.execute import supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@ import argparse
 import os
 import shlex
 
-from dstui import paths, tracking
+from dstui.core import paths
+from dstui.tracking import client as tracking
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import WorkerState
 
-from dstui.errors import DstuiError
+from dstui.core.errors import DstuiError
 from dstui.tui.commands import DstuiCommands
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen

@@ -6,7 +6,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from dstui.paths import CONFIGS_DIR
+from dstui.core.paths import CONFIGS_DIR
 
 
 class DstuiCommands(Provider):

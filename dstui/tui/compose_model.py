@@ -12,8 +12,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from dstui.paths import CONFIGS_DIR
-from dstui.spec import Settings
+from dstui.core.paths import CONFIGS_DIR
+from dstui.spec.models import Settings
 
 # (field, label, kind, choices) in form order. kind: "choice" (toggles), "list" (comma list)
 CHOICES: dict[str, list[Any]] = {

@@ -1,4 +1,4 @@
-"""Rows for the results screen, from MLflow through :mod:`dstui.analysis` (no textual).
+"""Rows for the results screen, from MLflow through :mod:`dstui.analysis.runs` (no textual).
 
 Runs in a thread worker: mlflow, numpy and pandas are imported here, never
 on the TUI's start path. The figures are the report's (same module, same
@@ -45,7 +45,9 @@ def _num(v: Any) -> float | None:
 
 
 def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None = None) -> Results:
-    from dstui import analysis, paths, tracking
+    from dstui.analysis import runs as analysis
+    from dstui.core import paths
+    from dstui.tracking import client as tracking
 
     uri = tracking_uri or paths.tracking_uri()
     c = tracking.client(uri)

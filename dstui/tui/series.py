@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstui.metrics import STEP, SUMMARY, Follower, parse_json_line, parse_seed_line
-from dstui.rundir import RunDir
+from dstui.core.records import STEP, SUMMARY, Follower, parse_json_line, parse_seed_line
+from dstui.core.rundir import RunDir
 
 STEP_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak", "mem_alloc")
 SYSTEM_KEYS = ("cpu", "rss", "gpu_util", "gpu_mem", "gpu_power")

@@ -1,6 +1,6 @@
 """Compose: open or create a spec, pick axis values, see the expanded runs, save, launch.
 
-Every edit re-runs :func:`dstui.spec.parse_spec` and :func:`dstui.spec.expand`
+Every edit re-runs :func:`dstui.spec.models.parse_spec` and :func:`dstui.spec.models.expand`
 (pure and cheap), so the run list, its count and the first error (the CLI's
 SpecError text) follow each keystroke. DeepSpeed's own config validation
 imports deepspeed, so it runs in a thread worker after a short pause in typing;
@@ -25,9 +25,9 @@ from textual.timer import Timer
 from textual.widgets import Checkbox, DataTable, Footer, Header, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from dstui.errors import DstuiError, SpecError
-from dstui.paths import REPO_DIR
-from dstui.spec import ExperimentSpec, RunSpec, dump_spec, expand, parse_spec, save_spec
+from dstui.core.errors import DstuiError, SpecError
+from dstui.core.paths import REPO_DIR
+from dstui.spec.models import ExperimentSpec, RunSpec, dump_spec, expand, parse_spec, save_spec
 from dstui.tui import compose_model as cm
 from dstui.tui.widgets.toggle import Toggle
 
@@ -326,7 +326,7 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
 
     @work(thread=True, exclusive=True, group="ds-validate", exit_on_error=False, name="DeepSpeed check")
     def validate_ds(self, generation: int, runs: list[RunSpec], file: str | None, spec_dir: Path) -> None:
-        from dstui import dsconfig
+        from dstui.spec import dsconfig
 
         try:
             dsconfig.build_and_validate(runs, file=file, spec_dir=spec_dir)

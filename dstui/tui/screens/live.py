@@ -2,7 +2,7 @@
 
 A 1 s timer starts a thread worker that reads only the new bytes of each run's
 metrics.jsonl, system.jsonl and the focused run's stdout.log (one
-:class:`~dstui.metrics.Follower` per file); the parsed delta comes back as a
+:class:`~dstui.core.records.Follower` per file); the parsed delta comes back as a
 message and is appended on the main thread, which owns every buffer. A tick
 that finds the previous read still going is skipped, so slow disks never pile
 up work.
@@ -20,8 +20,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Static
 
 from dstui.commands._common import fmt_bytes, fmt_num
-from dstui.metrics import Follower
-from dstui.rundir import BatchDir, RunDir
+from dstui.core.records import Follower
+from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui.series import Delta, RunSeries
 from dstui.tui.widgets.charts import Curve, MetricPlot, color
 

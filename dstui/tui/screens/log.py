@@ -10,9 +10,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Static
 
-from dstui import paths
-from dstui.metrics import Follower
-from dstui.rundir import RunDir
+from dstui.core import paths
+from dstui.core.records import Follower
+from dstui.core.rundir import RunDir
 
 INITIAL_BYTES = 256 * 1024
 

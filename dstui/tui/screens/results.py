@@ -279,7 +279,7 @@ Click a column header or press s to sort; / filters by name."""
         if not self.experiment:
             self.notify("nothing to report yet", severity="warning")
             return
-        from dstui import paths
+        from dstui.core import paths
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = paths.home() / "reports" / f"{self.experiment}-{stamp}"
@@ -297,11 +297,11 @@ Click a column header or press s to sort; / filters by name."""
     @work(thread=True, exclusive=True, group="export", exit_on_error=False, name="report export")
     def export(self, experiment: str, out: Path, batch: str | None, baseline: str | None) -> None:
         try:
-            from dstui import report
+            from dstui.report import markdown as report
         except ImportError:
             self.app.call_from_thread(
                 self.notify,
-                "report export is not available in this version yet (dstui.report is missing)",
+                "report export is not available in this version yet (dstui.report.markdown is missing)",
                 severity="warning",
             )
             return
@@ -312,7 +312,8 @@ Click a column header or press s to sort; / filters by name."""
         self.notify(f"report written: {message.path}", timeout=10)
 
     def action_mlflow_ui(self) -> None:
-        from dstui import paths, tracking
+        from dstui.core import paths
+        from dstui.tracking import client as tracking
 
         argv = tracking.run_ui_command(paths.tracking_uri())
         body = (

@@ -14,9 +14,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from dstui import paths
 from dstui.commands._common import eta, fmt_bytes, fmt_num
-from dstui.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
+from dstui.core import paths
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
 from dstui.tui.screens.confirm import ConfirmScreen
 
 STATE_STYLE = {
@@ -73,7 +73,7 @@ def batch_cells(b: BatchDir, live: bool) -> tuple:
 def _supervised(b: BatchDir) -> bool:
     if b.info().get("finalized"):
         return False
-    from dstui.supervisor import is_supervised  # lazily: not on the start path
+    from dstui.execute.supervisor import is_supervised  # lazily: not on the start path
 
     return is_supervised(b)
 
@@ -316,7 +316,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
 
     @work(thread=True, group="control", exit_on_error=False, name="cancel")
     def cancel_run(self, rd: RunDir) -> None:
-        from dstui import supervisor
+        from dstui.execute import supervisor
 
         supervisor.request_cancel(rd)
         self.app.call_from_thread(self.notify, f"cancel requested: {rd.name}")
@@ -332,7 +332,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
 
     @work(thread=True, group="control", exit_on_error=False, name="retry")
     def retry_run(self, rd: RunDir) -> None:
-        from dstui import batch, supervisor
+        from dstui.execute import batch, supervisor
 
         batch.retry(rd)
         self.app.call_from_thread(self.notify, f"queued again: {rd.name} (old attempt kept)")
@@ -356,7 +356,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
     def launch(self, spec: Path) -> None:
         # the same functions as `dstui run`: validate everything, lay out folders, detach
-        from dstui import batch, supervisor
+        from dstui.execute import batch, supervisor
 
         p = batch.plan(spec, progress=lambda m: self.app.call_from_thread(self.notify, m))
         b = batch.create(p, parallel=getattr(self.app, "parallel", 1))
@@ -371,7 +371,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
     @work(thread=True, exclusive=True, group="supervise", exit_on_error=False, name="take over")
     def take_over(self) -> None:
         """Restart supervisors of unfinished batches (leave and come back)."""
-        from dstui import supervisor
+        from dstui.execute import supervisor
 
         live: dict[str, bool] = {}
         restarted = []

@@ -1,6 +1,6 @@
 """The report's data files: runs.csv, conditions.csv, the grid CSVs and data.json.
 
-Kept apart from the markdown (:mod:`dstui.report`) because they are the
+Kept apart from the markdown (:mod:`dstui.report.markdown`) because they are the
 machine-readable record of the same figures: every run with its statistics,
 settings and full per-step histories, for readers other than people.
 """
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dstui import analysis as an
-from dstui.analysis import GB, ConditionStats, Parity, RunData
+from dstui.analysis import runs as an
+from dstui.analysis.runs import GB, ConditionStats, Parity, RunData
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dstui.report import _Context
+    from dstui.report.markdown import _Context
 
 _STAT_COLUMNS = (
     "points",

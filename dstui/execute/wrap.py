@@ -3,7 +3,7 @@
 The supervisor may die or be restarted while a run goes on; the exit status of
 a process is only known to its parent, so this tiny wrapper (stdlib only, fast
 to start) is that parent and writes ``exit.json`` into the run folder.
-Usage: python -m dstui._wrap RUN_DIR -- ARGV...
+Usage: python -m dstui.execute.wrap RUN_DIR -- ARGV...
 """
 
 from __future__ import annotations

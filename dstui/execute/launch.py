@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from dstui import shm
-from dstui.paths import RUNNERS_DIR
-from dstui.rundir import RunDir, write_json_atomic
-from dstui.spec import RunSpec, Settings
+from dstui.core import shm
+from dstui.core.paths import RUNNERS_DIR
+from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.spec.models import RunSpec, Settings
 
 # Settings forwarded to the bundled runners, as --dash-form flags.
 TRAIN_ARGS = (
@@ -252,7 +252,7 @@ def start(
 ) -> subprocess.Popen:
     """Start the run in a new session; stdout+stderr of all ranks go to stdout.log.
 
-    The job runs under :mod:`dstui._wrap`, which records its exit status in
+    The job runs under :mod:`dstui.execute.wrap`, which records its exit status in
     the run folder, so a restarted supervisor still learns how it ended.
     """
     argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
@@ -261,7 +261,7 @@ def start(
     env = build_env(run, rd, revision=revision)
     with open(rd.log_file, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dstui._wrap", str(rd.path), "--", *argv],
+            [sys.executable, "-m", "dstui.execute.wrap", str(rd.path), "--", *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui import dsconfig, launch, paths
-from dstui.errors import DstuiError, SpecError
-from dstui.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.spec import ExperimentSpec, RunSpec, expand_file
+from dstui.core import paths
+from dstui.core.errors import DstuiError, SpecError
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
+from dstui.execute import launch
+from dstui.spec import dsconfig
+from dstui.spec.models import ExperimentSpec, RunSpec, expand_file
 
 
 @dataclass
@@ -51,7 +53,7 @@ def plan(
         configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent, file=file) for r in runs}
     revisions: dict[str, dict[str, Any]] = {}
     if spec.revisions and resolve_revisions:
-        from dstui import revisions as rev_mod
+        from dstui.revisions import envs as rev_mod
 
         resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
         revisions = {name: _as_dict(r) for name, r in resolved.items()}
@@ -150,7 +152,7 @@ def resume(
     batch = latest_batch_for(p.spec.name, runs_root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
-    from dstui.supervisor import is_supervised
+    from dstui.execute.supervisor import is_supervised
 
     if is_supervised(batch):
         raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`")
@@ -182,7 +184,7 @@ def resume(
 def retry(rd: RunDir) -> None:
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
-    from dstui.supervisor import kick
+    from dstui.execute.supervisor import kick
 
     batch = rd.batch
     reset_run(rd)

@@ -3,7 +3,7 @@
 Everything a report shows is computed here, from MLflow runs laid out as
 ``docs/ARCHITECTURE.md`` describes (child runs tagged ``dstui.role=run``), so
 that live, old, imported and team-server runs are treated alike. Charts
-(:mod:`dstui.charts`) and markdown (:mod:`dstui.report`) only format these
+(:mod:`dstui.report.charts`) and markdown (:mod:`dstui.report.markdown`) only format these
 numbers; the tests check them against figures computed independently.
 
 Definitions (the report repeats them so a reader does not have to guess):
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dstui import tracking
-from dstui.errors import DstuiError
-from dstui.failures import is_oom
+from dstui.core.errors import DstuiError
+from dstui.core.failures import is_oom
+from dstui.tracking import client as tracking
 
 if TYPE_CHECKING:  # pragma: no cover
     pass

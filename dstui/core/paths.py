@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dstui/
 REPO_DIR = PACKAGE_DIR.parent
 CONFIGS_DIR = REPO_DIR / "configs"
 RUNNERS_DIR = REPO_DIR / "runners"

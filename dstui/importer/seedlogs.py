@@ -2,7 +2,7 @@
 
 Understood inputs (anything else in a log is ignored, and counted):
 
-* the seed's per-step line, via :func:`dstui.metrics.parse_seed_line`:
+* the seed's per-step line, via :func:`dstui.core.records.parse_seed_line`:
   ``Epoch 1, Step 10, Loss: 2.345678 sync: True time: 0.123 alloc_mem: 1234 peak_mem: 5678``;
 * the closing summary line of DeepSpeedExamples' DeepCompile benchmark
   ``run_acc_lm.py`` (all its variants: with or without ``backend=``/
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dstui.errors import DstuiError
-from dstui.metrics import parse_json_line, parse_seed_line
+from dstui.core.errors import DstuiError
+from dstui.core.records import parse_json_line, parse_seed_line
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 MAX_ARTIFACT_BYTES = 50 << 20
@@ -164,7 +164,7 @@ class ParsedLog:
 
 def _value(text: str) -> Any:
     """Like analysis.parse_value, but quotes around a value are dropped first."""
-    from dstui.analysis import parse_value
+    from dstui.analysis.runs import parse_value
 
     return parse_value(text.strip().strip("'\""))
 
@@ -514,7 +514,8 @@ def import_dir(
     compilation. ``force`` replaces an earlier import of the same folder
     instead of refusing to duplicate it.
     """
-    from dstui import paths, tracking
+    from dstui.core import paths
+    from dstui.tracking import client as tracking
 
     root = Path(path).expanduser().resolve()
     if not root.exists():

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dstui.errors import SpecError
+from dstui.core.errors import SpecError
 
 Offload = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dstui.errors import SpecError
-from dstui.paths import CONFIGS_DIR
-from dstui.spec import RunSpec, Settings
+from dstui.core.errors import SpecError
+from dstui.core.paths import CONFIGS_DIR
+from dstui.spec.models import RunSpec, Settings
 
 TEMPLATES_DIR = CONFIGS_DIR / "deepspeed"
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dstui import paths
+from dstui.core import paths
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -192,7 +192,7 @@ def stage_file(src: Path, dst: Path) -> None:
     import json
     import shutil
 
-    from dstui.launch import redact
+    from dstui.execute.launch import redact
 
     if src.suffix == ".json":
         try:

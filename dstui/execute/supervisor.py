@@ -4,7 +4,7 @@ One supervisor per batch, in its own process session (``dstui supervise``),
 holding ``supervisor.lock``. It does not depend on a terminal or on the TUI:
 they only read the run folders. If it dies, the next ``dstui status`` or TUI
 start takes over: runs keep going (they are in their own sessions), their exit
-status is in ``exit.json`` (see :mod:`dstui._wrap`), and ingestion resumes
+status is in ``exit.json`` (see :mod:`dstui.execute.wrap`), and ingestion resumes
 from the byte offsets in each run's ``ingest.json``.
 
 Exactly once: a point is sent, then its offset is saved. A crash between the
@@ -29,9 +29,9 @@ from typing import Any
 
 import psutil
 
-from dstui import dsconfig, failures, launch, sysmetrics, tracking
-from dstui.errors import LockHeld
-from dstui.metrics import (
+from dstui.core import failures
+from dstui.core.errors import LockHeld
+from dstui.core.records import (
     HEADER,
     STEP,
     SUMMARY,
@@ -40,9 +40,19 @@ from dstui.metrics import (
     parse_json_line,
     parse_seed_line,
 )
-from dstui.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir, read_json, write_json_atomic
+from dstui.core.rundir import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    BatchDir,
+    RunDir,
+    read_json,
+    write_json_atomic,
+)
+from dstui.execute import launch, sysmetrics
+from dstui.spec import dsconfig
+from dstui.tracking import client as tracking
 
-log = logging.getLogger("dstui.supervisor")
+log = logging.getLogger("dstui.execute.supervisor")
 
 MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 KILL_GRACE_S = 5.0
@@ -342,7 +352,7 @@ class Supervisor:
                 }
                 rev = spec.get("revision_info") or {}
                 if rev:
-                    from dstui.revisions import ResolvedRevision
+                    from dstui.revisions.envs import ResolvedRevision
 
                     tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
                 rid = tracking.create_run(c, self.experiment_id, rd.name, tags=tags, parent_id=parent)
@@ -525,7 +535,7 @@ class Supervisor:
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
         rev = rd.spec().get("revision_info") or {}
         if rev and (rd.spec().get("settings") or {}).get("kind") != "command":
-            from dstui.revisions import ResolvedRevision, check_reported_version
+            from dstui.revisions.envs import ResolvedRevision, check_reported_version
 
             mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
             if mismatch:
@@ -615,7 +625,7 @@ class Supervisor:
         rd.update_status(**fields)
         log.info("%s ended: %s %s", rd.name, fields["state"], fields.get("reason") or "")
         # killed or crashed ranks never unlink DeepSpeed's /dev/shm buffers: do it for them
-        from dstui import shm
+        from dstui.core import shm
 
         removed = shm.remove_buffers(shm.master_port_of(st.get("argv")))
         if removed:

@@ -1,6 +1,6 @@
 """PNG charts for reports (matplotlib, Agg backend, imported on first use).
 
-Each function takes numbers computed in :mod:`dstui.analysis` and writes one
+Each function takes numbers computed in :mod:`dstui.analysis.runs` and writes one
 file. Choices made so that charts stay legible with many conditions and long
 labels: horizontal bars (labels read left to right, never rotated), value
 labels at the bar ends, legends outside the plotting area, units in every axis

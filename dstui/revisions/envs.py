@@ -47,9 +47,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui import paths
-from dstui.errors import DstuiError, SpecError
-from dstui.spec import Revision
+from dstui.core import paths
+from dstui.core.errors import DstuiError, SpecError
+from dstui.spec.models import Revision
 
 Progress = Callable[[str], None]
 

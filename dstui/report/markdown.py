@@ -3,7 +3,7 @@
 :func:`export_report` is the one entry point; the CLI (``dstui report``) and
 the TUI's results view both call it. It reads runs from MLflow (so live, old,
 imported and team-server runs all work), computes figures with
-:mod:`dstui.analysis`, draws PNGs with :mod:`dstui.charts` and writes::
+:mod:`dstui.analysis.runs`, draws PNGs with :mod:`dstui.report.charts` and writes::
 
     DIR/report.md            the report (charts referenced by relative path)
     DIR/*.png                charts
@@ -13,7 +13,7 @@ imported and team-server runs all work), computes figures with
     DIR/grid_iter_time.csv   model x micro_batch grids per ZeRO/offload level (when they apply)
     DIR/grid_mem.csv
 
-(the CSV and JSON files are written by :mod:`dstui.report_files`)
+(the CSV and JSON files are written by :mod:`dstui.report.files`)
 and logs DIR as the ``report`` artifact of the batch's parent run. Failed
 runs are never dropped: they appear in every table with their reason.
 """
@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dstui import analysis as an
-from dstui import charts, report_files
-from dstui.analysis import ConditionStats, Parity, Progress, RunData
+from dstui.analysis import runs as an
+from dstui.analysis.runs import ConditionStats, Parity, Progress, RunData
+from dstui.report import charts
+from dstui.report import files as report_files
 
 DEFAULT_TOLERANCE = 1e-3
 
@@ -53,7 +54,8 @@ def export_report(
     show where a long export is. ``log_artifact=False`` skips uploading the
     folder to the batch's parent run (for previews).
     """
-    from dstui import paths, tracking
+    from dstui.core import paths
+    from dstui.tracking import client as tracking
 
     def step(frac: float, msg: str) -> None:
         if progress is not None:
