@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def script_for(rd: RunDir, info: dict[str, Any], *, port: int) -> tuple[str, lis
     text = job_script(run, rd, opts, port=port, python=rev.get("python"), revision=rev, cwd=cwd, batch_id=info.get("id", ""))
     from dstui.execute.slurm_script import rank_argv
 
-    return text, rank_argv(run, rd, python=rev.get("python") or "python", port=port), run, rev
+    return text, rank_argv(run, rd, python=rev.get("python") or sys.executable, port=port), run, rev
 
 
 def has_job(st: dict[str, Any]) -> bool:
