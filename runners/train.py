@@ -33,7 +33,7 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from dstui import dsconfig  # noqa: E402
+from dstui.spec import dsconfig  # noqa: E402
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line  # noqa: E402
 from dstui.spec.models import Settings  # noqa: E402
 from runners import common  # noqa: E402
