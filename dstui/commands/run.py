@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 
-from dstui.commands._common import RUN_HEADER, run_row, table
+from dstui.commands._common import run_row, runs_table
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.execute import batch, launch, slurm, slurm_script, supervisor
 
@@ -135,7 +135,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
         return 130
     runs = b.runs()
     print()
-    print(table([run_row(rd) for rd in runs], RUN_HEADER))
+    print(runs_table(b))
     failed = [rd for rd in runs if rd.state != "done"]
     print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {b.info().get('tracking_uri')}")
     return 1 if failed else 0
