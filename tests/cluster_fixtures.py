@@ -7,7 +7,7 @@ reason printed when the packages are missing (``.ci/run`` installs them).
 
 Usage from a test module::
 
-    from tests.cluster_fixtures import slurm_cluster, team_server  # noqa: F401 (fixtures)
+    from cluster_fixtures import slurm_cluster_fixture  # noqa: F401 - the `slurm_cluster` fixture
 
 Also runnable by hand, for poking at a cluster: ``python tests/cluster_fixtures.py slurm``.
 """
@@ -191,8 +191,8 @@ class SlurmCluster:
                 p.wait(timeout=5)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A running single-node Slurm cluster; SLURM_CONF points at it for the whole session."""
     why = slurm_missing()
     if why:
@@ -301,8 +301,8 @@ class TeamServer:
             subprocess.run(self._as_pg(self.pg_ctl), capture_output=True, timeout=60)
 
 
-@pytest.fixture(scope="session")
-def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
+@pytest.fixture(scope="session", name="team_server")
+def team_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
     """A running `mlflow server` backed by a private PostgreSQL."""
     why = team_server_missing()
     if why:

@@ -31,16 +31,9 @@ from dstui.spec.models import RunSpec, SlurmOptions
 log = logging.getLogger("dstui.execute.slurm")
 
 
-def load_runspec(rd: RunDir) -> RunSpec:
-    """The run's spec as submitted (multi-node settings are valid under Slurm without a hostfile)."""
-    data = json.loads(rd.spec_file.read_text())
-    fields = {k: data[k] for k in RunSpec.model_fields if k in data}
-    return RunSpec.model_validate(fields, context={"executor": "slurm"})
-
-
 def script_for(rd: RunDir, info: dict[str, Any], *, port: int) -> tuple[str, list[str], RunSpec, dict]:
     """Job script text, each rank's argv, the run and its revision, for a prepared run folder."""
-    run = load_runspec(rd)
+    run = launch.load_runspec(rd)
     rev = rd.spec().get("revision_info") or {}
     opts = SlurmOptions.model_validate(info.get("slurm") or {})
     cwd = info.get("cwd") if run.settings.kind == "command" else None

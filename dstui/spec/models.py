@@ -16,15 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dstui.core.errors import SpecError
 
@@ -115,7 +107,7 @@ class Settings(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _coherent(self, info: ValidationInfo) -> Settings:
+    def _coherent(self) -> Settings:
         if self.kind == "command" and not self.command:
             raise ValueError("kind 'command' needs 'command:' (an argv list)")
         if self.offload != "none" and self.zero_stage == 0:
@@ -126,9 +118,6 @@ class Settings(_Strict):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})"
             )
-        # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
-        if self.nodes > 1 and not self.launcher.hostfile and (info.context or {}).get("executor") != "slurm":
-            raise ValueError("nodes > 1 needs launcher.hostfile (or executor: slurm)")
         return self
 
 
@@ -396,10 +385,14 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
 
 def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = "local") -> Settings:
     try:
-        return Settings.model_validate(values, context={"executor": executor})
+        s = Settings.model_validate(values)
     except ValidationError as e:
         _raise_validation(e, file=file, condition=condition)
         raise AssertionError("unreachable") from None
+    # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
+    if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
+        raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")
+    return s
 
 
 def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
