@@ -178,9 +178,11 @@ def test_pending_reason_then_cancel_and_timeout(home: Path, slurm_cluster: Slurm
     try:
         dstui("run", "--detach", str(spec), check=True)
         b = only_batch(home)
-        wait_for(lambda: len(b.runs()) == 2 and all(rd.status().get("reason") == "Slurm: PENDING (Resources)" for rd in b.runs()),
-                 60, what="Slurm's pending reason in status.json")  # fmt: skip
+        wait_for(lambda: len(b.runs()) == 2 and all(rd.status().get("job_id") for rd in b.runs()), 60, what="both submitted")
         cancel_rd, over_rd = b.runs()
+        # the first waits for the node; the second, behind it in the queue, for its turn
+        wait_for(lambda: cancel_rd.status().get("reason") == "Slurm: PENDING (Resources)", 30, what="Slurm's pending reason")
+        assert over_rd.status().get("reason") in ("Slurm: PENDING (Resources)", "Slurm: PENDING (Priority)")
         assert all(rd.state == "queued" and rd.status().get("job_id") for rd in b.runs())
         assert "Resources" in dstui("status", b.id, check=True).stdout
         client = mlflow_client()
