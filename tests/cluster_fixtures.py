@@ -86,6 +86,13 @@ class SlurmCluster:
         return {"SLURM_CONF": str(self.conf)}
 
     def start(self) -> SlurmCluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> SlurmCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         for d in ("state", "spool", "log", "munge"):
             (self.root / d).mkdir(exist_ok=True)
@@ -250,6 +257,13 @@ class TeamServer:
         return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
     def start(self) -> TeamServer:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> TeamServer:
         bin_ = pg_bin()
         assert bin_ is not None
         data = self.root / "pgdata"
@@ -258,13 +272,19 @@ class TeamServer:
             self.root.chmod(0o755)
             shutil.chown(self.root, "postgres", "postgres")
         self.pg_port = free_port()
-        run = lambda argv: subprocess.run(self._as_pg(argv), check=True, capture_output=True, text=True, timeout=120)  # noqa: E731
+
+        def run(argv: list[str]) -> None:
+            proc = subprocess.run(self._as_pg(argv), capture_output=True, text=True, timeout=120)
+            if proc.returncode:
+                raise RuntimeError(f"{Path(argv[0]).name} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+
         run([str(bin_ / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
+        self.pg_ctl = [str(bin_ / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]
         run([str(bin_ / "pg_ctl"), "-D", str(data), "-l", str(self.root / "pg.log"), "-w", "-o",
              f"-p {self.pg_port} -k {self.root} -c listen_addresses=127.0.0.1", "start"])  # fmt: skip
-        self.pg_ctl = [str(bin_ / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]
         run([str(bin_ / "createdb"), "-h", "127.0.0.1", "-p", str(self.pg_port), "-U", "postgres", "mlflow"])
-        self.db_uri = f"postgresql://postgres@127.0.0.1:{self.pg_port}/mlflow"
+        # the driver named: SQLAlchemy >= 2.1 reads a bare postgresql:// as psycopg 3
+        self.db_uri = f"postgresql+psycopg2://postgres@127.0.0.1:{self.pg_port}/mlflow"
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         art = self.root / "artifacts"
@@ -297,8 +317,9 @@ class TeamServer:
                 os.killpg(p.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=15)
-        with contextlib.suppress(Exception):
-            subprocess.run(self._as_pg(self.pg_ctl), capture_output=True, timeout=60)
+        if getattr(self, "pg_ctl", None):
+            with contextlib.suppress(Exception):
+                subprocess.run(self._as_pg(self.pg_ctl), capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session", name="team_server")
@@ -308,11 +329,16 @@ def team_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Te
     if why:
         print(f"\nSKIP team-server tests: {why}", file=sys.stderr)
         pytest.skip(why)
-    server = TeamServer(Path(tmp_path_factory.mktemp("team"))).start()
+    import tempfile
+
+    # not under pytest's temp dir: that is private to this user, and PostgreSQL runs as 'postgres'
+    root = Path(tempfile.mkdtemp(prefix="dstui-team-"))
+    server = TeamServer(root).start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":  # python tests/cluster_fixtures.py slurm|team  (Ctrl-C stops it)
