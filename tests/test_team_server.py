@@ -40,9 +40,11 @@ def reingest_into(batch: BatchDir, runs_root: Path, tracking_uri: str) -> BatchD
 
 
 def normalised(report: str, *uris: str) -> str:
-    """Report text without what names the store: its URI and MLflow's run ids."""
+    """Report text without what names the store (its URI, MLflow's run ids, how histories were read) and the clock."""
     for uri in uris:
         report = report.replace(uri, "<store>")
+    report = re.sub(r"Generated \d{4}-\d\d-\d\d \d\d:\d\d UTC", "Generated <time>", report)
+    report = re.sub(r"Metric histories read [^;]*;", "Metric histories read <how>;", report)
     return re.sub(r"\b[0-9a-f]{32}\b", "<run-id>", report)
 
 
