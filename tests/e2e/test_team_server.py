@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_fixtures import TeamServer, team_server_fixture  # noqa: F401 - the `team_server` fixture
-from conftest import SPECS, dstui, mlflow_client
+from helpers import SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import BatchDir, list_batches
 
