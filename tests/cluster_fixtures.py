@@ -55,6 +55,23 @@ def slurm_missing() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def stopped_on_failure(daemons: SlurmCluster | TeamServer) -> Iterator[None]:
+    """A start that fails half-way stops what it already started (no daemon outlives the tests)."""
+    try:
+        yield
+    except BaseException:
+        daemons.stop()
+        raise
+
+
+def skip_if(what: str, why: str | None) -> None:
+    """Skip the tests that need these daemons, saying why on stderr too (seen without -ra)."""
+    if why:
+        print(f"\nSKIP {what} tests: {why}", file=sys.stderr)
+        pytest.skip(why)
+
+
 def _wait_for(check, timeout: float, what: str, log: Path | None = None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -86,13 +103,6 @@ class SlurmCluster:
         return {"SLURM_CONF": str(self.conf)}
 
     def start(self) -> SlurmCluster:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> SlurmCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         for d in ("state", "spool", "log", "munge"):
             (self.root / d).mkdir(exist_ok=True)
@@ -201,13 +211,11 @@ class SlurmCluster:
 @pytest.fixture(scope="session", name="slurm_cluster")
 def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A running single-node Slurm cluster; SLURM_CONF points at it for the whole session."""
-    why = slurm_missing()
-    if why:
-        print(f"\nSKIP slurm tests: {why}", file=sys.stderr)
-        pytest.skip(why)
-    # short paths: unix sockets under pytest's deep temp dirs exceed 108 bytes
+    skip_if("slurm", slurm_missing())
     root = Path(tmp_path_factory.mktemp("slurm"))
-    cluster = SlurmCluster(root).start()
+    cluster = SlurmCluster(root)
+    with stopped_on_failure(cluster):
+        cluster.start()
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
@@ -257,13 +265,6 @@ class TeamServer:
         return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
     def start(self) -> TeamServer:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> TeamServer:
         bin_ = pg_bin()
         assert bin_ is not None
         data = self.root / "pgdata"
@@ -325,15 +326,14 @@ class TeamServer:
 @pytest.fixture(scope="session", name="team_server")
 def team_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
     """A running `mlflow server` backed by a private PostgreSQL."""
-    why = team_server_missing()
-    if why:
-        print(f"\nSKIP team-server tests: {why}", file=sys.stderr)
-        pytest.skip(why)
+    skip_if("team-server", team_server_missing())
     import tempfile
 
     # not under pytest's temp dir: that is private to this user, and PostgreSQL runs as 'postgres'
     root = Path(tempfile.mkdtemp(prefix="dstui-team-"))
-    server = TeamServer(root).start()
+    server = TeamServer(root)
+    with stopped_on_failure(server):
+        server.start()
     try:
         yield server
     finally:
@@ -346,7 +346,9 @@ if __name__ == "__main__":  # python tests/cluster_fixtures.py slurm|team  (Ctrl
 
     what = sys.argv[1] if len(sys.argv) > 1 else "slurm"
     base = Path(tempfile.mkdtemp(prefix=f"dstui-{what}-"))
-    thing = SlurmCluster(base).start() if what == "slurm" else TeamServer(base).start()
+    thing = SlurmCluster(base) if what == "slurm" else TeamServer(base)
+    with stopped_on_failure(thing):
+        thing.start()
     print(f"export SLURM_CONF={base}/slurm.conf" if what == "slurm" else f"export MLFLOW_TRACKING_URI={thing.uri}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

@@ -22,11 +22,11 @@ import yaml
 from cluster_fixtures import SlurmCluster, slurm_cluster_fixture  # noqa: F401 - the `slurm_cluster` fixture
 from helpers import SPECS, dstui, mlflow_client
 from test_reliability import (
-    FAKE,
     finalized,
     history,
     jsonl_steps,
     only_batch,
+    spec_file,
     supervisor_pid,
     wait_for,
 )
@@ -39,19 +39,11 @@ from dstui.execute.supervisor import is_supervised
 
 def fake_spec(home: Path, name: str, conditions: list[dict], slurm: dict | None = None, **settings) -> Path:
     """A Slurm spec of fake-runner runs (one rank each)."""
-    data = {
-        "name": name,
-        "executor": "slurm",
-        "slurm": slurm or {},
-        "settings": {"kind": "command", "steps": 10, "warmup_steps": 1, "gpus": 1, **settings},
-        "conditions": [
-            {"name": c.pop("name"), "command": [sys.executable, FAKE, "--metrics-file", "{metrics_file}", *c.pop("args", [])], **c}
-            for c in conditions
-        ],
-    }
-    p = home / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
+    path = spec_file(home, name, conditions, gpus=1, **settings)
+    data = yaml.safe_load(path.read_text())
+    data.update(executor="slurm", slurm=slurm or {})
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def test_slurm_not_installed_is_one_line(home: Path) -> None:
