@@ -1,0 +1,90 @@
+"""The live divergence/NaN guard's logic, fed step records as the supervisor does."""
+
+from __future__ import annotations
+
+import math
+
+from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig, losses_from_records
+
+BASE = {1: 6.0, 2: 5.5, 3: 5.0, 4: 4.6, 5: 4.3}
+
+
+def test_flags_the_first_step_outside_the_tolerance() -> None:
+    g = DivergenceGuard(GuardConfig(baseline="z0", rtol=0.01))
+    for step, loss in [(1, 6.0), (2, 5.54), (3, 5.2), (4, 4.0)]:  # 5.54 is within 1% of 5.5; 5.2 is not
+        g.observe(step, loss)
+    flag = g.check(BASE)
+    assert flag == Flag(3, "divergence", 5.2, 5.0)
+    assert flag.message == "diverged at step 3 (Δ=+0.2)"
+    assert g.check(BASE) is None  # only the first flag counts
+    assert not g.should_stop  # stop_on not set
+
+
+def test_allclose_rule_is_the_verify_rule() -> None:
+    cfg = GuardConfig(baseline="b", rtol=0.1, atol=0.5)
+    assert cfg.close(10.0 + 1.5, 10.0)  # 1.5 <= 0.5 + 0.1 * 10
+    assert not cfg.close(10.0 + 1.51, 10.0)
+    exact = GuardConfig(baseline="b", rtol=0.0, atol=0.0)
+    assert exact.close(2.0, 2.0) and not exact.close(2.0, math.nextafter(2.0, 3.0))
+
+
+def test_waits_for_a_lagging_baseline_so_the_flag_is_never_late() -> None:
+    g = DivergenceGuard(GuardConfig(baseline="z0", atol=0.01, stop_on=("divergence",)))
+    for step in (1, 2, 3, 4):
+        g.observe(step, BASE[step] + (1.0 if step >= 2 else 0.0))
+    assert g.check({1: 6.0}) is None  # the baseline is at step 1: step 2 waits
+    flag = g.check({1: 6.0, 2: 5.5})
+    assert flag is not None and flag.step == 2 and g.should_stop
+
+
+def test_baseline_that_ended_short_leaves_later_steps_unchecked() -> None:
+    g = DivergenceGuard(GuardConfig(baseline="z0", atol=0.0))
+    g.observe(1, 6.0)
+    g.observe(2, 99.0)
+    assert g.check({1: 6.0}, baseline_ended=True) is None
+    assert not g.pending
+
+
+def test_nan_and_inf_are_flagged_without_a_baseline() -> None:
+    g = DivergenceGuard(GuardConfig(stop_on=("nan",)))
+    g.observe(1, 6.0)
+    g.observe(2, float("nan"))
+    flag = g.check()
+    assert flag.kind == "nan" and flag.step == 2 and g.should_stop
+    assert flag.message == "diverged at step 2 (loss=nan)"
+    g2 = DivergenceGuard(GuardConfig())
+    g2.observe(5, float("inf"))
+    assert g2.check().message == "diverged at step 5 (loss=inf)"
+    assert g2.flag.as_dict()["loss"] == "inf"  # JSON has no inf
+
+
+def test_nan_waits_behind_an_undecided_earlier_step() -> None:
+    """Step 2 departs, step 3 is NaN, the baseline is late: the flag is step 2's divergence."""
+    g = DivergenceGuard(GuardConfig(baseline="z0", atol=0.01))
+    g.observe(1, 6.0)
+    g.observe(2, 7.0)
+    g.observe(3, float("nan"))
+    assert g.check({1: 6.0}) is None
+    assert g.check(BASE).kind == "divergence"
+
+
+def test_the_baseline_run_itself_only_gets_the_nan_check() -> None:
+    g = DivergenceGuard(GuardConfig(baseline="z0", atol=0.0), is_baseline=True)
+    g.observe(1, 123.0)
+    assert g.check({}) is None
+    g.observe(2, float("nan"))
+    assert g.check({}).kind == "nan"
+
+
+def test_no_tolerance_means_no_divergence_check() -> None:
+    cfg = GuardConfig(baseline="z0")
+    assert not cfg.checks_divergence
+    g = DivergenceGuard(cfg)
+    g.observe(1, 100.0)
+    assert g.check(BASE) is None
+
+
+def test_losses_from_records() -> None:
+    recs = [{"type": "header"}, {"type": "step", "step": 1, "loss": 2.0}, {"type": "step", "step": 2},
+            {"type": "summary", "final_loss": 1.0}]  # fmt: skip
+    assert losses_from_records(recs) == {1: 2.0}
