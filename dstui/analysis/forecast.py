@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dstui.analysis.forecast_model import (
@@ -226,13 +227,17 @@ def forecast_runs(
 ) -> dict[str, Forecast | None]:
     """A forecast per run name for a plan (``RunSpec`` list), with MLflow history when reachable."""
     fit = None
-    if history:
-        try:
-            from dstui.tracking import client as tracking
+    if history and runs:
+        from dstui.core import paths
+        from dstui.tracking import client as tracking
 
-            fit = history_fit(tracking.client(tracking_uri), (r.settings.model for r in runs))
-        except Exception:  # no store yet, or unreachable: the analytic estimate still works
-            fit = None
+        uri = tracking_uri or paths.tracking_uri()
+        # a SQLite store that does not exist yet holds no history: don't create (migrate) one here
+        if not (uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()):
+            try:
+                fit = history_fit(tracking.client(uri), (r.settings.model for r in runs))
+            except Exception:  # unreachable store: the analytic estimate still works
+                fit = None
     return {r.name: forecast(r.settings, ds_config=(ds_configs or {}).get(r.name), fit=fit) for r in runs}
 
 
@@ -303,3 +308,16 @@ def forecast_vs_measured(runs: Sequence[Any]) -> Any:
         out.append({"condition": row["condition"], "forecast_gib": row["forecast_gib"],
                     "measured_gib": measured, "error_pct": 100 * err, "runs": len(row["peaks"])})  # fmt: skip
     return pd.DataFrame(out, columns=["condition", "forecast_gib", "measured_gib", "error_pct", "runs"])
+
+
+def for_plan(plan: Any, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:
+    """Forecasts of a :class:`dstui.execute.batch.Plan`'s runs and the memory to hold them against."""
+    forecasts = forecast_runs(plan.runs, plan.ds_configs, history=history)
+    return forecasts, gpu_capacity(plan.spec.gpu_memory_gib)
+
+
+def capacity_note(capacity: int | None) -> str:
+    """A line saying what forecasts were held against."""
+    if capacity:
+        return f"memory forecast per GPU against {capacity / GIB:.1f} GiB"
+    return "memory forecast per GPU (no GPU here and no gpu_memory_gib in the spec: not checked for OOM)"

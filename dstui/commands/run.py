@@ -11,8 +11,9 @@ import shlex
 import sys
 import time
 
+from dstui.analysis import forecast
 from dstui.commands._common import RUN_HEADER, run_row, table
-from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch, launch, supervisor
 
 
@@ -43,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
+    p.add_argument(
+        "--skip-predicted-oom",
+        action="store_true",
+        help="do not launch runs whose memory forecast exceeds the GPU's memory (or the spec's "
+        "gpu_memory_gib); they end as 'skipped: predicted OOM (X GiB > Y GiB)'. Same as "
+        "skip_predicted_oom: true in the spec",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,12 +58,18 @@ def run(args: argparse.Namespace) -> int:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only)
+    forecasts, capacity = forecast.for_plan(plan)
+    skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
             python = (plan.revisions.get(r.revision) or {}).get("python")
-            print(f"# {r.name}  (key {r.key})")
+            fc = forecasts.get(r.name)
+            mem = f"  memory/GPU {forecast.column(fc, capacity)} ({fc.source})" if fc else ""
+            oom = forecast.oom_reason(fc, capacity) if skip else None
+            print(f"# {r.name}  (key {r.key}){mem}" + (f"  -> {oom}" if oom else ""))
             print(shlex.join(launch.build_argv(r, rd, python=python)))
+        print(f"# {forecast.capacity_note(capacity)}")
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return 0
     if args.resume:
@@ -64,11 +78,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         b = batch.create(plan, parallel=args.parallel)
         print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}")
+    if skip:
+        skip_predicted_oom(b, forecasts, capacity)
     supervisor.spawn(b)
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
         return 0
     return follow(b, quiet=args.quiet)
+
+
+def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> None:
+    """Mark queued runs whose forecast exceeds the GPU as skipped, before the supervisor sees them."""
+    for name, fc in forecasts.items():
+        rd = RunDir(b.path / name)
+        reason = forecast.oom_reason(fc, capacity)
+        if reason and rd.state == "queued":
+            rd.update_status(state="skipped", reason=reason, ended=time.time())
+            print(f"{name}: {reason}", flush=True)
 
 
 def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
@@ -105,6 +131,6 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
     runs = b.runs()
     print()
     print(table([run_row(rd) for rd in runs], RUN_HEADER))
-    failed = [rd for rd in runs if rd.state != "done"]
+    failed = [rd for rd in runs if rd.state not in ("done", "skipped")]
     print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {b.info().get('tracking_uri')}")
     return 1 if failed else 0

@@ -54,7 +54,7 @@ from dstui.tracking import client as tracking
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 KILL_GRACE_S = 5.0
 
 
@@ -697,7 +697,7 @@ class Supervisor:
                     {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES},
                 )
                 tracking.log_file_artifact(c, pid, self.batch.batch_file)
-                tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
+                tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
 
