@@ -107,7 +107,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             now = time.time()
             for rd in runs:
                 st = rd.status()
-                key = (st.get("state"), st.get("reason"))
+                key = (st.get("state"), st.get("reason"), bool(st.get("diverged")))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if not quiet and (seen.get(rd.name) != key or step_due):
                     row = run_row(rd)

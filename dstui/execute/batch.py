@@ -18,7 +18,7 @@ from typing import Any
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import launch
+from dstui.execute import guard_watch, launch
 from dstui.spec import dsconfig
 from dstui.spec.models import ExperimentSpec, RunSpec, expand_file
 
@@ -45,6 +45,7 @@ def plan(
     spec_path = Path(spec_path).resolve()
     spec, runs = expand_file(spec_path)
     file = str(spec_path)
+    guard_watch.check_spec(spec, runs, file=file)
     if only:
         runs = select(runs, only, file=file)
     if validate:

@@ -16,9 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.core.errors import SpecError
 from dstui.core.records import STEP, Follower, parse_json_line
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig
+from dstui.spec.models import ExperimentSpec, RunSpec
+
+
+def check_spec(spec: ExperimentSpec, runs: list[RunSpec], *, file: str | None = None) -> None:
+    """A guard with a tolerance needs a baseline that is one of the spec's conditions."""
+    cfg = config_of(spec.model_dump(mode="json"))
+    names = sorted({r.condition for r in runs})
+    if spec.guard.baseline and spec.guard.baseline not in names:
+        raise SpecError(f"no condition '{spec.guard.baseline}'; conditions: {', '.join(names)}",
+                        file=file, field="guard.baseline")  # fmt: skip
+    if (cfg.rtol is not None or cfg.atol is not None) and not cfg.baseline:
+        raise SpecError("a loss tolerance needs a baseline condition (guard.baseline or baseline)",
+                        file=file, field="guard")  # fmt: skip
 
 
 def config_of(spec: dict[str, Any]) -> GuardConfig:
