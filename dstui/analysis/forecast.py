@@ -244,13 +244,9 @@ def forecast_runs(
 # -- against the GPU's memory -------------------------------------------------
 
 
-def gpu_capacity(declared_gib: float | None = None) -> int | None:
-    """The memory a forecast is held against: the spec's ``gpu_memory_gib``, else GPU 0's."""
-    if declared_gib:
-        return int(declared_gib * GIB)
-    from dstui.execute import sysmetrics
-
-    return sysmetrics.gpu_memory_total()
+def gpu_capacity(declared_gib: float | None, detected: int | None) -> int | None:
+    """The memory a forecast is held against: the spec's ``gpu_memory_gib``, else the GPU found here."""
+    return int(declared_gib * GIB) if declared_gib else detected
 
 
 def oom_reason(fc: Forecast | None, capacity: int | None) -> str | None:
@@ -310,10 +306,14 @@ def forecast_vs_measured(runs: Sequence[Any]) -> Any:
     return pd.DataFrame(out, columns=["condition", "forecast_gib", "measured_gib", "error_pct", "runs"])
 
 
-def for_plan(plan: Any, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:
-    """Forecasts of a :class:`dstui.execute.batch.Plan`'s runs and the memory to hold them against."""
+def for_plan(plan: Any, detected: int | None, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:
+    """Forecasts of a :class:`dstui.execute.batch.Plan`'s runs and the memory to hold them against.
+
+    ``detected``: this machine's GPU memory (``sysmetrics.gpu_memory_total()``), which
+    the spec's ``gpu_memory_gib`` overrides (a plan made on a login node).
+    """
     forecasts = forecast_runs(plan.runs, plan.ds_configs, history=history)
-    return forecasts, gpu_capacity(plan.spec.gpu_memory_gib)
+    return forecasts, gpu_capacity(plan.spec.gpu_memory_gib, detected)
 
 
 def capacity_note(capacity: int | None) -> str:

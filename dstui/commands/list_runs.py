@@ -9,7 +9,7 @@ from pathlib import Path
 from dstui.analysis import forecast
 from dstui.commands._common import table
 from dstui.core.rundir import RunDir
-from dstui.execute import batch, launch
+from dstui.execute import batch, launch, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
-    forecasts, capacity = forecast.for_plan(p, history=not args.no_history)
+    forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
     rows = []
     for r in p.runs:
         s = r.settings

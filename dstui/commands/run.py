@@ -14,7 +14,7 @@ import time
 from dstui.analysis import forecast
 from dstui.commands._common import RUN_HEADER, run_row, table
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import batch, launch, supervisor
+from dstui.execute import batch, launch, supervisor, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only)
-    forecasts, capacity = forecast.for_plan(plan)
+    forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
     skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
     if args.dry_run:
         for r in plan.runs:
