@@ -4,7 +4,9 @@ The guard logic itself is pure (:mod:`dstui.execute.guard`); this module
 knows the batch: which run is the baseline for which, where its
 ``metrics.jsonl`` is, whether it has ended. The baseline for a run is the
 spec's baseline condition (``guard.baseline``, else the spec's ``baseline``)
-under the same revision and repeat, falling back to repeat 0.
+under the same revision and repeat, falling back to repeat 0; runs of
+another kind than the baseline's (a ``verify`` run beside ``train`` runs)
+get only the NaN check.
 
 A flag is kept in the run's ``status.json`` (``diverged``), so a supervisor
 that takes over does not flag a run twice; steps ingested before a takeover
@@ -60,6 +62,10 @@ class _BaselineCurve:
         return self.losses
 
 
+def _kind(rd: RunDir) -> str:
+    return str((rd.spec().get("settings") or {}).get("kind", "train"))
+
+
 class BatchGuard:
     """Guards of a batch's runs, fed by the supervisor as it ingests step records."""
 
@@ -102,6 +108,8 @@ class BatchGuard:
         if g.flag is not None or not g.pending:
             return None
         base_rd = None if g.is_baseline else self._baseline_of(rd)
+        if base_rd is not None and _kind(base_rd) != _kind(rd):
+            base_rd = None  # a verify run's loss is another runner's curve: only its NaN check applies
         if base_rd is None:
             return g.check(None, baseline_ended=True)
         curve = self.curves.get(base_rd.name)
