@@ -216,3 +216,20 @@ async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None: 
     assert tagged["nan"].info.status == "KILLED"
     assert tagged["nan"].data.tags["dstui.reason"] == "diverged at step 2 (loss=nan)"
     assert "dstui.diverged" not in tagged["base"].data.tags
+
+
+@pytest.mark.parametrize(
+    ("guard", "message"),
+    [
+        ("{baseline: nope, atol: 0.1}", "field 'guard.baseline': no condition 'nope'; conditions: a, b"),
+        ("{rtol: 0.1}", "field 'guard': a loss tolerance needs a baseline condition"),
+        ("{stop_on: [oom]}", "field 'guard.stop_on.0'"),
+    ],
+)
+def test_bad_guard_settings_are_one_line_errors(home, guard: str, message: str) -> None:  # noqa: ANN001
+    from conftest import dstui
+
+    spec = home / "g.yaml"
+    spec.write_text(f"name: g\nconditions: [{{name: a}}, {{name: b}}]\nguard: {guard}\n")
+    proc = dstui("list", "--no-validate", str(spec))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
