@@ -76,9 +76,9 @@ def test_model_states_are_deepspeeds_cold_estimates(gpus: int) -> None:
     assert ours(3, "cpu") == z3["offload_param=none, offload_optimizer=OffloadDeviceEnum.cpu, zero_init=1"]
     cpu = "OffloadDeviceEnum.cpu"
     assert ours(3, "cpu", "cpu") == z3[f"offload_param={cpu}, offload_optimizer={cpu}, zero_init=1"]
-    # ZeRO-0 has no estimator: 16-bit training keeps everything, as ZeRO-2's formula on one GPU
+    # ZeRO-0 has no estimator: 16-bit weights + gradients, fp32 master, two Adam moments, unpartitioned
     assert model_states(shape, zero_stage=0, offload="none", offload_params="none", dtype="bf16",
-                        gpus=gpus, nodes=1) == 20 * shape.params  # fmt: skip
+                        gpus=gpus, nodes=1) == (2 + 2 + 4 + 8) * shape.params  # fmt: skip
     # fp32 without ZeRO is plain PyTorch: weights, gradients, two Adam moments
     assert model_states(shape, zero_stage=0, offload="none", offload_params="none", dtype="fp32",
                         gpus=gpus, nodes=1) == 16 * shape.params  # fmt: skip
@@ -265,3 +265,25 @@ def test_compose_cells_are_coloured_against_the_gpu() -> None:
     assert cells["z0-r0"].style == "bold red" and str(cells["z0-r0"]).endswith("GiB OOM")
     assert cells["z3-r0"].style == "bold yellow"  # 29.7 of 32 GiB
     assert forecast_cells(runs, None, detected=80 * GIB)["z3-r0"].style == "green"
+
+
+def test_a_setup_with_few_runs_shifts_the_pooled_fit_by_its_residual() -> None:
+    z2 = Settings(model="m", zero_stage=2)
+    z3 = Settings(model="m", zero_stage=3)
+    fit = fc.ActivationFit()
+    for seq, mb, dtype in POINTS:  # ZeRO-2 runs: enough for a line of their own
+        fit.add("m", False, fc.group_of(z2), seq, mb, dtype, _truth(seq, mb, dtype))
+    # one ZeRO-3 run, 1 GiB above the line: the pooled line moves a little, the shift puts it back
+    fit.add("m", False, fc.group_of(z3), 512, 2, "bf16", _truth(512, 2, "bf16") + GIB)
+    target = z3.model_copy(update={"seq_length": 4096, "micro_batch": 1, "dtype": "bf16"})
+    value, n = fit.predict(target)
+    assert n == len(POINTS) + 1
+    pooled, _ = fit.coefficients("m", False)
+    line = sum(c * f for c, f in zip(pooled, fc.features(4096, 1, "bf16"), strict=True))
+    residual = _truth(512, 2, "bf16") + GIB - sum(c * f for c, f in zip(pooled, fc.features(512, 2, "bf16"), strict=True))
+    assert value == int(line + residual)
+    assert value > _truth(4096, 1, "bf16") + 0.5 * GIB  # the ZeRO-3 offset survives
+    # ZeRO-2 has its own fit: exact
+    assert fit.predict(z2.model_copy(update={"seq_length": 4096, "micro_batch": 1, "dtype": "bf16"}))[0] == pytest.approx(
+        _truth(4096, 1, "bf16"), rel=1e-6
+    )

@@ -72,8 +72,10 @@ class ActivationFit:
     dtype, activation bytes), where activation bytes = measured peak - model
     states - overhead of an earlier GPU run, and group is :func:`group_of`.
     A fit on the runs of the same ZeRO set-up is preferred (what DeepSpeed
-    keeps alive beside the activations differs by stage); with too few of
-    them, all of the model's runs are pooled.
+    keeps alive beside the activations differs by stage, and DeepCompile
+    frees activations early); with too few of them, all of the model's runs
+    are pooled and the set-up's own runs, if any, shift the pooled line by
+    their mean residual.
     """
 
     observations: list[tuple[str, bool, str, int, int, str, float]] = field(default_factory=list)
@@ -102,13 +104,22 @@ class ActivationFit:
     def predict(self, settings: Settings) -> tuple[int, int] | None:
         """(activation bytes, runs fitted on), or None when this model has too little history."""
         s = settings
-        got = self.coefficients(s.model, s.activation_checkpointing, group_of(s))
-        got = got or self.coefficients(s.model, s.activation_checkpointing)
+        group = group_of(s)
+        own = self.coefficients(s.model, s.activation_checkpointing, group)
+        got = own or self.coefficients(s.model, s.activation_checkpointing)
         if got is None:
             return None
         coef, n = got
-        value = float(sum(c * f for c, f in zip(coef, features(s.seq_length, s.micro_batch, s.dtype), strict=True)))
+        value = _apply(coef, s.seq_length, s.micro_batch, s.dtype)
+        if own is None:  # pooled fit, shifted by how this ZeRO set-up's own runs sat against it
+            mine = [o for o in self.observations if o[:3] == (s.model, s.activation_checkpointing, group)]
+            if mine:
+                value += sum(o[-1] - _apply(coef, *o[3:6]) for o in mine) / len(mine)
         return max(0, int(value)), n
+
+
+def _apply(coef: Any, seq: int, mb: int, dtype: str) -> float:
+    return float(sum(c * f for c, f in zip(coef, features(seq, mb, dtype), strict=True)))
 
 
 def _states_and_overhead(shape: ModelShape, s: Settings, ds_config: dict | None) -> tuple[int, int]:

@@ -131,11 +131,14 @@ def model_states(
     """Parameters + gradients + optimizer states per GPU, from DeepSpeed's estimators.
 
     DeepSpeed's formulas assume 16-bit training (2-byte parameters and
-    gradients, fp32 master copy and Adam moments). ZeRO 0 and 1 have no
-    estimator of their own: both keep full 16-bit gradients like ZeRO-2's
-    formula assumes, so ZeRO-1 uses it as is and ZeRO-0 uses it with nothing
-    partitioned (one GPU). fp32 training adds the difference of the 16-bit
-    terms; fp32 without ZeRO is plain PyTorch (4 + 4 + 8 bytes per parameter).
+    gradients, fp32 master copy and Adam moments). ZeRO-1 has no estimator of
+    its own and keeps what ZeRO-2's formula counts, so it uses that one.
+    ZeRO-0 has none either: its FP16_Optimizer (bf16 too) holds 16-bit weights
+    and gradients, the fp32 master and the Adam moments, 2 + 2 + 4 + 8 bytes per
+    parameter, DeepSpeed's own terms without partitioning; the fp32 gradient
+    copy it makes inside ``step()`` exists only once the activations are freed.
+    fp32 training adds the difference of the 16-bit terms; fp32 without ZeRO
+    is plain PyTorch (4 + 4 + 8 bytes per parameter): 16 bytes as well.
     """
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -144,9 +147,7 @@ def model_states(
     total = gpus * nodes
     cpu_offload = offload != "none" or offload_params != "none"
     if zero_stage == 0:
-        if dtype == "fp32":
-            return 16 * p
-        return estimate_zero2_model_states_mem_needs(p, 1, 1, cpu_offload=False)[1]
+        return 16 * p
     if zero_stage in (1, 2):
         gpu = estimate_zero2_model_states_mem_needs(p, gpus, nodes, cpu_offload=cpu_offload)[1]
         if dtype == "fp32":  # 4-byte instead of 2-byte parameters, and gradients when on the GPU
