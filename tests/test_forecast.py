@@ -184,6 +184,15 @@ def test_too_little_history_falls_back_to_analytic() -> None:
     for seq in (128, 256, 512):  # three points for three coefficients: not enough to trust
         fc.observe(fit, s.model_copy(update={"seq_length": seq}), 5 * GIB, {})
     assert fc.forecast(s, fit=fit).source == "analytic"
+    # a fixed sequence length leaves two free coefficients: three micro batches are enough
+    fit = fc.ActivationFit()
+    for mb in (1, 4, 8):
+        fc.observe(fit, s.model_copy(update={"micro_batch": mb}), mb * GIB + 10 * GIB, {})
+    assert fc.forecast(s, fit=fit).source == "fit on 3 runs"
+    fit = fc.ActivationFit()
+    for mb in (1, 4):
+        fc.observe(fit, s.model_copy(update={"micro_batch": mb}), mb * GIB + 10 * GIB, {})
+    assert fc.forecast(s, fit=fit).source == "analytic"
 
 
 def test_forecast_vs_measured_frame(home) -> None:

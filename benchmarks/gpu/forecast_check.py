@@ -24,6 +24,7 @@ from typing import Any
 
 from dstui.analysis.forecast import GIB, ActivationFit, forecast, observe, settings_of
 from dstui.core.rundir import RunDir, read_json
+from dstui.execute import sysmetrics
 
 
 def load_run(path: Path) -> dict[str, Any] | None:
@@ -55,7 +56,6 @@ def load_run(path: Path) -> dict[str, Any] | None:
         "ds_config": header.get("ds_config") or read_json(rd.ds_config_file, {}),
         "peak": peak,
         "oom": "out of memory" in (status.get("reason") or "").lower(),
-        "gpu_mem": header.get("gpu_mem_total"),
     }
 
 
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("batches", nargs="+", type=Path, help="batch folders (runs/<batch_id>/)")
     p.add_argument("--loo", action="store_true", help="also forecast from a fit on the other runs")
     p.add_argument("--tolerance", type=float, default=0.15, help="allowed relative error (default 0.15)")
-    p.add_argument("--gpu-mem-gib", type=float, default=None, help="GPU memory for OOM runs (default: header)")
+    p.add_argument("--gpu-mem-gib", type=float, default=None,
+                   help="GPU memory an OOM run is judged against (default: GPU 0 of this machine)")
     p.add_argument("--json", type=Path, help="write the rows here as well")
     args = p.parse_args(argv)
 
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no GPU runs with a metrics.jsonl header under the given folders", file=sys.stderr)
         return 2
     rows, worst = [], 0.0
+    capacity = args.gpu_mem_gib * GIB if args.gpu_mem_gib else sysmetrics.gpu_memory_total()
     for run in runs:
         fc = forecast(run["settings"], ds_config=run["ds_config"])
         row = {"run": run["name"], "measured_gib": run["peak"] / GIB, "analytic_gib": fc.gib if fc else None}
@@ -86,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             row["fit_gib"] = lfc.gib if lfc and lfc.source != "analytic" else None
         best = row.get("fit_gib") or row["analytic_gib"]
         if run["oom"]:
-            cap = (args.gpu_mem_gib or 0) * GIB or run.get("gpu_mem") or 0
             row["error_pct"] = None
-            row["ok"] = bool(cap and best and best * GIB > cap)
+            row["ok"] = bool(capacity and best and best * GIB > capacity)  # forecast to run out as well
         elif best and run["peak"]:
             err = (best * GIB - run["peak"]) / run["peak"]
             row["error_pct"] = 100 * err

@@ -28,8 +28,9 @@ from dstui.analysis.forecast_model import (
 )
 from dstui.spec.models import Settings
 
-# a fit needs this many distinct (seq, micro batch, dtype) points, one more than its coefficients
-MIN_FIT_POINTS = 4
+# a fit needs at least this many distinct (seq, micro batch, dtype) points, and one more than
+# its free coefficients
+MIN_FIT_POINTS = 3
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,15 @@ class ActivationFit:
         key = (model, checkpointing, group)
         if key not in self._coef:
             rows = [o for o in self.observations if o[:2] == (model, checkpointing) and group in (None, o[2])]
-            if len({o[3:6] for o in rows}) < MIN_FIT_POINTS:
+            distinct = {o[3:6] for o in rows}
+            x = np.array([features(s, b, d) for *_, s, b, d, _ in rows]).reshape(-1, 3)
+            # one point more than the fit has free coefficients (a fixed sequence length leaves
+            # two: the linear and quadratic columns are then proportional), so it can be wrong
+            rank = np.linalg.matrix_rank(x / x.max(axis=0)) if rows else 0
+            if len(distinct) <= rank or len(distinct) < MIN_FIT_POINTS:
                 self._coef[key] = None
             else:
-                x = np.array([features(s, b, d) for *_, s, b, d, _ in rows])
-                y = np.array([o[-1] for o in rows])
-                coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+                coef, *_ = np.linalg.lstsq(x, np.array([o[-1] for o in rows]), rcond=None)
                 self._coef[key] = (coef, len(rows))
         return self._coef[key]
 
