@@ -233,3 +233,48 @@ def test_bad_guard_settings_are_one_line_errors(home, guard: str, message: str) 
     spec.write_text(f"name: g\nconditions: [{{name: a}}, {{name: b}}]\nguard: {guard}\n")
     proc = dstui("list", "--no-validate", str(spec))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def _run_folder(batch, name: str, condition: str, kind: str, losses: list[float], state: str) -> None:  # noqa: ANN001
+    import json
+
+    from dstui.core.rundir import RunDir, write_json_atomic
+
+    rd = RunDir(batch / name)
+    write_json_atomic(rd.spec_file, {"condition": condition, "revision": "installed", "repeat": 0,
+                                     "settings": {"kind": kind}})  # fmt: skip
+    rd.metrics_file.write_text("".join(json.dumps({"type": "step", "step": i + 1, "loss": x}) + "\n"
+                                       for i, x in enumerate(losses)))  # fmt: skip
+    rd.update_status(name=name, state=state)
+
+
+def test_batch_guard_reads_the_baseline_from_disk_and_survives_a_takeover(tmp_path) -> None:  # noqa: ANN001
+    from dstui.core.records import read_records
+    from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+    from dstui.execute.guard_watch import BatchGuard
+
+    path = tmp_path / "b"
+    write_json_atomic(path / "batch.json", {"runs": ["base-r0", "lr-r0", "vfy-r0"],
+                                            "spec": {"baseline": "base", "guard": {"atol": 0.01}}})  # fmt: skip
+    _run_folder(path, "base-r0", "base", "train", [6.0, 5.5], "running")  # baseline at step 2 of 3
+    _run_folder(path, "lr-r0", "lr", "train", [6.0, 5.5, 4.0], "running")
+    _run_folder(path, "vfy-r0", "vfy", "verify", [9.0, 9.0], "done")
+    b = BatchDir(path)
+
+    def feed(guards: BatchGuard, name: str):  # noqa: ANN202
+        rd = RunDir(path / name)
+        for rec in read_records(rd.metrics_file):
+            guards.observe(rd, rec)
+        return guards.check(rd)
+
+    guards = BatchGuard(b)
+    assert feed(guards, "lr-r0") is None  # step 3 waits for the baseline's step 3
+    assert feed(guards, "vfy-r0") is None  # another kind: no comparison with a train curve
+    with open(path / "base-r0" / "metrics.jsonl", "a") as fh:
+        fh.write('{"type": "step", "step": 3, "loss": 5.2}\n')
+    flag = guards.check(RunDir(path / "lr-r0"))
+    assert flag is not None and flag.step == 3 and flag.baseline == 5.2
+    RunDir(path / "lr-r0").update_status(diverged=flag.as_dict())  # as the supervisor does
+    # a new supervisor re-reads nothing old, and never flags the run twice
+    again = BatchGuard(b)
+    assert feed(again, "lr-r0") is None and again.guard(RunDir(path / "lr-r0")).flag == flag

@@ -74,6 +74,7 @@ class BatchGuard:
         self.config = config_of(batch.info().get("spec") or {})
         self.guards: dict[str, DivergenceGuard] = {}
         self.curves: dict[str, _BaselineCurve] = {}
+        self._baselines: dict[str, RunDir | None] = {}  # run name -> its baseline run (specs never change)
 
     def _baseline_of(self, rd: RunDir) -> RunDir | None:
         name = self.config.baseline
@@ -107,9 +108,12 @@ class BatchGuard:
         g = self.guard(rd)
         if g.flag is not None or not g.pending:
             return None
-        base_rd = None if g.is_baseline else self._baseline_of(rd)
-        if base_rd is not None and _kind(base_rd) != _kind(rd):
-            base_rd = None  # a verify run's loss is another runner's curve: only its NaN check applies
+        if rd.name not in self._baselines:
+            base = None if g.is_baseline else self._baseline_of(rd)
+            if base is not None and _kind(base) != _kind(rd):
+                base = None  # a verify run's loss is another runner's curve: only its NaN check applies
+            self._baselines[rd.name] = base
+        base_rd = self._baselines[rd.name]
         if base_rd is None:
             return g.check(None, baseline_ended=True)
         curve = self.curves.get(base_rd.name)
