@@ -18,7 +18,7 @@ from typing import Any
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import launch
+from dstui.execute import guard_watch, launch
 from dstui.spec import dsconfig
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
 
@@ -51,6 +51,7 @@ def plan(
     if executor or slurm:
         spec = with_executor(spec, executor, slurm or {}, file=file)
     runs = expand(spec, file=file)
+    guard_watch.check_spec(spec, runs, file=file)
     if only:
         runs = select(runs, only, file=file)
     if validate:

@@ -49,12 +49,13 @@ from dstui.core.rundir import (
     write_json_atomic,
 )
 from dstui.execute import launch, slurm, sysmetrics
+from dstui.execute.guard_watch import BatchGuard
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 KILL_GRACE_S = 5.0
 
 
@@ -278,6 +279,7 @@ class Supervisor:
         self._mlflow_error: str | None = None
         self._mlflow_retry_at = 0.0
         self.experiment_id: str | None = None
+        self.guards = BatchGuard(batch)
 
     # ---- MLflow, tolerant of an unreachable store ----
 
@@ -513,6 +515,7 @@ class Supervisor:
             self._sample_system(t, st)
         points = self._read_points(t, rd)
         t.pending.extend(points)
+        self._guard(rd)
         if live:
             self._check_liveness(t, rd, st)
         self._flush(t, rd)
@@ -557,6 +560,7 @@ class Supervisor:
                 for key, value in metric_values(rec).items():
                     points.append((key, value, ts, step))
                 steps_done = step
+                self.guards.observe(rd, rec)
                 last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
             elif rec["type"] == SUMMARY:
                 step = int(rec.get("steps") or 0)
@@ -610,6 +614,24 @@ class Supervisor:
         if rec.get("verdict"):
             fields["verdict"] = rec["verdict"]
         rd.update_status(**fields)
+
+    def _guard(self, rd: RunDir) -> None:
+        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
+        flag = self.guards.check(rd)
+        if flag is None:
+            return
+        log.warning("%s: %s", rd.name, flag.message)
+        st = rd.update_status(diverged=flag.as_dict())
+        stop = self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES
+        if stop:
+            rd.update_status(guard_stop=True)
+            kill_group(st.get("pgid"), grace_s=1.0)
+        c, rid = self.mlflow(), self.child_run_id(rd)
+        if c is not None and rid:
+            try:
+                tracking.set_tags(c, rid, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
+            except Exception as e:
+                self._tracking_down(e)
 
     def _check_liveness(self, t: Tracked, rd: RunDir, st: dict) -> None:
         if self.executor is not None:
@@ -680,6 +702,8 @@ class Supervisor:
         fields: dict[str, Any] = {"exit_code": code, "signal": sig, "ended": time.time()}
         if rd.cancel_file.exists():
             fields.update(state="killed", reason="cancelled")
+        elif st.get("guard_stop"):
+            fields.update(state="killed", reason=st["diverged"]["message"])
         elif st.get("hung"):
             hung_after = (rd.spec().get("settings") or {}).get("hung_after_s")
             fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
@@ -754,6 +778,8 @@ class Supervisor:
                 tags["dstui.verdict"] = st["verdict"]
             if st.get("job_id"):
                 tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
+            if st.get("diverged"):  # again here: the live tag is lost if MLflow was down then
+                tags["dstui.diverged"] = st["diverged"]["message"].removeprefix("diverged at ")
             tracking.set_tags(c, rid, tags)
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
@@ -783,7 +809,7 @@ class Supervisor:
                     {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES},
                 )
                 tracking.log_file_artifact(c, pid, self.batch.batch_file)
-                tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
+                tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
 

@@ -193,6 +193,17 @@ class SlurmOptions(_Strict):
         return f"{d}-{clock}" if d else clock
 
 
+class Guard(_Strict):
+    """Live divergence/NaN guard (dstui/execute/guard.py): flag, and optionally stop, runs that go wrong."""
+
+    baseline: str | None = Field(None, description="Condition whose loss the others follow; default: the spec's baseline.")
+    rtol: float | None = Field(None, ge=0, description="Relative loss tolerance; with atol unset too, divergence is not checked.")
+    atol: float | None = Field(None, ge=0, description="Absolute loss tolerance.")
+    stop_on: list[Literal["nan", "divergence"]] = Field(
+        default_factory=list, description="End a flagged run early (state killed) on these."
+    )
+
+
 class ExperimentSpec(_Strict):
     name: str = Field(description="Experiment name; also the MLflow experiment.")
     description: str = ""
@@ -205,6 +216,11 @@ class ExperimentSpec(_Strict):
     baseline: str | None = Field(None, description="Condition that reports compare against.")
     executor: Literal["local", "slurm"] = Field("local", description="Where runs start: this machine, or one Slurm job each.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm job options (executor: slurm).")
+    guard: Guard = Field(default_factory=Guard, description="Live NaN/divergence guard.")
+    skip_predicted_oom: bool = Field(False, description="Skip runs whose memory forecast exceeds the GPU's memory.")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="GPU memory to forecast against (default: GPU 0 of this machine)."
+    )
 
     @field_validator("name")
     @classmethod
