@@ -19,6 +19,10 @@ from typing import Any
 ACTIVE_STATES = ("queued", "starting", "running")
 FINAL_STATES = ("done", "failed", "killed")
 
+# Names of the files in a run folder that processes outside this module write or skip.
+EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
+CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,11 +84,11 @@ class RunDir:
 
     @property
     def exit_file(self) -> Path:
-        return self.path / "exit.json"
+        return self.path / EXIT_FILE
 
     @property
     def cancel_file(self) -> Path:
-        return self.path / "cancel.request"
+        return self.path / CANCEL_FILE
 
     @property
     def name(self) -> str:

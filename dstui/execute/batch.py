@@ -152,7 +152,7 @@ def resume(
     batch = latest_batch_for(p.spec.name, runs_root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
-    from dstui.execute.supervisor import is_supervised
+    from dstui.execute.control import is_supervised
 
     if is_supervised(batch):
         raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`")
@@ -184,7 +184,7 @@ def resume(
 def retry(rd: RunDir) -> None:
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
-    from dstui.execute.supervisor import kick
+    from dstui.execute.control import kick
 
     batch = rd.batch
     reset_run(rd)
