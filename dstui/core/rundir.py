@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstui.core.names import is_safe
+
 ACTIVE_STATES = ("queued", "starting", "running")
 FINAL_STATES = ("done", "failed", "killed")
 
@@ -159,7 +161,8 @@ class BatchDir:
         """Runs in launch order (as recorded in batch.json; folders otherwise)."""
         order = self.info().get("runs")
         if order:
-            return [RunDir(self.path / name) for name in order if (self.path / name).is_dir()]
+            # names come from batch.json: only safe ones, so a tampered file cannot point outside
+            return [RunDir(self.path / name) for name in order if is_safe(name) and (self.path / name).is_dir()]
         try:
             return sorted(
                 (RunDir(p) for p in self.path.iterdir() if (p / "spec.json").exists()),
