@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import dstui
+from helpers import dstui
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
