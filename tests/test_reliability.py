@@ -326,3 +326,38 @@ def test_killing_one_rank_fails_the_job_and_leaves_no_orphan(home: Path) -> None
         os.killpg(pgid, 0)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(rd.metrics_file) in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
+
+
+def test_credentials_in_env_and_tracking_uri_stay_out_of_every_file(home: Path) -> None:
+    db_url = "postgres://u:dbpass99@h/db"
+    import hashlib
+
+    want = hashlib.sha256((db_url + "tok77").encode()).hexdigest()  # the program must not carry the secrets itself
+    check = f"import os,sys,hashlib; e=os.environ; sys.exit(0 if hashlib.sha256((e['DB_URL']+e['API_TOKEN']).encode()).hexdigest() == {want!r} else 5)"
+    data = {
+        "name": "creds",
+        "settings": {"kind": "command", "metrics_format": "jsonl", "steps": 2, "warmup_steps": 0,
+                     "env": {"DB_URL": db_url, "API_TOKEN": "tok77", "MY_FLAG": "1"}},
+        "conditions": [
+            {"name": "env-seen", "command": [sys.executable, "-c", check]},
+            {"name": "s", "command": [sys.executable, FAKE, "--metrics-file", "{metrics_file}", "--steps", "2"]},
+        ],
+    }  # fmt: skip
+    spec = home / "creds.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    proc = dstui("run", str(spec), timeout=120)
+    b = only_batch(home)
+    first, second = b.runs()
+    assert first.status()["exit_code"] == 0  # the job saw the real values
+    assert second.state == "done", proc.stdout
+    client = mlflow_client()
+    run = client.get_run(second.status()["mlflow_run_id"])
+    assert run.data.params["env.DB_URL"] == "postgres://***@h/db" and run.data.params["env.API_TOKEN"] == "***"
+    assert run.data.params["env.MY_FLAG"] == "1"
+    art = Path(client.download_artifacts(run.info.run_id, "run", str(home / "dl")))
+    leaked = [p for p in [*home.rglob("*")] if p.is_file() and p.name != "spec.private.json" and p.suffix != ".db"
+              and p.name != "creds.yaml" and ("dbpass99" in p.read_text(errors="replace") or "tok77" in p.read_text(errors="replace"))]  # fmt: skip
+    assert leaked == []
+    assert {f.name for f in art.iterdir()} >= {"spec.json", "stdout.log"} and not (art / "spec.private.json").exists()
+    assert oct(second.private_spec_file.stat().st_mode & 0o777) == "0o600"
+    assert "dbpass99" not in proc.stdout + proc.stderr

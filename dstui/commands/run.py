@@ -13,6 +13,7 @@ import time
 
 from dstui.commands._common import RUN_HEADER, run_row, table
 from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.core.secrets import strip_credentials
 from dstui.execute import batch, launch, supervisor
 
 
@@ -106,5 +107,5 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
     print()
     print(table([run_row(rd) for rd in runs], RUN_HEADER))
     failed = [rd for rd in runs if rd.state != "done"]
-    print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {b.info().get('tracking_uri')}")
+    print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {strip_credentials(b.info().get('tracking_uri') or '')}")
     return 1 if failed else 0

@@ -24,6 +24,8 @@ FINAL_STATES = ("done", "failed", "killed")
 # Names of the files in a run folder that processes outside this module write or skip.
 EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
+PRIVATE_SPEC_FILE = "spec.private.json"  # spec.json unmasked, when it holds secrets; mode 0600, never uploaded
+PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -87,6 +89,10 @@ class RunDir:
     @property
     def exit_file(self) -> Path:
         return self.path / EXIT_FILE
+
+    @property
+    def private_spec_file(self) -> Path:
+        return self.path / PRIVATE_SPEC_FILE
 
     @property
     def cancel_file(self) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
+from dstui.core.secrets import redact, strip_credentials
 from dstui.execute import launch
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
@@ -110,12 +111,13 @@ def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | Non
             "id": batch.id,
             "experiment": p.spec.name,
             "spec_path": str(p.spec_path),
-            "spec": p.spec.model_dump(mode="json"),
+            "spec": redact(p.spec.model_dump(mode="json")),
             "runs": [r.name for r in p.runs],
             "parallel": parallel,
             "created": time.time(),
             "cwd": os.getcwd(),
-            "tracking_uri": tracking_uri or paths.tracking_uri(),
+            # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
+            "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
             "revisions": p.revisions,
         },
     )

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, read_json
+from dstui.core.secrets import redact, strip_credentials
 from dstui.execute.ingest import Tracked
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
@@ -33,7 +35,7 @@ class MlflowSink:
     def __init__(self, batch: BatchDir, tracking_uri: str | None, flush_interval_s: float) -> None:
         self.batch = batch
         self.info = batch.info()
-        self.tracking_uri = tracking_uri or self.info.get("tracking_uri")
+        self.tracking_uri = tracking_uri or resolve_uri(self.info.get("tracking_uri"))
         # Live runs send to MLflow at most this often: each send is a store transaction
         # (an fsync on SQLite), and fewer of them disturb a host-bound training loop less.
         self.flush_interval_s = flush_interval_s
@@ -56,7 +58,8 @@ class MlflowSink:
         return self._client
 
     def down(self, e: Exception) -> None:
-        msg = f"MLflow unreachable ({type(e).__name__}: {str(e)[:200]}); metrics stay on disk and are sent later"
+        detail = strip_credentials(str(e))[:200]
+        msg = f"MLflow unreachable ({type(e).__name__}: {detail}); metrics stay on disk and are sent later"
         if msg != self.error:
             log.warning(msg)
         self.error = msg
@@ -112,7 +115,6 @@ class MlflowSink:
             return None
 
     def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
-        from dstui.execute import launch
 
         spec = rd.spec()
         settings = spec.get("settings", {})
@@ -138,7 +140,7 @@ class MlflowSink:
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
-        params = flat_settings(launch.redact(settings))
+        params = flat_settings(redact(settings))
         params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
         params["run_key"] = spec.get("key")
         params["revision"] = spec.get("revision")
@@ -218,6 +220,14 @@ class MlflowSink:
             tracking.set_tags(c, pid, {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES})
             tracking.log_file_artifact(c, pid, self.batch.batch_file)
             tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
+
+
+def resolve_uri(recorded: str | None) -> str | None:
+    """batch.json keeps the tracking URI without credentials; the environment has the full one."""
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if env_uri and recorded and strip_credentials(env_uri) == recorded:
+        return env_uri
+    return recorded
 
 
 def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -35,8 +35,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"dstui.execute.wrap: {e}", file=sys.stderr, flush=True)
         return 2
+    # every Python process of the job dumps its stack on SIGSEGV/SIGABRT/SIGBUS into stdout.log,
+    # so a rank's death names its innermost frame (dstui.core.failures.signal_death)
+    env = {**os.environ, "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER") or "1"}
     try:
-        child = subprocess.Popen(cmd)
+        child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         print(f"dstui: cannot start {cmd[0]!r}: {e}", flush=True)
         _write(run_dir, {"exit_code": 127, "signal": None, "error": str(e)})
