@@ -361,3 +361,27 @@ def test_credentials_in_env_and_tracking_uri_stay_out_of_every_file(home: Path) 
     assert {f.name for f in art.iterdir()} >= {"spec.json", "stdout.log"} and not (art / "spec.private.json").exists()
     assert oct(second.private_spec_file.stat().st_mode & 0o777) == "0o600"
     assert "dbpass99" not in proc.stdout + proc.stderr
+
+
+def test_stalled_and_overlong_runs_are_stopped_with_their_reason(home: Path) -> None:
+    chatty = "import time\nwhile True:\n    print('still waiting for the collective', flush=True)\n    time.sleep(0.1)\n"
+    data = {
+        "name": "stall",
+        "settings": {"kind": "command", "metrics_format": "jsonl", "steps": 1000, "warmup_steps": 0},
+        "conditions": [
+            {"name": "chatty", "command": [sys.executable, "-c", chatty], "stall_after_s": 3},
+            {"name": "long", "command": [sys.executable, FAKE, "--metrics-file", "{metrics_file}", "--steps", "1000", "--interval", "0.2"], "max_runtime_s": 3},
+        ],
+    }  # fmt: skip
+    spec = home / "stall.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert dstui("run", str(spec), timeout=120).returncode == 1
+    chatty_rd, long_rd = only_batch(home).runs()
+    assert (chatty_rd.state, chatty_rd.status()["reason"]) == ("failed", "stalled (no new step for 3 s); process group killed")
+    assert (long_rd.state, long_rd.status()["reason"]) == ("failed", "ran past max_runtime_s (3 s); process group killed")
+    assert 5 <= long_rd.status()["steps_done"] < 1000
+    for rd in (chatty_rd, long_rd):
+        with pytest.raises(ProcessLookupError):
+            os.killpg(rd.status()["pgid"], 0)
+    client = mlflow_client()
+    assert client.get_run(chatty_rd.status()["mlflow_run_id"]).data.tags["dstui.reason"].startswith("stalled")

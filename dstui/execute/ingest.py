@@ -8,6 +8,7 @@ stopped. Offsets are saved only after the points they cover were sent.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +119,7 @@ def read_points(t: Tracked, on_header: Callable[[dict], None]) -> list[Point]:
             points.append((f"system/{node}/{key}", value, ts, t.system_step))
         t.system_step += 1
     if steps_done is not None:
-        rd.update_status(steps_done=steps_done, last=last)
+        rd.update_status(steps_done=steps_done, last=last, last_step_at=time.time())
     return points
 
 

@@ -26,15 +26,11 @@ def check(t: Tracked, st: dict, executor: Executor) -> None:
     if rd.cancel_file.exists() and executor.alive(st):
         executor.kill(st)
     if not executor.ended(rd, st, t.proc):
-        settings = rd.spec().get("settings") or {}
-        hung_after = float(settings.get("hung_after_s", 600))
-        last = max(
-            (p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()),
-            default=st.get("started") or time.time(),
-        )
-        if time.time() - last > hung_after:
-            log.warning("%s: no output for %.0f s, killing its process group", rd.name, hung_after)
-            rd.update_status(hung=True)
+        stuck = why_stuck(rd, st, rd.spec().get("settings") or {}, time.time())
+        if stuck:
+            flag, message = stuck
+            log.warning("%s: %s, killing its process group", rd.name, message)
+            rd.update_status(**{flag: True})
             executor.kill(st)
         return
     # the job is over: wait for the group to drain (ranks may outlive the leader)
@@ -42,6 +38,22 @@ def check(t: Tracked, st: dict, executor: Executor) -> None:
         executor.kill(st, grace_s=2.0)
     executor.reap(t.proc)
     settle(rd, read_json(rd.exit_file) or {})
+
+
+def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, str] | None:
+    """(status flag, message) when a live run must be stopped: no output, no new step, too long."""
+    started = st.get("started") or now
+    hung_after = float(settings.get("hung_after_s", 600))
+    last_output = max((p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()), default=started)
+    if now - last_output > hung_after:
+        return "hung", f"no output for {hung_after:.0f} s"
+    stall_after = settings.get("stall_after_s")
+    if stall_after and now - (st.get("last_step_at") or started) > float(stall_after):
+        return "stalled", f"no new step for {float(stall_after):.0f} s"
+    max_runtime = settings.get("max_runtime_s")
+    if max_runtime and now - started > float(max_runtime):
+        return "over_time", f"ran longer than max_runtime_s ({float(max_runtime):.0f} s)"
+    return None
 
 
 def settle(rd: RunDir, exit_info: dict) -> None:
@@ -79,6 +91,10 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
     elif st.get("hung"):
         hung_after = settings.get("hung_after_s")
         fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
+    elif st.get("stalled"):
+        fields.update(state="failed", reason=f"stalled (no new step for {settings.get('stall_after_s'):.0f} s); process group killed")
+    elif st.get("over_time"):
+        fields.update(state="failed", reason=f"ran past max_runtime_s ({settings.get('max_runtime_s'):.0f} s); process group killed")
     elif st.get("revision_mismatch"):
         fields.update(state="failed")
     elif code == 0 and not st.get("steps_done") and not summary:
