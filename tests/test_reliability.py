@@ -385,3 +385,66 @@ def test_stalled_and_overlong_runs_are_stopped_with_their_reason(home: Path) -> 
             os.killpg(rd.status()["pgid"], 0)
     client = mlflow_client()
     assert client.get_run(chatty_rd.status()["mlflow_run_id"]).data.tags["dstui.reason"].startswith("stalled")
+
+
+def _points_in(rd: RunDir) -> int:
+    """Every point a run wrote, counted from its files the way the supervisor reads them."""
+    from dstui.core.records import metric_values
+
+    n = 0
+    for f in (rd.metrics_file, rd.system_file):
+        for line in f.read_text().splitlines() if f.exists() else []:
+            rec = json.loads(line)
+            if f == rd.system_file or rec.get("type") in ("step", "summary"):
+                n += len(metric_values(rec))
+    return n
+
+
+def test_foreground_run_returns_when_mlflow_never_answers(home: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = spec_file(home, "noserver", [{"name": "r", "args": ["--steps", "4"]}], steps=4)
+    started = time.time()
+    proc = dstui("run", str(spec), timeout=180, env={"MLFLOW_TRACKING_URI": f"http://user:pw@127.0.0.1:{port}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.time() - started < 120
+    (rd,) = only_batch(home).runs()
+    assert rd.state == "done"
+    expected = _points_in(rd)
+    assert expected > 0
+    assert f"{expected} points still wait for MLflow" in proc.stdout
+    assert proc.stdout.count("MLflow unreachable") == 1  # reported once
+    assert "user:pw" not in proc.stdout + proc.stderr + rd.batch.log_file.read_text()
+    os.kill(supervisor_pid(rd.batch), signal.SIGTERM)  # still trying in the background; stop it
+
+
+def test_deleted_mlflow_store_is_noticed_and_every_point_resent(home: Path) -> None:
+    from dstui.execute.sink import forget_sqlite_store
+
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    db = home / "mlruns" / "mlflow.db"
+    steps = 80
+    client = mlflow_client()
+    client.search_experiments()  # the store exists before the supervisor starts
+    spec = spec_file(home, "rmstore", [{"name": "r", "args": ["--steps", str(steps), "--interval", "0.15"]}], steps=steps)
+    dstui("run", "--detach", str(spec), check=True)
+    b = only_batch(home)
+    rd = wait_for(lambda: b.runs() and b.runs()[0], what="run folder")
+    first_id = wait_for(lambda: rd.status().get("mlflow_run_id"), what="child run")
+    wait_for(lambda: len(history(client, first_id)) >= 3, what="points in MLflow")
+    for f in db.parent.glob("mlflow.db*"):
+        f.unlink()
+    forget_sqlite_store(uri)  # this test process's own cached engine points at the deleted file too
+    wait_for(lambda: finalized(b), timeout=180, what="batch finalized")
+    client = mlflow_client()
+    run_id = rd.status()["mlflow_run_id"]
+    assert run_id != first_id
+    assert history(client, run_id) == jsonl_steps(rd)
+    assert [s for s, _ in history(client, run_id)] == list(range(1, steps + 1))
+    assert b.log_file.read_text().count("MLflow store deleted") == 1
+    assert "MLflow store deleted" in b.info()["tracking_note"]
+    assert "MLflow store deleted" in dstui("status", b.id, check=True).stdout
+    assert client.get_run(run_id).info.status == "FINISHED"

@@ -11,10 +11,11 @@ import shlex
 import sys
 import time
 
-from dstui.commands._common import RUN_HEADER, run_row, table
+from dstui.commands._common import RUN_HEADER, batch_notes, run_row, table
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.core.secrets import strip_credentials
 from dstui.execute import batch, launch, supervisor
+from dstui.execute.ingest import unsent_points
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,10 +73,22 @@ def run(args: argparse.Namespace) -> int:
     return follow(b, quiet=args.quiet)
 
 
+FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for MLflow before returning
+MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
+
+
 def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
-    """Print progress until every run has ended; Ctrl-C leaves the runs going."""
+    """Print progress until every run has ended; Ctrl-C leaves the runs going.
+
+    Returns once the runs have ended even if MLflow has not taken every point
+    yet: the supervisor keeps sending in the background, and the summary says
+    how many points still wait.
+    """
     seen: dict[str, tuple] = {}
+    notes_seen: set[str] = set()
     last_print = 0.0
+    ended_at: float | None = None
+    takeovers = 0
     try:
         while True:
             runs = b.runs()
@@ -91,11 +104,23 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             if not quiet and any(rd.state == "running" for rd in runs) and now - last_print > 5:
                 last_print = now
             info = b.info()
-            if all(rd.state in FINAL_STATES for rd in runs) and info.get("finalized"):
-                break
+            for note in batch_notes(info, b.path):
+                if note not in notes_seen:  # each problem once
+                    notes_seen.add(note)
+                    print(f"! {note}", flush=True)
+            if all(rd.state in FINAL_STATES for rd in runs):
+                if info.get("finalized"):
+                    break
+                ended_at = ended_at or now
+                if now - ended_at > FINALIZE_WAIT_S:
+                    break
             if not supervisor.is_supervised(b) and not info.get("finalized"):
                 time.sleep(1.0)  # it may be starting up
                 if not supervisor.is_supervised(b) and not b.info().get("finalized"):
+                    if takeovers >= MAX_TAKEOVERS:
+                        print(f"! the supervisor stopped {takeovers + 1} times; see {b.log_file}", flush=True)
+                        break
+                    takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
                     supervisor.spawn(b)
             time.sleep(poll_s)
@@ -108,4 +133,8 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
     print(table([run_row(rd) for rd in runs], RUN_HEADER))
     failed = [rd for rd in runs if rd.state != "done"]
     print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {strip_credentials(b.info().get('tracking_uri') or '')}")
+    if not b.info().get("finalized"):
+        waiting = sum(unsent_points(rd) for rd in runs)
+        print(f"{waiting} points still wait for MLflow; they stay in the run folders and are sent "
+              f"when it answers (`dstui status {b.id}`)")  # fmt: skip
     return 1 if failed else 0

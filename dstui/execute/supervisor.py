@@ -89,6 +89,8 @@ class Supervisor:
 
     def step(self) -> None:
         runs = self.batch.runs()
+        if self.sink.store_vanished():
+            self._resend_all(runs)
         for rd in runs:
             if not rd.path.exists():
                 continue
@@ -105,6 +107,14 @@ class Supervisor:
                     continue
                 self.launch(rd, busy=active)
                 active.append(rd)
+
+    def _resend_all(self, runs: list[RunDir]) -> None:
+        """The store was lost: every point, tag and artifact goes again, from the run folders."""
+        for rd in runs:
+            t = self._tracked(rd)
+            t.rewind()
+            t.save()
+            rd.update_status(mlflow_run_id=None)
 
     def _tracked(self, rd: RunDir) -> Tracked:
         t = self.tracked.get(rd.name)
@@ -207,8 +217,8 @@ class Supervisor:
 def main(batch_path: str) -> int:
     # An unreachable tracking server must not stall following the runs: fail fast,
     # keep the metrics on disk, retry on a later pass.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     batch = BatchDir(Path(batch_path).resolve())
     try:
