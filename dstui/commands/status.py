@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from dstui.commands._common import RUN_HEADER, batch_notes, run_row, table
+from dstui.commands._common import batch_notes, runs_table
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, list_batches
@@ -46,6 +46,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}")
         for line in batch_notes(info, b.path):
             print(f"  ! {line}")
-        print(table([run_row(rd) for rd in b.runs()], RUN_HEADER))
+        print(runs_table(b))
         print()
     return 0

@@ -19,7 +19,7 @@ from typing import Any
 from dstui.core.names import is_safe
 
 ACTIVE_STATES = ("queued", "starting", "running")
-FINAL_STATES = ("done", "failed", "killed")
+FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
 
 # Names of the files in a run folder that processes outside this module write or skip.
 EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only

@@ -116,6 +116,10 @@ def ensure_supervised(batch: BatchDir) -> bool:
 def request_cancel(rd: RunDir) -> None:
     """Ask the supervisor to cancel a run; also kill at once if we can (the TUI's key)."""
     rd.cancel_file.write_text(str(time.time()))
+    from dstui.execute import slurm
+
+    if slurm.cancel_now(rd):  # a Slurm job: scancel; the supervisor settles it as cancelled
+        return
     st = rd.status()
     if st.get("state") == "queued":
         if not is_supervised(rd.batch):  # else the supervisor sees the request before launching

@@ -84,7 +84,13 @@ class Tracked:
         )
 
 
-def read_points(t: Tracked, on_header: Callable[[dict], None], *, update_status: bool = True) -> list[Point]:
+def read_points(
+    t: Tracked,
+    on_header: Callable[[dict], None],
+    on_step: Callable[[dict], None] | None = None,
+    *,
+    update_status: bool = True,
+) -> list[Point]:
     """Every new point of a run since the saved offsets; updates the run's status as it goes."""
     rd = t.rd
     fmt = metrics_format(rd)
@@ -111,6 +117,8 @@ def read_points(t: Tracked, on_header: Callable[[dict], None], *, update_status:
             for key, value in metric_values(rec).items():
                 points.append((key, value, ts, step))
             steps_done = step
+            if on_step is not None:
+                on_step(rec)
             last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
         elif rec["type"] == SUMMARY:
             step = int(rec.get("steps") or 0)

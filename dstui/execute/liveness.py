@@ -26,11 +26,7 @@ def check(t: Tracked, st: dict, executor: Executor) -> None:
     if rd.cancel_file.exists() and executor.alive(st):
         executor.kill(st)
     if not executor.ended(rd, st, t.proc):
-        stuck = why_stuck(rd, st, rd.spec().get("settings") or {}, time.time())
-        if stuck:
-            flag, message = stuck
-            log.warning("%s: %s, killing its process group", rd.name, message)
-            rd.update_status(**{flag: True})
+        if hung(rd, st):
             executor.kill(st)
         return
     # the job is over: wait for the group to drain (ranks may outlive the leader)
@@ -54,6 +50,17 @@ def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, st
     if max_runtime and now - started > float(max_runtime):
         return "over_time", f"ran longer than max_runtime_s ({float(max_runtime):.0f} s)"
     return None
+
+
+def hung(rd: RunDir, st: dict) -> bool:
+    """Stuck by any measure (no output, no new step, too long): marks the run; the caller kills its job."""
+    stuck = why_stuck(rd, st, rd.spec().get("settings") or {}, time.time())
+    if stuck is None:
+        return False
+    flag, message = stuck
+    log.warning("%s: %s, killing it", rd.name, message)
+    rd.update_status(**{flag: True})
+    return True
 
 
 def settle(rd: RunDir, exit_info: dict) -> None:
@@ -88,6 +95,8 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
     fields: dict[str, Any] = {"exit_code": code, "signal": sig}
     if cancelled:
         fields.update(state="killed", reason="cancelled")
+    elif st.get("guard_stop"):
+        fields.update(state="killed", reason=st["diverged"]["message"])
     elif st.get("hung"):
         hung_after = settings.get("hung_after_s")
         fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")

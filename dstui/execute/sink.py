@@ -25,7 +25,7 @@ from dstui.tracking import client as tracking
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 RETRY_AFTER_S = 5.0
 
 
@@ -178,6 +178,17 @@ class MlflowSink:
         tracking.log_params(c, rid, params)
         return rid
 
+    def tag(self, rd: RunDir, tags: dict[str, Any]) -> None:
+        """Tags on a run's MLflow child now (live state); a store that is down only loses this copy."""
+        c = self.client()
+        rid = self.child_run_id(rd)
+        if c is None or rid is None:
+            return
+        try:
+            tracking.set_tags(c, rid, tags)
+        except Exception as e:
+            self.down(e)
+
     # ---- what runs report ----
 
     def header(self, t: Tracked, rec: dict) -> None:
@@ -233,6 +244,10 @@ class MlflowSink:
             }
             if st.get("verdict"):
                 tags["dstui.verdict"] = st["verdict"]
+            if st.get("job_id"):
+                tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
+            if st.get("diverged"):  # again here: the live tag is lost if MLflow was down then
+                tags["dstui.diverged"] = st["diverged"]["message"].removeprefix("diverged at ")
             tracking.set_tags(c, rid, tags)
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
@@ -249,7 +264,7 @@ class MlflowSink:
         with contextlib.suppress(Exception):
             tracking.set_tags(c, pid, {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES})
             tracking.log_file_artifact(c, pid, self.batch.batch_file)
-            tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
+            tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
 
 
 def sqlite_path(uri: str | None) -> Path | None:

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from dstui.core.errors import LockHeld
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import ingest, launch, liveness, sysmetrics
+from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
+from dstui.execute import ingest, launch, liveness, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
@@ -37,6 +37,7 @@ from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     spawn,
 )
 from dstui.execute.executor import KILL_GRACE_S, executor_for, group_alive, kill_group  # noqa: F401
+from dstui.execute.guard_watch import BatchGuard
 from dstui.execute.ingest import Tracked
 from dstui.execute.sink import MlflowSink
 
@@ -65,6 +66,12 @@ class Supervisor:
         self.lock = BatchLock(batch)
         self.sink = MlflowSink(batch, tracking_uri, flush_interval_s)
         self.tracked: dict[str, Tracked] = {}
+        # Slurm jobs are followed batch-wide (one squeue a pass), so that executor lives here
+        self.slurm = slurm.SlurmExecutor(self.info) if self.info.get("executor") == "slurm" else None
+        if self.slurm is not None:
+            self.parallel = self.slurm.max_active
+        self._jobs_known = True
+        self.guards = BatchGuard(batch)
 
     def run(self) -> int:
         self.lock.acquire()
@@ -91,17 +98,18 @@ class Supervisor:
         runs = self.batch.runs()
         if self.sink.store_vanished():
             self._resend_all(runs)
+        if self.slurm is not None:
+            self._refresh_jobs(runs)
         for rd in runs:
             if not rd.path.exists():
                 continue
-            state = rd.state
-            if state in LIVE_STATES or state in FINAL_STATES and not self._tracked(rd).finalized:
+            if self._live(rd.status()) or rd.state in FINAL_STATES and not self._tracked(rd).finalized:
                 self.follow(rd)
-        active = [r for r in runs if r.state in LIVE_STATES]
+        active = [r for r in runs if self._live(r.status())]
         for rd in runs:
             if len(active) >= self.parallel:
                 break
-            if rd.state == "queued":
+            if rd.state == "queued" and not rd.status().get("job_id"):
                 if rd.cancel_file.exists():
                     rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
                     continue
@@ -115,6 +123,24 @@ class Supervisor:
             t.rewind()
             t.save()
             rd.update_status(mlflow_run_id=None)
+
+    def _live(self, st: dict) -> bool:
+        """Started and not ended: a local process, or a submitted Slurm job (pending included)."""
+        return st.get("state") in LIVE_STATES or self.slurm is not None and slurm.has_job(st)
+
+    def _refresh_jobs(self, runs: list[RunDir]) -> None:
+        try:
+            changed = self.slurm.refresh(runs)  # type: ignore[union-attr]
+            self._jobs_known = True
+        except slurm.SlurmError as e:  # slurmctld busy or down: keep following files, judge no job
+            log.warning("Slurm did not answer: %s", e)
+            self._jobs_known = False
+            return
+        for rd in changed:  # Slurm's state and pending reason, visible in MLflow while it waits
+            st = rd.status()
+            self.sink.tag(rd, {"dstui.status": st.get("state"), "dstui.reason": st.get("reason") or "",
+                               "dstui.slurm_job": st.get("job_id"), "dstui.slurm_state": st.get("slurm_state"),
+                               "dstui.nodes": st.get("nodes") or ""})  # fmt: skip
 
     def _tracked(self, rd: RunDir) -> Tracked:
         t = self.tracked.get(rd.name)
@@ -137,6 +163,9 @@ class Supervisor:
         return free[:need] if len(free) >= need else None
 
     def launch(self, rd: RunDir, busy: list[RunDir]) -> None:
+        if self.slurm is not None:
+            self._submit(rd)
+            return
         run = launch.load_runspec(rd)
         rev = rd.spec().get("revision_info") or {}
         executor = executor_for(rd.status())
@@ -162,20 +191,66 @@ class Supervisor:
         t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
 
+    def _submit(self, rd: RunDir) -> None:
+        self.sink.child_run_id(rd)
+        try:
+            self.slurm.start(rd)  # type: ignore[union-attr]
+        except (slurm.SlurmError, OSError) as e:
+            rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
+
     # ---- following ----
 
     def follow(self, rd: RunDir) -> None:
         t = self._tracked(rd)
         st = rd.status()
-        live = st.get("state") in LIVE_STATES
-        if live:
+        live = self._live(st)
+        if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
-        t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec)))
-        if live:
+        t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=lambda rec: self.guards.observe(rd, rec)))
+        self._guard(rd)
+        if live and self.slurm is not None:
+            self._check_job(rd, st)
+        elif live:
             liveness.check(t, st, executor_for(st))
         self.sink.flush(t)
         if rd.state in FINAL_STATES and not t.finalized:
             self._finalize_run(t)
+
+    def _guard(self, rd: RunDir) -> None:
+        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
+        flag = self.guards.check(rd)
+        if flag is None:
+            return
+        log.warning("%s: %s", rd.name, flag.message)
+        st = rd.update_status(diverged=flag.as_dict())
+        if self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES:
+            rd.update_status(guard_stop=True)
+            if self.slurm is not None and st.get("job_id"):
+                self.slurm.kill(rd)
+            else:
+                executor_for(st).kill(st, grace_s=1.0)
+        self.sink.tag(rd, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
+
+    def _check_job(self, rd: RunDir, st: dict) -> None:
+        """A Slurm run: alive while Slurm says so; cancel and hang go through scancel."""
+        ex = self.slurm
+        if ex is None or not self._jobs_known:
+            return
+        if ex.is_alive(rd):
+            if rd.cancel_file.exists() and not st.get("cancel_sent"):
+                rd.update_status(cancel_sent=True)
+                ex.kill(rd)
+            elif st.get("state") == "running" and st.get("started") and liveness.hung(rd, st):
+                ex.kill(rd)
+            return
+        exit_info, verdict = ex.outcome(rd)
+        if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
+            rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
+            log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
+            return
+        if verdict:
+            rd.update_status(**verdict)
+        liveness.settle(rd, exit_info)
 
     def _on_header(self, t: Tracked, rec: dict) -> None:
         rd = t.rd
@@ -203,9 +278,18 @@ class Supervisor:
                 return  # MLflow is down: try again on the next pass
             if (t.metrics.offset, t.system.offset) == before:
                 break
-        if self.sink.finish_run(t):
-            t.finalized = True
-            t.save()
+        if not self.sink.finish_run(t):
+            return
+        t.finalized = True
+        t.save()
+        st = t.rd.status()
+        if st.get("requeue"):  # Slurm preempted it or lost a node: a fresh attempt, once by default
+            from dstui.execute.batch import reset_run
+
+            reset_run(t.rd)
+            t.rd.update_status(requeues=int(st.get("requeues") or 0) + 1)
+            self.tracked.pop(t.rd.name, None)
+            log.info("%s: submitted again after %s", t.rd.name, st.get("slurm_state"))
 
     def finalize_batch(self) -> None:
         states = [r.state for r in self.batch.runs()]

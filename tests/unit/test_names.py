@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import dstui
+from helpers import dstui
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -142,6 +142,7 @@ def _tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")} if root.exists() else set()
 
 
+@pytest.mark.e2e  # the CLI in subprocesses
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec_name=hostile_text, cond=hostile_text, rev=hostile_text, axis=hostile_text, experiment=hostile_text)
 def test_every_cli_name_field_is_refused_or_stays_inside(
