@@ -26,6 +26,9 @@ EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), st
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
 PRIVATE_SPEC_FILE = "spec.private.json"  # spec.json unmasked, when it holds secrets; mode 0600, never uploaded
 PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
+BATCH_FILE = "batch.json"
+LOCK_FILE = "supervisor.lock"  # flock held by the batch's supervisor; the wrapper tests it too
+SUPERVISOR_LOG = "supervisor.log"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -144,15 +147,15 @@ class BatchDir:
 
     @property
     def batch_file(self) -> Path:
-        return self.path / "batch.json"
+        return self.path / BATCH_FILE
 
     @property
     def lock_file(self) -> Path:
-        return self.path / "supervisor.lock"
+        return self.path / LOCK_FILE
 
     @property
     def log_file(self) -> Path:
-        return self.path / "supervisor.log"
+        return self.path / SUPERVISOR_LOG
 
     def info(self) -> dict[str, Any]:
         return read_json(self.batch_file, {}) or {}

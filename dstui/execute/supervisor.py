@@ -19,6 +19,8 @@ The work is split by responsibility; this module is only the loop that ties it:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
@@ -43,6 +45,7 @@ from dstui.execute.sink import MlflowSink
 
 log = logging.getLogger("dstui.execute.supervisor")
 
+TROUBLE_WAIT_S = 5.0
 LIVE_STATES = ("running", "starting")
 
 
@@ -72,6 +75,7 @@ class Supervisor:
             self.parallel = self.slurm.max_active
         self._jobs_known = True
         self.guards = BatchGuard(batch)
+        self._problem: str | None = None
 
     def run(self) -> int:
         self.lock.acquire()
@@ -79,16 +83,35 @@ class Supervisor:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             self.sink.parent_run_id()
             while True:
-                self.step()
-                if self.done():
-                    self.finalize_batch()
-                    # a retry may have queued a run while we were finishing: look again
-                    if not any(r.state == "queued" for r in self.batch.runs()):
-                        return 0
-                    self.batch.update_info(finalized=False)
+                try:
+                    self.step()
+                    if self.done():
+                        self.finalize_batch()
+                        # a retry may have queued a run while we were finishing: look again
+                        if not any(r.state == "queued" for r in self.batch.runs()):
+                            return 0
+                        self.batch.update_info(finalized=False)
+                    if self._problem:
+                        self._problem = None
+                        self.batch.update_info(supervisor_problem=None)
+                except OSError as e:
+                    # a full disk (or a vanished folder) must not kill the supervisor: a dead one
+                    # is restarted by the next `dstui` call and dies again, in a loop
+                    self._trouble(e)
+                    time.sleep(TROUBLE_WAIT_S)
                 time.sleep(self.poll_s)
         finally:
             self.lock.release()
+
+    def _trouble(self, e: OSError) -> None:
+        """Say once what keeps the supervisor from working; it retries until it can."""
+        what = "disk full" if e.errno == errno.ENOSPC else f"{type(e).__name__}: {e}"
+        if what == self._problem:
+            return
+        self._problem = what
+        log.error("%s; waiting and trying again (runs keep going)", what, exc_info=e.errno != errno.ENOSPC)
+        with contextlib.suppress(OSError):  # may not be writable right now; `dstui status` checks space itself
+            self.batch.update_info(supervisor_problem=what)
 
     def done(self) -> bool:
         runs = self.batch.runs()

@@ -8,6 +8,7 @@ Usage: python -m dstui.execute.wrap RUN_DIR -- ARGV...
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from dstui.core.rundir import EXIT_FILE
+from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
 
 USAGE = "usage: python -m dstui.execute.wrap RUN_DIR -- ARGV..."
 
@@ -53,7 +54,41 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     sig = -code if code < 0 else None
     _write(run_dir, {"exit_code": code, "signal": sig, "ended": time.time()})
+    wake_supervisor(run_dir)
     return code if code >= 0 else 128 + (sig or 0)
+
+
+JOB_ONLY_ENV = ("DSTUI_RUN_DIR", "DSTUI_METRICS_FILE", "DSTUI_DS_CONFIG", "DSTUI_RUN_KEY", "PYTHONFAULTHANDLER")
+
+
+def wake_supervisor(run_dir: str) -> bool:
+    """A batch whose supervisor died is picked up when one of its jobs ends.
+
+    Without this, queued runs of a batch nobody looks at would wait forever. The
+    lock is free only when no supervisor lives; a twin started by two jobs ending
+    at once finds the lock held and exits. True when one was started.
+    """
+    batch = os.path.dirname(os.path.abspath(run_dir))
+    if not os.path.exists(os.path.join(batch, BATCH_FILE)):
+        return False
+    try:
+        with open(os.path.join(batch, LOCK_FILE), "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        env = {k: v for k, v in os.environ.items() if k not in JOB_ONLY_ENV}
+        with open(os.path.join(batch, SUPERVISOR_LOG), "ab") as out:
+            subprocess.Popen(
+                [sys.executable, "-m", "dstui", "supervise", batch],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+            )
+    except (BlockingIOError, OSError):
+        return False  # supervised (lock held), or nothing we can do from here
+    return True
 
 
 def _write(run_dir: str, data: dict) -> None:

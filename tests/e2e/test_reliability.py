@@ -448,3 +448,65 @@ def test_deleted_mlflow_store_is_noticed_and_every_point_resent(home: Path) -> N
     assert "MLflow store deleted" in b.info()["tracking_note"]
     assert "MLflow store deleted" in dstui("status", b.id, check=True).stdout
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_batch_without_supervisor_is_picked_up_when_a_job_ends(home: Path) -> None:
+    spec = spec_file(
+        home,
+        "orphan",
+        [{"name": "first", "args": ["--steps", "12", "--interval", "0.25"]}, {"name": "second", "args": ["--steps", "3"]}],
+        steps=12,
+    )
+    mlflow_client().search_experiments()
+    dstui("run", "--detach", str(spec), check=True)
+    b = only_batch(home)
+    first = wait_for(lambda: b.runs() and b.runs()[0].state == "running" and b.runs()[0], what="first running")
+    old_pid = supervisor_pid(b)
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: not is_supervised(b), what="lock released")
+    # nobody runs dstui now: the first job's end must bring a supervisor back
+    wait_for(lambda: finalized(b), timeout=180, what="batch finalized without anyone calling dstui")
+    assert supervisor_pid(b) != old_pid
+    assert [r.state for r in b.runs()] == ["done", "done"]
+    client = mlflow_client()
+    for rd in b.runs():
+        assert history(client, rd.status()["mlflow_run_id"]) == jsonl_steps(rd)
+    assert first.status()["steps_done"] == 12
+
+
+def test_crashed_run_is_requeued_by_resume(home: Path) -> None:
+    spec = spec_file(home, "crash", [{"name": "r", "args": ["--steps", "40", "--interval", "0.2"]}], steps=40)
+    dstui("run", "--detach", str(spec), check=True)
+    b = only_batch(home)
+    rd = wait_for(lambda: b.runs() and b.runs()[0], what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 2, what="steps")
+    os.kill(supervisor_pid(b), signal.SIGKILL)
+    os.killpg(rd.status()["pgid"], signal.SIGKILL)  # the wrapper too: nobody records the end
+    wait_for(lambda: not is_supervised(b), what="lock released")
+    proc = dstui("run", "--resume", str(spec), timeout=180)
+    assert "0 kept, 1 requeued, 0 new" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rd.state == "done" and rd.status()["attempt"] == 2 and rd.status()["steps_done"] == 40
+    assert (rd.path / "attempts" / "1" / "metrics.jsonl").exists()
+
+
+def test_resume_never_deletes_outside_its_batch(home: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    bad = spec_file(home, "evil", [{"name": "../../../../" + str(victim).lstrip("/"), "args": ["--steps", "2"]}], steps=2)
+    proc = dstui("run", "--resume", str(bad))
+    assert proc.returncode == 2 and "path separator" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    # a run folder swapped for a link to somewhere else, then a changed spec: resume must not follow it
+    spec = spec_file(home, "swap", [{"name": "r", "args": ["--steps", "2"]}], steps=2)
+    assert dstui("run", str(spec), timeout=120).returncode == 0
+    b = only_batch(home)
+    import shutil
+
+    shutil.rmtree(b.path / "r-r0")
+    (b.path / "r-r0").symlink_to(victim)
+    spec = spec_file(home, "swap", [{"name": "r", "args": ["--steps", "3"]}], steps=3)  # a new key for r
+    proc = dstui("run", "--resume", str(spec))
+    assert proc.returncode == 2 and "refusing" in proc.stderr
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
