@@ -19,7 +19,7 @@ from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
 from dstui.core.secrets import redact, strip_credentials
-from dstui.execute import guard_watch, launch
+from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
@@ -57,6 +57,7 @@ def plan(
     if only:
         runs = select(runs, only, file=file)
     if validate:
+        preflight.check_models(runs, file=file)
         configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
     else:
         configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent, file=file) for r in runs}

@@ -510,3 +510,31 @@ def test_resume_never_deletes_outside_its_batch(home: Path, tmp_path: Path) -> N
     assert proc.returncode == 2 and "refusing" in proc.stderr
     assert (victim / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("import os, signal\ndef crash():\n    os.kill(os.getpid(), signal.SIGSEGV)\ncrash()\n", "SIGSEGV in <string>:crash"),
+        ("import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()\n", "SIGSEGV in ctypes/__init__.py:string_at"),
+        ("import os\ndef crash():\n    os.abort()\ncrash()\n", "SIGABRT in <string>:crash"),
+        ("import os, signal\ndef crash():\n    os.kill(os.getpid(), signal.SIGBUS)\ncrash()\n", "SIGBUS in <string>:crash"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed by SIGKILL (killed from outside"),
+    ],
+    ids=["segv", "ctypes", "abort", "bus", "kill"],
+)
+def test_death_by_signal_is_explained(home: Path, code: str, expected: str) -> None:
+    data = {
+        "name": "sig",
+        "settings": {"kind": "command", "steps": 2, "warmup_steps": 0},
+        "conditions": [{"name": "crash", "command": [sys.executable, "-c", code]}],
+    }
+    spec = home / "sig.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert dstui("run", str(spec), timeout=120).returncode == 1
+    (rd,) = only_batch(home).runs()
+    st = rd.status()
+    assert st["state"] == "failed" and st["reason"].startswith(expected), st["reason"]
+    assert mlflow_client().get_run(st["mlflow_run_id"]).data.tags["dstui.reason"] == st["reason"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(st["pgid"], 0)
