@@ -61,6 +61,15 @@ class Tracked:
             },
         )
 
+    def mark(self) -> tuple:
+        """Where reading stands (offsets, partial lines, counters), to go back to."""
+        m, y = self.metrics, self.system
+        return (m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step)
+
+    def restore(self, mark: tuple) -> None:
+        m, y = self.metrics, self.system
+        m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step = mark
+
     def rewind(self) -> None:
         """Read the run's files again from the start (the store that held its points is gone)."""
         self.metrics.offset = self.system.offset = 0

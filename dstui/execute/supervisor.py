@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
@@ -229,7 +230,7 @@ class Supervisor:
         live = self._live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
-        t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=lambda rec: self.guards.observe(rd, rec)))
+        t.pending.extend(self._read(t, on_step=lambda rec: self.guards.observe(rd, rec)))
         self._guard(rd)
         if live and self.slurm is not None:
             self._check_job(rd, st)
@@ -275,6 +276,16 @@ class Supervisor:
             rd.update_status(**verdict)
         liveness.settle(rd, exit_info)
 
+    def _read(self, t: Tracked, on_step: Any = None) -> list[ingest.Point]:
+        """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
+        so the same lines are read again later instead of being skipped."""
+        mark = t.mark()
+        try:
+            return ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=on_step)
+        except OSError:
+            t.restore(mark)
+            raise
+
     def _on_header(self, t: Tracked, rec: dict) -> None:
         rd = t.rd
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
@@ -295,7 +306,7 @@ class Supervisor:
         # drain whatever the job wrote last (reads are capped per call, so loop)
         while True:
             before = (t.metrics.offset, t.system.offset)
-            t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec)))
+            t.pending.extend(self._read(t))
             self.sink.flush(t, force=True)
             if t.pending:
                 return  # MLflow is down: try again on the next pass

@@ -7,6 +7,7 @@ misbehaves on demand; the rank-kill test uses the real DeepSpeed runner.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -538,3 +539,80 @@ def test_death_by_signal_is_explained(home: Path, code: str, expected: str) -> N
     assert mlflow_client().get_run(st["mlflow_run_id"]).data.tags["dstui.reason"] == st["reason"]
     with pytest.raises(ProcessLookupError):
         os.killpg(st["pgid"], 0)
+
+
+def test_ui_start_uses_the_running_interpreter(home: Path) -> None:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # no venv on PATH: `mlflow` alone is not found
+    proc = subprocess.Popen([sys.executable, "-m", "dstui", "ui", "--start", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        def listening() -> bool:
+            with socket.socket() as c:
+                return c.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(lambda: listening() or proc.poll() is not None, timeout=120, what="mlflow ui listening")
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 24 MiB tmpfs (needs root, as in the issue's reproduction); skipped where mounting is not allowed."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_disk_is_reported_once_and_never_loops(small_disk: Path) -> None:
+    import errno
+
+    home = small_disk / "home"
+    (home / "mlruns").mkdir(parents=True)
+    env = {"DSTUI_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlruns/mlflow.db"}
+    client = mlflow_client(env["MLFLOW_TRACKING_URI"])
+    client.search_experiments()
+    spec = spec_file(home, "full", [{"name": "r", "args": ["--steps", "150", "--interval", "0.1"]}], steps=150)
+    dstui("run", "--detach", str(spec), check=True, env=env)
+    b = only_batch(home)
+    rd = wait_for(lambda: b.runs() and b.runs()[0], what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 5, what="steps")
+    pid = supervisor_pid(b)
+    filler = small_disk / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    time.sleep(8)  # the job and the supervisor meet the full disk
+    out = dstui("status", "--no-takeover", b.id, env=env).stdout
+    assert "disk full" in out
+    os.kill(pid, 0)  # the same supervisor is alive: no crash, no restart
+    filler.unlink()
+    wait_for(lambda: finalized(b), timeout=180, what="batch finalized after space came back")
+    assert supervisor_pid(b) == pid  # 0 restarts
+    assert b.log_file.read_text().count("disk full; waiting") <= 1  # said once (if the log could take it)
+    written = []
+    for line in rd.metrics_file.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # the line the full disk cut off is counted as bad, not sent
+            rec = json.loads(line)
+            if rec["type"] == "step":
+                written.append((rec["step"], rec["loss"]))
+    assert history(client, rd.status()["mlflow_run_id"]) == written  # every complete point reached MLflow
+    assert (rd.state, rd.status()["reason"]) == ("failed", "disk full (No space left on device)")

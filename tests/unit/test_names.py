@@ -173,3 +173,27 @@ def test_every_cli_name_field_is_refused_or_stays_inside(
     assert new == set()
     assert all(p.is_relative_to(home / "runs") or p.is_relative_to(home / "mlruns") for p in _tree(home))
     assert not os.path.exists(home.parent / "escaped")
+
+
+def test_batch_folders_are_claimed_race_free(tmp_path: Path) -> None:
+    import threading
+
+    from dstui.execute.batch import _new_batch_dir
+
+    made: list[Path] = []
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            made.append(_new_batch_dir(tmp_path, "same").path)
+        except BaseException as e:  # noqa: BLE001 - the test counts every failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(made) == len(set(made)) == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made)
