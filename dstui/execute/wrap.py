@@ -75,20 +75,27 @@ def wake_supervisor(run_dir: str) -> bool:
         with open(os.path.join(batch, LOCK_FILE), "a+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fh, fcntl.LOCK_UN)
-        env = {k: v for k, v in os.environ.items() if k not in JOB_ONLY_ENV}
-        with open(os.path.join(batch, SUPERVISOR_LOG), "ab") as out:
-            subprocess.Popen(
-                [sys.executable, "-m", "dstui", "supervise", batch],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                env=env,
-            )
+        start_supervisor(batch, {k: v for k, v in os.environ.items() if k not in JOB_ONLY_ENV})
     except (BlockingIOError, OSError):
         return False  # supervised (lock held), or nothing we can do from here
     return True
+
+
+def start_supervisor(batch: str, env: dict[str, str] | None) -> subprocess.Popen:
+    """``dstui supervise BATCH`` detached (its own session), logging to the batch's supervisor.log.
+
+    Here, stdlib only, because the wrapper uses it too (see :func:`wake_supervisor`).
+    """
+    with open(os.path.join(batch, SUPERVISOR_LOG), "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dstui", "supervise", batch],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
 
 
 def _write(run_dir: str, data: dict) -> None:
