@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui.core.names import is_safe
+from dstui.core.names import RUN_NAME_MAX, is_safe
 
 ACTIVE_STATES = ("queued", "starting", "running")
 FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
@@ -171,7 +171,7 @@ class BatchDir:
         order = self.info().get("runs")
         if order:
             # names come from batch.json: only safe ones, so a tampered file cannot point outside
-            return [RunDir(self.path / name) for name in order if is_safe(name) and (self.path / name).is_dir()]
+            return [RunDir(self.path / name) for name in order if is_safe(name, RUN_NAME_MAX) and (self.path / name).is_dir()]
         try:
             return sorted(
                 (RunDir(p) for p in self.path.iterdir() if (p / "spec.json").exists()),

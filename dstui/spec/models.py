@@ -509,7 +509,7 @@ def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:
     """Run names are folder and MLflow names: each must obey the rule and be unique."""
     first: dict[str, RunSpec] = {}
     for r in runs:
-        why = names.problem(r.name, max_len=2 * names.MAX_LEN + 20)
+        why = names.problem(r.name, max_len=names.RUN_NAME_MAX)
         if why:
             raise SpecError(f"run {why}", file=file, condition=r.condition)
         if r.name in first:

@@ -197,3 +197,14 @@ def test_batch_folders_are_claimed_race_free(tmp_path: Path) -> None:
     assert errors == []
     assert len(made) == len(set(made)) == 10
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made)
+
+
+def test_long_run_names_are_still_listed(tmp_path: Path) -> None:
+    from dstui.core.rundir import BatchDir
+
+    long_name = f"{'c' * 100}-{'v' * 100}-r0"
+    (tmp_path / long_name).mkdir()
+    (tmp_path / "outside").mkdir()
+    b = BatchDir(tmp_path)
+    b.update_info(runs=[long_name, "../outside", ".."])
+    assert [r.name for r in b.runs()] == [long_name]  # tampered entries are ignored
