@@ -130,7 +130,8 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
             print(f"{name}: {reason}", flush=True)
 
 
-FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for MLflow before returning
+FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow
+FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last points and artifacts
 MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
 
 
@@ -169,7 +170,9 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
                 if info.get("finalized"):
                     break
                 ended_at = ended_at or now
-                if now - ended_at > FINALIZE_WAIT_S:
+                # MLflow known to be down: say what waits and return; else let it finish sending
+                limit = FINALIZE_WAIT_S if info.get("tracking_problem") else FINALIZE_MAX_S
+                if now - ended_at > limit:
                     break
             if not supervisor.is_supervised(b) and not info.get("finalized"):
                 time.sleep(1.0)  # it may be starting up
