@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     if args.parallel < 1:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
+    # the memory forecast asks MLflow for history: an unreachable server must cost seconds, not minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
     if plan.spec.executor == "slurm":
