@@ -91,3 +91,21 @@ def find_runs(refs: list[str]) -> list[RunDir]:
             raise DstuiError(f"no run '{ref}' under {paths.runs_dir()}")
         out.append(rd)
     return out
+
+
+LOW_SPACE_BYTES = 16 << 20
+
+
+def batch_notes(info: dict[str, Any], path: Any = None) -> list[str]:
+    """Problems of a batch a person must hear about once: store lost or down, disk full."""
+    import shutil
+
+    notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem") if info.get(k)]
+    if path is not None:
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            free = None
+        if free is not None and free < LOW_SPACE_BYTES:
+            notes.append(f"disk full: {free / 2**20:.1f} MiB free where the runs are ({path})")
+    return notes

@@ -13,9 +13,11 @@ import sys
 import time
 
 from dstui.analysis import forecast
-from dstui.commands._common import run_row, runs_table
+from dstui.commands._common import batch_notes, run_row, runs_table
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.core.secrets import strip_credentials
 from dstui.execute import batch, launch, slurm, slurm_script, supervisor, sysmetrics
+from dstui.execute.ingest import unsent_points
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     if args.parallel < 1:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
+    # the memory forecast asks MLflow for history: an unreachable server must cost seconds, not minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
     if plan.spec.executor == "slurm":
@@ -128,10 +133,23 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
             print(f"{name}: {reason}", flush=True)
 
 
+FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow
+FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last points and artifacts
+MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
+
+
 def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
-    """Print progress until every run has ended; Ctrl-C leaves the runs going."""
+    """Print progress until every run has ended; Ctrl-C leaves the runs going.
+
+    Returns once the runs have ended even if MLflow has not taken every point
+    yet: the supervisor keeps sending in the background, and the summary says
+    how many points still wait.
+    """
     seen: dict[str, tuple] = {}
+    notes_seen: set[str] = set()
     last_print = 0.0
+    ended_at: float | None = None
+    takeovers = 0
     try:
         while True:
             runs = b.runs()
@@ -147,11 +165,25 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             if not quiet and any(rd.state == "running" for rd in runs) and now - last_print > 5:
                 last_print = now
             info = b.info()
-            if all(rd.state in FINAL_STATES for rd in runs) and info.get("finalized"):
-                break
+            for note in batch_notes(info, b.path):
+                if note not in notes_seen:  # each problem once
+                    notes_seen.add(note)
+                    print(f"! {note}", flush=True)
+            if all(rd.state in FINAL_STATES for rd in runs):
+                if info.get("finalized"):
+                    break
+                ended_at = ended_at or now
+                # MLflow known to be down: say what waits and return; else let it finish sending
+                limit = FINALIZE_WAIT_S if info.get("tracking_problem") else FINALIZE_MAX_S
+                if now - ended_at > limit:
+                    break
             if not supervisor.is_supervised(b) and not info.get("finalized"):
                 time.sleep(1.0)  # it may be starting up
                 if not supervisor.is_supervised(b) and not b.info().get("finalized"):
+                    if takeovers >= MAX_TAKEOVERS:
+                        print(f"! the supervisor stopped {takeovers + 1} times; see {b.log_file}", flush=True)
+                        break
+                    takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
                     supervisor.spawn(b)
             time.sleep(poll_s)
@@ -163,5 +195,9 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
     print()
     print(runs_table(b))
     failed = [rd for rd in runs if rd.state not in ("done", "skipped")]
-    print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {b.info().get('tracking_uri')}")
+    print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {strip_credentials(b.info().get('tracking_uri') or '')}")
+    if not b.info().get("finalized"):
+        waiting = sum(unsent_points(rd) for rd in runs)
+        print(f"{waiting} points still wait for MLflow; they stay in the run folders and are sent "
+              f"when it answers (`dstui status {b.id}`)")  # fmt: skip
     return 1 if failed else 0

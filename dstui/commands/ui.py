@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import sys
 
 from dstui.core import paths
+from dstui.core.secrets import strip_credentials
 from dstui.tracking import client as tracking
 
 
@@ -19,8 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     argv = tracking.run_ui_command(paths.tracking_uri(), port=args.port, host=args.host)
     if args.start:
-        os.execvp(argv[0], argv)
-    print(shlex.join(argv))
+        # the running interpreter's mlflow: works without the venv on PATH
+        os.execv(sys.executable, [sys.executable, "-m", "mlflow", *argv[1:]])
+    print(strip_credentials(shlex.join(argv)))
     print(f"\nover SSH: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
           f"then open http://127.0.0.1:{args.port}")  # fmt: skip
     return 0

@@ -87,8 +87,11 @@ def make_safe(text: str) -> str:
     return safe
 
 
-def is_safe(name: object) -> bool:
-    return problem(name) is None
+RUN_NAME_MAX = 2 * MAX_LEN + 20  # condition, revision and repeat joined
+
+
+def is_safe(name: object, max_len: int = MAX_LEN) -> bool:
+    return problem(name, max_len) is None
 
 
 def child_path(parent: Path, name: str) -> Path:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui.core.names import is_safe
+from dstui.core.names import RUN_NAME_MAX, is_safe
 
 ACTIVE_STATES = ("queued", "starting", "running")
 FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
@@ -24,6 +24,11 @@ FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM
 # Names of the files in a run folder that processes outside this module write or skip.
 EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
+PRIVATE_SPEC_FILE = "spec.private.json"  # spec.json unmasked, when it holds secrets; mode 0600, never uploaded
+PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
+BATCH_FILE = "batch.json"
+LOCK_FILE = "supervisor.lock"  # flock held by the batch's supervisor; the wrapper tests it too
+SUPERVISOR_LOG = "supervisor.log"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -89,6 +94,10 @@ class RunDir:
         return self.path / EXIT_FILE
 
     @property
+    def private_spec_file(self) -> Path:
+        return self.path / PRIVATE_SPEC_FILE
+
+    @property
     def cancel_file(self) -> Path:
         return self.path / CANCEL_FILE
 
@@ -138,15 +147,15 @@ class BatchDir:
 
     @property
     def batch_file(self) -> Path:
-        return self.path / "batch.json"
+        return self.path / BATCH_FILE
 
     @property
     def lock_file(self) -> Path:
-        return self.path / "supervisor.lock"
+        return self.path / LOCK_FILE
 
     @property
     def log_file(self) -> Path:
-        return self.path / "supervisor.log"
+        return self.path / SUPERVISOR_LOG
 
     def info(self) -> dict[str, Any]:
         return read_json(self.batch_file, {}) or {}
@@ -162,7 +171,7 @@ class BatchDir:
         order = self.info().get("runs")
         if order:
             # names come from batch.json: only safe ones, so a tampered file cannot point outside
-            return [RunDir(self.path / name) for name in order if is_safe(name) and (self.path / name).is_dir()]
+            return [RunDir(self.path / name) for name in order if is_safe(name, RUN_NAME_MAX) and (self.path / name).is_dir()]
         try:
             return sorted(
                 (RunDir(p) for p in self.path.iterdir() if (p / "spec.json").exists()),

@@ -18,7 +18,8 @@ from typing import Any
 from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import guard_watch, launch
+from dstui.core.secrets import redact, strip_credentials
+from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
@@ -56,6 +57,7 @@ def plan(
     if only:
         runs = select(runs, only, file=file)
     if validate:
+        preflight.check_models(runs, file=file)
         configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
     else:
         configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent, file=file) for r in runs}
@@ -128,12 +130,13 @@ def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | Non
             "id": batch.id,
             "experiment": p.spec.name,
             "spec_path": str(p.spec_path),
-            "spec": p.spec.model_dump(mode="json"),
+            "spec": redact(p.spec.model_dump(mode="json")),
             "runs": [r.name for r in p.runs],
             "parallel": parallel,
             "created": time.time(),
             "cwd": os.getcwd(),
-            "tracking_uri": tracking_uri or paths.tracking_uri(),
+            # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
+            "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
             "revisions": p.revisions,
             "executor": p.spec.executor,
             "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import ACTIVE_STATES, BatchDir, RunDir
 from dstui.execute.executor import executor_for
+from dstui.execute.wrap import start_supervisor
 
 
 class BatchLock:
@@ -72,16 +71,7 @@ def spawn(batch: BatchDir, *, env: dict[str, str] | None = None, wait_s: float =
     Waits until it holds the batch lock (or has exited), so a caller that
     checks :func:`is_supervised` right after does not start a twin.
     """
-    with open(batch.log_file, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dstui", "supervise", str(batch.path)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=env,
-        )
+    proc = start_supervisor(str(batch.path), env)
     deadline = time.time() + wait_s
     while time.time() < deadline and proc.poll() is None and not is_supervised(batch):
         time.sleep(0.05)

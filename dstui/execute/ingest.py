@@ -8,6 +8,7 @@ stopped. Offsets are saved only after the points they cover were sent.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,24 @@ class Tracked:
             },
         )
 
+    def mark(self) -> tuple:
+        """Where reading stands (offsets, partial lines, counters), to go back to."""
+        m, y = self.metrics, self.system
+        return (m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step)
+
+    def restore(self, mark: tuple) -> None:
+        m, y = self.metrics, self.system
+        m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step = mark
+
+    def rewind(self) -> None:
+        """Read the run's files again from the start (the store that held its points is gone)."""
+        self.metrics.offset = self.system.offset = 0
+        self.metrics._partial = self.system._partial = b""
+        self.metrics.bad_lines = 0
+        self.system_step = 0
+        self.header_done = self.finalized = False
+        self.pending = []
+
     @classmethod
     def load(cls, rd: RunDir, fmt: str) -> Tracked:
         st = read_json(rd.ingest_file, {}) or {}
@@ -75,7 +94,11 @@ class Tracked:
 
 
 def read_points(
-    t: Tracked, on_header: Callable[[dict], None], on_step: Callable[[dict], None] | None = None
+    t: Tracked,
+    on_header: Callable[[dict], None],
+    on_step: Callable[[dict], None] | None = None,
+    *,
+    update_status: bool = True,
 ) -> list[Point]:
     """Every new point of a run since the saved offsets; updates the run's status as it goes."""
     rd = t.rd
@@ -110,7 +133,8 @@ def read_points(
             step = int(rec.get("steps") or 0)
             for key, value in metric_values(rec).items():
                 points.append((f"summary.{key}", value, ts, step))
-            merge_summary(rd, rec)
+            if update_status:
+                merge_summary(rd, rec)
     for line, _ in t.system.read_lines():
         try:
             rec = json.loads(line)
@@ -121,8 +145,8 @@ def read_points(
         for key, value in metric_values(rec).items():
             points.append((f"system/{node}/{key}", value, ts, t.system_step))
         t.system_step += 1
-    if steps_done is not None:
-        rd.update_status(steps_done=steps_done, last=last)
+    if steps_done is not None and update_status:
+        rd.update_status(steps_done=steps_done, last=last, last_step_at=time.time())
     return points
 
 
@@ -155,3 +179,17 @@ def stable_ts(rd: RunDir, rec: dict) -> int:
     """
     started = rd.status().get("started") or 0
     return int(started * 1000) + int(rec.get("step", 0))
+
+
+def unsent_points(rd: RunDir) -> int:
+    """Points a run wrote that MLflow has not confirmed yet (after the offsets in ingest.json)."""
+    st = read_json(rd.ingest_file, {}) or {}
+    if st.get("finalized"):
+        return 0
+    t = Tracked.load(rd, metrics_format(rd))
+    n = 0
+    while True:
+        batch = read_points(t, on_header=lambda rec: None, update_status=False)
+        if not batch:
+            return n
+        n += len(batch)

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import names, shm
+from dstui.core import names, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, read_json, write_json_atomic
 from dstui.spec.models import RunSpec, Settings
 
 # Settings forwarded to the bundled runners, as --dash-form flags.
@@ -37,27 +37,10 @@ VERIFY_ARGS = (
 )  # fmt: skip
 RUNNER_SCRIPTS = {"train": RUNNERS_DIR / "train.py", "verify": RUNNERS_DIR / "compare_loss.py"}
 
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-
-
-def is_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(m in upper for m in SECRET_MARKERS)
-
-
-def redact(obj: object) -> object:
-    """A copy with the values of secret-looking variables in every ``env`` mapping masked."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if k == "env" and isinstance(v, dict):
-                out[k] = {n: ("***" if is_secret(n) else x) for n, x in v.items()}
-            else:
-                out[k] = redact(v)
-        return out
-    if isinstance(obj, list):
-        return [redact(x) for x in obj]
-    return obj
+# Kept here for callers that import them from launch; the rule lives in core.secrets.
+SECRET_MARKERS = secrets.SECRET_MARKERS
+is_secret = secrets.is_secret
+redact = secrets.redact
 
 
 _HANDED_OUT: set[int] = set()
@@ -226,7 +209,13 @@ def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict |
     rd.path.mkdir(parents=True, exist_ok=True)
     spec = run.model_dump(mode="json")
     spec.update(name=run.name, key=run.key, revision_info=revision or {})
-    write_json_atomic(rd.spec_file, spec)
+    shown = secrets.redact(spec)
+    write_json_atomic(rd.spec_file, shown)
+    rd.private_spec_file.unlink(missing_ok=True)
+    if shown != spec:  # the real values, readable by this user only, for the launch
+        fd = os.open(rd.private_spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(spec, fh)
     write_json_atomic(rd.ds_config_file, ds_config)
     if not rd.status_file.exists():
         rd.update_status(
@@ -244,7 +233,7 @@ def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict |
 
 
 def load_runspec(rd: RunDir) -> RunSpec:
-    data = json.loads(rd.spec_file.read_text())
+    data = read_json(rd.private_spec_file) or json.loads(rd.spec_file.read_text())
     return RunSpec.model_validate({k: data[k] for k in RunSpec.model_fields if k in data})
 
 
@@ -263,7 +252,7 @@ def start(
     the run folder, so a restarted supervisor still learns how it ended.
     """
     argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
-    rd.cmd_file.write_text(shlex.join(argv) + "\n")
+    rd.cmd_file.write_text(secrets.strip_credentials(shlex.join(argv)) + "\n")
     rd.exit_file.unlink(missing_ok=True)
     env = build_env(run, rd, revision=revision)
     with open(rd.log_file, "ab") as log:
@@ -282,7 +271,7 @@ def start(
         pid=proc.pid,
         pgid=proc.pid,
         started=time.time(),
-        argv=argv,
+        argv=secrets.redact(argv),
         gpu_slice=gpu_slice,
     )
     return proc

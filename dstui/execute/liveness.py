@@ -36,17 +36,30 @@ def check(t: Tracked, st: dict, executor: Executor) -> None:
     settle(rd, read_json(rd.exit_file) or {})
 
 
+def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, str] | None:
+    """(status flag, message) when a live run must be stopped: no output, no new step, too long."""
+    started = st.get("started") or now
+    hung_after = float(settings.get("hung_after_s", 600))
+    last_output = max((p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()), default=started)
+    if now - last_output > hung_after:
+        return "hung", f"no output for {hung_after:.0f} s"
+    stall_after = settings.get("stall_after_s")
+    if stall_after and now - (st.get("last_step_at") or started) > float(stall_after):
+        return "stalled", f"no new step for {float(stall_after):.0f} s"
+    max_runtime = settings.get("max_runtime_s")
+    if max_runtime and now - started > float(max_runtime):
+        return "over_time", f"ran longer than max_runtime_s ({float(max_runtime):.0f} s)"
+    return None
+
+
 def hung(rd: RunDir, st: dict) -> bool:
-    """No new output for hung_after_s: marks the run hung (the caller kills its job)."""
-    hung_after = float((rd.spec().get("settings") or {}).get("hung_after_s", 600))
-    last = max(
-        (p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()),
-        default=st.get("started") or time.time(),
-    )
-    if time.time() - last <= hung_after:
+    """Stuck by any measure (no output, no new step, too long): marks the run; the caller kills its job."""
+    stuck = why_stuck(rd, st, rd.spec().get("settings") or {}, time.time())
+    if stuck is None:
         return False
-    log.warning("%s: no output for %.0f s, killing it", rd.name, hung_after)
-    rd.update_status(hung=True)
+    flag, message = stuck
+    log.warning("%s: %s, killing it", rd.name, message)
+    rd.update_status(**{flag: True})
     return True
 
 
@@ -87,6 +100,10 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
     elif st.get("hung"):
         hung_after = settings.get("hung_after_s")
         fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
+    elif st.get("stalled"):
+        fields.update(state="failed", reason=f"stalled (no new step for {settings.get('stall_after_s'):.0f} s); process group killed")
+    elif st.get("over_time"):
+        fields.update(state="failed", reason=f"ran past max_runtime_s ({settings.get('max_runtime_s'):.0f} s); process group killed")
     elif st.get("revision_mismatch"):
         fields.update(state="failed")
     elif code == 0 and not st.get("steps_done") and not summary:

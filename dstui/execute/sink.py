@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, read_json
+from dstui.core.secrets import redact, strip_credentials
 from dstui.execute.ingest import Tracked
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
@@ -33,13 +35,14 @@ class MlflowSink:
     def __init__(self, batch: BatchDir, tracking_uri: str | None, flush_interval_s: float) -> None:
         self.batch = batch
         self.info = batch.info()
-        self.tracking_uri = tracking_uri or self.info.get("tracking_uri")
+        self.tracking_uri = tracking_uri or resolve_uri(self.info.get("tracking_uri"))
         # Live runs send to MLflow at most this often: each send is a store transaction
         # (an fsync on SQLite), and fewer of them disturb a host-bound training loop less.
         self.flush_interval_s = flush_interval_s
         self._client: Any = None
         self.error: str | None = None
         self._retry_at = 0.0
+        self._store_id: tuple[int, int] | None = None
         self.experiment_id: str | None = None
 
     # ---- connection ----
@@ -50,18 +53,48 @@ class MlflowSink:
                 c = tracking.client(self.tracking_uri)
                 self.experiment_id = tracking.ensure_experiment(c, self.info["experiment"])
                 self._client = c
+                self._store_id = _file_id(self.tracking_uri)
+                if self.error:
+                    self.report(None)
                 self.error = None
             except Exception as e:
                 self.down(e)
         return self._client
 
     def down(self, e: Exception) -> None:
-        msg = f"MLflow unreachable ({type(e).__name__}: {str(e)[:200]}); metrics stay on disk and are sent later"
+        detail = strip_credentials(str(e))[:200]
+        msg = f"MLflow unreachable ({type(e).__name__}: {detail}); metrics stay on disk and are sent later"
         if msg != self.error:
             log.warning(msg)
+            self.report("MLflow unreachable; metrics stay in the run folders and are sent later")
         self.error = msg
         self._client = None
         self._retry_at = time.time() + RETRY_AFTER_S
+
+    def report(self, problem: str | None) -> None:
+        """What `dstui status`, `dstui run` and the TUI show about the store (batch.json)."""
+        if self.batch.info().get("tracking_problem") != problem:
+            self.info = self.batch.update_info(tracking_problem=problem)
+
+    def store_vanished(self) -> bool:
+        """True once when a local SQLite store was deleted (or replaced) under a live connection.
+
+        SQLite keeps writing to the unlinked file, so without this every point sent
+        after an ``rm mlruns/mlflow.db`` would be lost without a word.
+        """
+        if self._client is None or self._store_id is None or _file_id(self.tracking_uri) == self._store_id:
+            return False
+        log.error("MLflow store deleted (%s): re-creating it and re-sending every point from the run folders",
+                  strip_credentials(str(self.tracking_uri)))  # fmt: skip
+        forget_sqlite_store(self.tracking_uri)
+        self._client = None
+        self._store_id = None
+        self.info = self.batch.update_info(
+            mlflow_parent_run_id=None,
+            tracking_problem=None,
+            tracking_note=f"MLflow store deleted at {time.strftime('%H:%M:%S')}; points re-sent from the run folders",
+        )
+        return True
 
     # ---- runs ----
 
@@ -112,7 +145,6 @@ class MlflowSink:
             return None
 
     def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
-        from dstui.execute import launch
 
         spec = rd.spec()
         settings = spec.get("settings", {})
@@ -138,7 +170,7 @@ class MlflowSink:
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
-        params = flat_settings(launch.redact(settings))
+        params = flat_settings(redact(settings))
         params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
         params["run_key"] = spec.get("key")
         params["revision"] = spec.get("revision")
@@ -233,6 +265,47 @@ class MlflowSink:
             tracking.set_tags(c, pid, {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES})
             tracking.log_file_artifact(c, pid, self.batch.batch_file)
             tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
+
+
+def sqlite_path(uri: str | None) -> Path | None:
+    if not uri or not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _file_id(uri: str | None) -> tuple[int, int] | None:
+    """(device, inode) of a local SQLite store: changes when the file is deleted or replaced."""
+    path = sqlite_path(uri)
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+def forget_sqlite_store(uri: str | None) -> None:
+    """Drop MLflow's cached engine for a store (it would go on writing to a deleted file)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    # MLflow caches the store per URI, and one engine per URI under it: drop both
+    utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        with contextlib.suppress(Exception):
+            engine.dispose()
+    tracking._WAL_DONE.discard(uri or "")
+
+
+def resolve_uri(recorded: str | None) -> str | None:
+    """batch.json keeps the tracking URI without credentials; the environment has the full one."""
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if env_uri and recorded and strip_credentials(env_uri) == recorded:
+        return env_uri
+    return recorded
 
 
 def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -19,11 +19,14 @@ The work is split by responsibility; this module is only the loop that ties it:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
@@ -43,6 +46,7 @@ from dstui.execute.sink import MlflowSink
 
 log = logging.getLogger("dstui.execute.supervisor")
 
+TROUBLE_WAIT_S = 5.0
 LIVE_STATES = ("running", "starting")
 
 
@@ -72,6 +76,7 @@ class Supervisor:
             self.parallel = self.slurm.max_active
         self._jobs_known = True
         self.guards = BatchGuard(batch)
+        self._problem: str | None = None
 
     def run(self) -> int:
         self.lock.acquire()
@@ -79,16 +84,35 @@ class Supervisor:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             self.sink.parent_run_id()
             while True:
-                self.step()
-                if self.done():
-                    self.finalize_batch()
-                    # a retry may have queued a run while we were finishing: look again
-                    if not any(r.state == "queued" for r in self.batch.runs()):
-                        return 0
-                    self.batch.update_info(finalized=False)
+                try:
+                    self.step()
+                    if self.done():
+                        self.finalize_batch()
+                        # a retry may have queued a run while we were finishing: look again
+                        if not any(r.state == "queued" for r in self.batch.runs()):
+                            return 0
+                        self.batch.update_info(finalized=False)
+                    if self._problem:
+                        self._problem = None
+                        self.batch.update_info(supervisor_problem=None)
+                except OSError as e:
+                    # a full disk (or a vanished folder) must not kill the supervisor: a dead one
+                    # is restarted by the next `dstui` call and dies again, in a loop
+                    self._trouble(e)
+                    time.sleep(TROUBLE_WAIT_S)
                 time.sleep(self.poll_s)
         finally:
             self.lock.release()
+
+    def _trouble(self, e: OSError) -> None:
+        """Say once what keeps the supervisor from working; it retries until it can."""
+        what = "disk full" if e.errno == errno.ENOSPC else f"{type(e).__name__}: {e}"
+        if what == self._problem:
+            return
+        self._problem = what
+        log.error("%s; waiting and trying again (runs keep going)", what, exc_info=e.errno != errno.ENOSPC)
+        with contextlib.suppress(OSError):  # may not be writable right now; `dstui status` checks space itself
+            self.batch.update_info(supervisor_problem=what)
 
     def done(self) -> bool:
         runs = self.batch.runs()
@@ -96,6 +120,8 @@ class Supervisor:
 
     def step(self) -> None:
         runs = self.batch.runs()
+        if self.sink.store_vanished():
+            self._resend_all(runs)
         if self.slurm is not None:
             self._refresh_jobs(runs)
         for rd in runs:
@@ -113,6 +139,14 @@ class Supervisor:
                     continue
                 self.launch(rd, busy=active)
                 active.append(rd)
+
+    def _resend_all(self, runs: list[RunDir]) -> None:
+        """The store was lost: every point, tag and artifact goes again, from the run folders."""
+        for rd in runs:
+            t = self._tracked(rd)
+            t.rewind()
+            t.save()
+            rd.update_status(mlflow_run_id=None)
 
     def _live(self, st: dict) -> bool:
         """Started and not ended: a local process, or a submitted Slurm job (pending included)."""
@@ -196,7 +230,7 @@ class Supervisor:
         live = self._live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
-        t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=lambda rec: self.guards.observe(rd, rec)))
+        t.pending.extend(self._read(t, on_step=lambda rec: self.guards.observe(rd, rec)))
         self._guard(rd)
         if live and self.slurm is not None:
             self._check_job(rd, st)
@@ -242,6 +276,16 @@ class Supervisor:
             rd.update_status(**verdict)
         liveness.settle(rd, exit_info)
 
+    def _read(self, t: Tracked, on_step: Any = None) -> list[ingest.Point]:
+        """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
+        so the same lines are read again later instead of being skipped."""
+        mark = t.mark()
+        try:
+            return ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=on_step)
+        except OSError:
+            t.restore(mark)
+            raise
+
     def _on_header(self, t: Tracked, rec: dict) -> None:
         rd = t.rd
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
@@ -262,7 +306,7 @@ class Supervisor:
         # drain whatever the job wrote last (reads are capped per call, so loop)
         while True:
             before = (t.metrics.offset, t.system.offset)
-            t.pending.extend(ingest.read_points(t, lambda rec: self._on_header(t, rec)))
+            t.pending.extend(self._read(t))
             self.sink.flush(t, force=True)
             if t.pending:
                 return  # MLflow is down: try again on the next pass
@@ -291,8 +335,8 @@ class Supervisor:
 def main(batch_path: str) -> int:
     # An unreachable tracking server must not stall following the runs: fail fast,
     # keep the metrics on disk, retry on a later pass.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     batch = BatchDir(Path(batch_path).resolve())
     try:

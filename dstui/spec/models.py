@@ -107,6 +107,10 @@ class Settings(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     extra_args: list[str] = Field(default_factory=list, description="More runner arguments (argv list).")
     hung_after_s: float = Field(600.0, gt=0, description="No new output for this long = hung.")
+    stall_after_s: float | None = Field(
+        None, gt=0, description="No new training step for this long = stalled (catches a run that prints while stuck)."
+    )
+    max_runtime_s: float | None = Field(None, gt=0, description="Kill a run that runs longer than this.")
 
     @field_validator("command")
     @classmethod
@@ -131,6 +135,7 @@ class Settings(_Strict):
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
+SUPERVISION_ONLY = ("stall_after_s", "max_runtime_s")  # not part of a run's key
 
 
 class Revision(_Strict):
@@ -263,7 +268,8 @@ class RunSpec(BaseModel):
     def key(self) -> str:
         """Stable key of the resolved settings: the same run in any batch has the same key."""
         payload = {
-            "settings": self.settings.model_dump(mode="json"),
+            # how long dstui waits for a run does not change what the run computes
+            "settings": self.settings.model_dump(mode="json", exclude=set(SUPERVISION_ONLY)),
             "revision": self.revision,
             "repeat": self.repeat,
         }
@@ -503,7 +509,7 @@ def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:
     """Run names are folder and MLflow names: each must obey the rule and be unique."""
     first: dict[str, RunSpec] = {}
     for r in runs:
-        why = names.problem(r.name, max_len=2 * names.MAX_LEN + 20)
+        why = names.problem(r.name, max_len=names.RUN_NAME_MAX)
         if why:
             raise SpecError(f"run {why}", file=file, condition=r.condition)
         if r.name in first:

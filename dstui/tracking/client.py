@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
-from dstui.core.rundir import CANCEL_FILE
+from dstui.core.rundir import PRIVATE_FILES
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -198,17 +198,17 @@ def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str
         staged = Path(tmp) / folder.name
         staged.mkdir()
         for p in folder.iterdir():
-            if p.is_file() and not p.name.startswith(".") and p.name != CANCEL_FILE:
+            if p.is_file() and not p.name.startswith(".") and p.name not in PRIVATE_FILES:
                 stage_file(p, staged / p.name)
         c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
 
 
 def stage_file(src: Path, dst: Path) -> None:
-    """Copy for upload; JSON files go through :func:`launch.redact` so secrets stay local."""
+    """Copy for upload; JSON goes through :func:`secrets.redact`, text loses URI credentials."""
     import json
     import shutil
 
-    from dstui.execute.launch import redact
+    from dstui.core.secrets import redact, strip_credentials
 
     if src.suffix == ".json":
         try:
@@ -216,6 +216,9 @@ def stage_file(src: Path, dst: Path) -> None:
             return
         except ValueError:
             pass
+    if src.suffix in (".log", ".txt", ".jsonl", ".yaml") and src.stat().st_size < 64 << 20:
+        dst.write_text(strip_credentials(src.read_text(errors="replace")))
+        return
     shutil.copy2(src, dst)
 
 

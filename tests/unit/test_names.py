@@ -142,6 +142,7 @@ def _tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")} if root.exists() else set()
 
 
+@pytest.mark.e2e  # the CLI in subprocesses
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec_name=hostile_text, cond=hostile_text, rev=hostile_text, axis=hostile_text, experiment=hostile_text)
 def test_every_cli_name_field_is_refused_or_stays_inside(
@@ -172,3 +173,38 @@ def test_every_cli_name_field_is_refused_or_stays_inside(
     assert new == set()
     assert all(p.is_relative_to(home / "runs") or p.is_relative_to(home / "mlruns") for p in _tree(home))
     assert not os.path.exists(home.parent / "escaped")
+
+
+def test_batch_folders_are_claimed_race_free(tmp_path: Path) -> None:
+    import threading
+
+    from dstui.execute.batch import _new_batch_dir
+
+    made: list[Path] = []
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            made.append(_new_batch_dir(tmp_path, "same").path)
+        except BaseException as e:  # noqa: BLE001 - the test counts every failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(made) == len(set(made)) == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made)
+
+
+def test_long_run_names_are_still_listed(tmp_path: Path) -> None:
+    from dstui.core.rundir import BatchDir
+
+    long_name = f"{'c' * 100}-{'v' * 100}-r0"
+    (tmp_path / long_name).mkdir()
+    (tmp_path / "outside").mkdir()
+    b = BatchDir(tmp_path)
+    b.update_info(runs=[long_name, "../outside", ".."])
+    assert [r.name for r in b.runs()] == [long_name]  # tampered entries are ignored
