@@ -54,7 +54,7 @@ def run_row(rd: RunDir) -> list[str]:
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or "")[:70],
+        (st.get("reason") or (st.get("diverged") or {}).get("message") or "")[:70],
     ]
 
 
