@@ -136,6 +136,10 @@ EXECUTORS: dict[str, Executor] = {"local": LocalExecutor()}
 def executor_for(st: dict | None = None) -> Executor:
     """The executor that runs (or will run) a job, by the name its status records."""
     name = (st or {}).get("executor") or "local"
+    if name == "slurm" and name not in EXECUTORS:  # registered on first use: `dstui status` never pays for it
+        from dstui.execute.slurm import SlurmExecutor
+
+        EXECUTORS["slurm"] = SlurmExecutor()
     try:
         return EXECUTORS[name]
     except KeyError:

@@ -48,25 +48,39 @@ def has_job(st: dict[str, Any]) -> bool:
     return bool(st.get("job_id")) and st.get("state") in ACTIVE_STATES
 
 
+# Slurm's answers are reused this long: one squeue a supervisor pass serves every run of the batch
+FRESH_S = 2.0
+
+
 class SlurmExecutor:
-    """Submits, follows and cancels a batch's Slurm jobs (one instance per supervisor)."""
+    """Submits, follows and cancels Slurm jobs; :class:`dstui.execute.executor.Executor` for ``"slurm"``.
+
+    The supervisor holds one per Slurm batch (``info`` = batch.json) and refreshes
+    every job of the batch with one squeue a pass; the registered instance
+    (``executor_for``) answers ``dstui cancel`` and ``--resume`` from a run's
+    status alone.
+    """
 
     name = "slurm"
 
-    def __init__(self, info: dict[str, Any]) -> None:
-        self.info = info
-        self.opts = SlurmOptions.model_validate(info.get("slurm") or {})
+    def __init__(self, info: dict[str, Any] | None = None) -> None:
+        self.info = info or {}
+        self.opts = SlurmOptions.model_validate(self.info.get("slurm") or {})
         self._jobs: dict[str, JobInfo] = {}
-        self._asked: set[str] = set()  # job ids squeue was asked about (an absent answer = forgotten)
+        self._asked: dict[str, float] = {}  # job id -> when squeue answered (absent from the answer = forgotten)
 
     @property
     def max_active(self) -> int:
         return self.opts.max_jobs or 1_000_000
 
-    def start(self, rd: RunDir) -> str:
+    def start(self, run: RunSpec, rd: RunDir, **_ignored: Any) -> str:
+        """Executor protocol: submit (python, cwd and revision come from the run folder and batch.json)."""
+        return self.submit(rd)
+
+    def submit(self, rd: RunDir) -> str:
         """Write job.sh into the run folder and sbatch it; the run stays 'queued' until Slurm runs it."""
         port = launch.free_port()
-        text, argv, run, rev = script_for(rd, self.info, port=port)
+        text, argv, run, rev = script_for(rd, self.info or rd.batch.info(), port=port)
         script = rd.path / SCRIPT_NAME
         script.write_text(text)
         rd.cmd_file.write_text(shlex.join(argv) + "\n")
@@ -88,9 +102,7 @@ class SlurmExecutor:
         changed = []
         followed = {rd.name: (rd, st) for rd in runs if has_job(st := rd.status())}
         ids = [st["job_id"] for _, st in followed.values()]
-        answer = slurm_cli.jobs(ids)
-        self._jobs.update(answer)
-        self._asked.update(ids)
+        answer = self._ask(ids)
         for rd, st in followed.values():
             job = answer.get(st["job_id"])
             if job is None or job.final:
@@ -107,18 +119,35 @@ class SlurmExecutor:
                 changed.append(rd)
         return changed
 
-    def is_alive(self, rd: RunDir) -> bool:
+    def _ask(self, ids: list[str]) -> dict[str, JobInfo]:
+        answer = slurm_cli.jobs(ids)
+        now = time.time()
+        self._jobs.update(answer)
+        self._asked.update(dict.fromkeys(ids, now))
+        return answer
+
+    # -- Executor protocol: per run, from its status.json --
+
+    def alive(self, st: dict[str, Any]) -> bool:
         """False once Slurm reports a final state or has forgotten the job."""
-        job_id = rd.status().get("job_id")
-        if not job_id or job_id not in self._asked:
-            return bool(job_id)
+        job_id = st.get("job_id")
+        if not job_id:
+            return False
+        if time.time() - self._asked.get(job_id, 0.0) > FRESH_S:
+            self._ask([job_id])
         job = self._jobs.get(job_id)
         return job is not None and not job.final
 
-    def kill(self, rd: RunDir) -> None:
-        job_id = rd.status().get("job_id")
-        if job_id:
-            slurm_cli.cancel(job_id)
+    def ended(self, rd: RunDir, st: dict[str, Any], handle: Any = None) -> bool:
+        return not self.alive(st)
+
+    def kill(self, st: dict[str, Any], grace_s: float = 0.0) -> None:
+        """scancel: Slurm signals every task and kills what is left after its KillWait."""
+        if st.get("job_id"):
+            slurm_cli.cancel(st["job_id"])
+
+    def reap(self, handle: Any) -> None:
+        """Nothing to collect here: the job's processes are Slurm's."""
 
     def outcome(self, rd: RunDir) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """How an ended job ended: (exit info, Slurm's verdict as status fields or None).

@@ -218,7 +218,7 @@ class Supervisor:
     def _submit(self, rd: RunDir) -> None:
         self.sink.child_run_id(rd)
         try:
-            self.slurm.start(rd)  # type: ignore[union-attr]
+            self.slurm.submit(rd)  # type: ignore[union-attr]
         except (slurm.SlurmError, OSError) as e:
             rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
 
@@ -249,10 +249,7 @@ class Supervisor:
         st = rd.update_status(diverged=flag.as_dict())
         if self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES:
             rd.update_status(guard_stop=True)
-            if self.slurm is not None and st.get("job_id"):
-                self.slurm.kill(rd)
-            else:
-                executor_for(st).kill(st, grace_s=1.0)
+            executor_for(st).kill(st, grace_s=1.0)
         self.sink.tag(rd, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
 
     def _check_job(self, rd: RunDir, st: dict) -> None:
@@ -260,12 +257,12 @@ class Supervisor:
         ex = self.slurm
         if ex is None or not self._jobs_known:
             return
-        if ex.is_alive(rd):
+        if ex.alive(st):
             if rd.cancel_file.exists() and not st.get("cancel_sent"):
                 rd.update_status(cancel_sent=True)
-                ex.kill(rd)
+                ex.kill(st)
             elif st.get("state") == "running" and st.get("started") and liveness.hung(rd, st):
-                ex.kill(rd)
+                ex.kill(st)
             return
         exit_info, verdict = ex.outcome(rd)
         if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)

@@ -33,6 +33,7 @@ from test_reliability import (
 
 from dstui.core.rundir import RunDir, list_batches
 from dstui.execute import slurm_cli
+from dstui.execute.executor import executor_for
 from dstui.execute.slurm_cli import JobInfo
 from dstui.execute.supervisor import is_supervised
 
@@ -130,6 +131,8 @@ def test_supervisor_kill9_takeover_every_step_once_then_retry(home: Path, slurm_
     assert second.state == "queued" and not second.status().get("job_id")  # max_jobs: 1
     os.kill(supervisor_pid(b), signal.SIGKILL)
     wait_for(lambda: not is_supervised(b), what="lock released")
+    st = first.status()  # unsupervised, the job goes on; the registered executor sees it from its status alone
+    assert executor_for(st).name == "slurm" and executor_for(st).alive(st)
     assert "took over" in dstui("status", check=True).stdout
     wait_for(lambda: finalized(b), 180, what="batch finalized")
     for rd in (first, second):

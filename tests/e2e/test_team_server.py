@@ -108,3 +108,25 @@ def test_report_fast_path_reads_postgres_like_sqlite(home: Path, team_server: Te
         got[method] = {k: (s.tolist(), [repr(x) for x in v.tolist()]) for k, (s, v) in runs[0].history.items()}
     assert got["sql"] == got["api"] == got["sqlite"]
     assert got["sql"]["loss"] == ([51], ["nan"])
+
+
+@pytest.mark.e2e
+def test_import_into_the_server_keeps_every_step(home: Path, team_server: TeamServer) -> None:
+    """`dstui import` of seed-format logs into the server, read back exactly; a report from it."""
+    logs = home / "seed-logs"
+    logs.mkdir()
+    steps = [(s, 11.0 / s + s * 1e-7, 0.25 + s / 1000) for s in range(1, 31)]
+    (logs / "z2_run.log").write_text("".join(
+        f"Epoch 1, Step {s}, Loss: {loss!r} sync: True time: {t!r} alloc_mem: {s * 1000} peak_mem: {s * 2000}\n"
+        for s, loss, t in steps
+    ))  # fmt: skip
+    server = {"MLFLOW_TRACKING_URI": team_server.uri}
+    out = dstui("import", str(logs), "--experiment", "seed-import", env=server)
+    assert out.returncode == 0 and "imported 1 run(s), 30 steps" in out.stdout, out.stdout + out.stderr
+    c = mlflow_client(team_server.uri)
+    (run,) = c.search_runs([c.get_experiment_by_name("seed-import").experiment_id], "tags.`dstui.role` = 'run'")
+    assert [(m.step, m.value) for m in sorted(c.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)] == [
+        (s, loss) for s, loss, _ in steps
+    ]
+    r = dstui("report", "-e", "seed-import", "-o", str(home / "rep"), "--no-mlflow-artifact", env=server)
+    assert r.returncode == 0 and (home / "rep" / "report.md").is_file(), r.stdout + r.stderr
