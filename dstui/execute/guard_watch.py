@@ -15,12 +15,13 @@ are not re-checked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.core.errors import SpecError
 from dstui.core.records import STEP, Follower, parse_json_line
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig
 from dstui.spec.models import ExperimentSpec, RunSpec
 
@@ -60,6 +61,19 @@ class _BaselineCurve:
                 if rec and rec["type"] == STEP and rec.get("loss") is not None:
                     self.losses[int(rec["step"])] = float(rec["loss"])
         return self.losses
+
+
+def tags_of(st: dict[str, Any]) -> dict[str, str]:
+    """The MLflow tag of a flagged run, from its status: ``dstui.diverged = "step N (Δ=…)"``."""
+    flag = st.get("diverged")
+    return {"dstui.diverged": flag["message"].removeprefix("diverged at ")} if flag else {}
+
+
+def stopped_outcome(st: dict[str, Any]) -> dict[str, Any] | None:
+    """How a run the guard ended settles: killed, reason ``diverged at step N (…)``; else None."""
+    if st.get("guard_stop") and st.get("diverged"):
+        return {"state": "killed", "reason": st["diverged"]["message"]}
+    return None
 
 
 def _kind(rd: RunDir) -> str:
@@ -121,3 +135,22 @@ class BatchGuard:
             curve = self.curves[base_rd.name] = _BaselineCurve(Follower(base_rd.metrics_file))
         ended = base_rd.state in FINAL_STATES  # read after the state: a final state means a complete file
         return g.check(curve.read(), baseline_ended=ended)
+
+    def after_ingest(
+        self, rd: RunDir, *, kill: Callable[[dict[str, Any]], None], tag: Callable[[dict[str, str]], None]
+    ) -> Flag | None:
+        """The supervisor's one call after ingesting a run's new records.
+
+        A new flag goes to status.json (``diverged``) and MLflow (``tag``); with
+        ``stop_on`` the run is marked ``guard_stop`` and ``kill`` ends its job, so
+        that it settles as :func:`stopped_outcome` says.
+        """
+        flag = self.check(rd)
+        if flag is None:
+            return None
+        st = rd.update_status(diverged=flag.as_dict())
+        if self.guard(rd).should_stop and st.get("state") in ACTIVE_STATES:
+            st = rd.update_status(guard_stop=True)
+            kill(st)
+        tag(tags_of(st))
+        return flag

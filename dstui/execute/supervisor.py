@@ -48,7 +48,7 @@ from dstui.core.rundir import (
     read_json,
     write_json_atomic,
 )
-from dstui.execute import launch, slurm, sysmetrics
+from dstui.execute import guard_watch, launch, slurm, sysmetrics
 from dstui.execute.guard_watch import BatchGuard
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
@@ -616,22 +616,17 @@ class Supervisor:
         rd.update_status(**fields)
 
     def _guard(self, rd: RunDir) -> None:
-        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
-        flag = self.guards.check(rd)
-        if flag is None:
-            return
-        log.warning("%s: %s", rd.name, flag.message)
-        st = rd.update_status(diverged=flag.as_dict())
-        stop = self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES
-        if stop:
-            rd.update_status(guard_stop=True)
-            kill_group(st.get("pgid"), grace_s=1.0)
-        c, rid = self.mlflow(), self.child_run_id(rd)
-        if c is not None and rid:
-            try:
-                tracking.set_tags(c, rid, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
-            except Exception as e:
-                self._tracking_down(e)
+        """Flag a NaN/diverged loss at its step; end the run if the spec's stop_on says so."""
+
+        def kill(st: dict) -> None:
+            if self.executor is not None:
+                self.executor.kill(rd)
+            else:
+                kill_group(st.get("pgid"), grace_s=1.0)
+
+        flag = self.guards.after_ingest(rd, kill=kill, tag=lambda tags: self._tag(rd, tags))
+        if flag is not None:
+            log.warning("%s: %s", rd.name, flag.message)
 
     def _check_liveness(self, t: Tracked, rd: RunDir, st: dict) -> None:
         if self.executor is not None:
@@ -702,8 +697,8 @@ class Supervisor:
         fields: dict[str, Any] = {"exit_code": code, "signal": sig, "ended": time.time()}
         if rd.cancel_file.exists():
             fields.update(state="killed", reason="cancelled")
-        elif st.get("guard_stop"):
-            fields.update(state="killed", reason=st["diverged"]["message"])
+        elif guard_watch.stopped_outcome(st):
+            fields.update(guard_watch.stopped_outcome(st))
         elif st.get("hung"):
             hung_after = (rd.spec().get("settings") or {}).get("hung_after_s")
             fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
@@ -778,8 +773,7 @@ class Supervisor:
                 tags["dstui.verdict"] = st["verdict"]
             if st.get("job_id"):
                 tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
-            if st.get("diverged"):  # again here: the live tag is lost if MLflow was down then
-                tags["dstui.diverged"] = st["diverged"]["message"].removeprefix("diverged at ")
+            tags.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
             tracking.set_tags(c, rid, tags)
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
