@@ -560,7 +560,6 @@ class Supervisor:
                 for key, value in metric_values(rec).items():
                     points.append((key, value, ts, step))
                 steps_done = step
-                self.guards.observe(rd, rec)
                 last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
             elif rec["type"] == SUMMARY:
                 step = int(rec.get("steps") or 0)
