@@ -12,7 +12,9 @@ Memory is in bytes; shown in GiB (bytes / 2**30).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,6 +235,20 @@ def _ds_config_of(params: dict[str, str]) -> dict[str, Any]:
     return {"zero_optimization": zero}
 
 
+@contextlib.contextmanager
+def _fail_fast() -> Iterator[None]:
+    """One try, 10 s at most, against a tracking server: a forecast must not hold up a launch."""
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: v for k, v in keys.items() if old[k] is None})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
 def forecast_runs(
     runs: Sequence[Any],
     ds_configs: dict[str, dict] | None = None,
@@ -250,7 +266,8 @@ def forecast_runs(
         # a SQLite store that does not exist yet holds no history: don't create (migrate) one here
         if not (uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()):
             try:
-                fit = history_fit(tracking.client(uri), (r.settings.model for r in runs))
+                with _fail_fast():
+                    fit = history_fit(tracking.client(uri), (r.settings.model for r in runs))
             except Exception:  # unreachable store: the analytic estimate still works
                 fit = None
     return {r.name: forecast(r.settings, ds_config=(ds_configs or {}).get(r.name), fit=fit) for r in runs}

@@ -8,19 +8,23 @@ under the same revision and repeat, falling back to repeat 0; runs of
 another kind than the baseline's (a ``verify`` run beside ``train`` runs)
 get only the NaN check.
 
-A flag is kept in the run's ``status.json`` (``diverged``), so a supervisor
-that takes over does not flag a run twice; steps ingested before a takeover
-are not re-checked.
+The guard reads each run's losses from its own metrics file (NaN included,
+which ingestion drops), so the supervisor's whole hook is :meth:`BatchGuard.after_ingest`
+after each pass over a run, :func:`stopped_outcome` where a run is settled and
+:func:`tags_of` with its final MLflow tags. A flag is kept in the run's
+``status.json`` (``diverged``), so a supervisor that takes over re-reads the
+curves but never flags a run twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.core.errors import SpecError
-from dstui.core.records import STEP, Follower, parse_json_line
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.core.records import STEP, Follower, parse_json_line, parse_seed_line
+from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig
 from dstui.spec.models import ExperimentSpec, RunSpec
 
@@ -49,17 +53,41 @@ def config_of(spec: dict[str, Any]) -> GuardConfig:
 
 
 @dataclass
-class _BaselineCurve:
+class _Curve:
+    """A run's losses by step, read incrementally from its metrics (jsonl, or the seed's log lines)."""
+
     follower: Follower
+    seed_format: bool = False
     losses: dict[int, float] = field(default_factory=dict)
 
-    def read(self) -> dict[int, float]:
+    @classmethod
+    def of(cls, rd: RunDir) -> _Curve:
+        seed = (rd.spec().get("settings") or {}).get("metrics_format") == "seed"
+        return cls(Follower(rd.log_file if seed else rd.metrics_file), seed)
+
+    def read_new(self) -> dict[int, float]:
+        """The steps read by this call (NaN and inf included: ingestion drops them, the guard needs them)."""
+        new: dict[int, float] = {}
         while lines := self.follower.read_lines():
             for line, _ in lines:
-                rec = parse_json_line(line)
+                rec = parse_seed_line(line) if self.seed_format else parse_json_line(line)
                 if rec and rec["type"] == STEP and rec.get("loss") is not None:
-                    self.losses[int(rec["step"])] = float(rec["loss"])
-        return self.losses
+                    new[int(rec["step"])] = float(rec["loss"])
+        self.losses.update(new)
+        return new
+
+
+def tags_of(st: dict[str, Any]) -> dict[str, str]:
+    """The MLflow tag of a flagged run, from its status: ``dstui.diverged = "step N (Δ=…)"``."""
+    flag = st.get("diverged")
+    return {"dstui.diverged": flag["message"].removeprefix("diverged at ")} if flag else {}
+
+
+def stopped_outcome(st: dict[str, Any]) -> dict[str, Any] | None:
+    """How a run the guard ended settles: killed, reason ``diverged at step N (…)``; else None."""
+    if st.get("guard_stop") and st.get("diverged"):
+        return {"state": "killed", "reason": st["diverged"]["message"]}
+    return None
 
 
 def _kind(rd: RunDir) -> str:
@@ -73,7 +101,7 @@ class BatchGuard:
         self.batch = batch
         self.config = config_of(batch.info().get("spec") or {})
         self.guards: dict[str, DivergenceGuard] = {}
-        self.curves: dict[str, _BaselineCurve] = {}
+        self.curves: dict[str, _Curve] = {}  # every run's own losses and its baseline's, by run name
         self._baselines: dict[str, RunDir | None] = {}  # run name -> its baseline run (specs never change)
 
     def _baseline_of(self, rd: RunDir) -> RunDir | None:
@@ -99,14 +127,23 @@ class BatchGuard:
             self.guards[rd.name] = g
         return g
 
-    def observe(self, rd: RunDir, rec: dict[str, Any]) -> None:
-        """One step record of ``rd``, as ingested."""
-        self.guard(rd).observe(rec["step"], rec.get("loss"))
+    def _curve(self, rd: RunDir) -> _Curve:
+        if rd.name not in self.curves:
+            self.curves[rd.name] = _Curve.of(rd)
+        return self.curves[rd.name]
 
     def check(self, rd: RunDir) -> Flag | None:
-        """The run's new flag, if this call raised one."""
+        """Read the run's new steps and decide them; the run's new flag, if this call raised one.
+
+        The guard reads the run's metrics itself (not the ingested points: those
+        leave NaN out), so it needs nothing from ingestion but this call.
+        """
         g = self.guard(rd)
-        if g.flag is not None or not g.pending:
+        if g.flag is not None:
+            return None
+        for step, loss in self._curve(rd).read_new().items():
+            g.observe(step, loss)
+        if not g.pending:
             return None
         if rd.name not in self._baselines:
             base = None if g.is_baseline else self._baseline_of(rd)
@@ -116,8 +153,26 @@ class BatchGuard:
         base_rd = self._baselines[rd.name]
         if base_rd is None:
             return g.check(None, baseline_ended=True)
-        curve = self.curves.get(base_rd.name)
-        if curve is None:
-            curve = self.curves[base_rd.name] = _BaselineCurve(Follower(base_rd.metrics_file))
         ended = base_rd.state in FINAL_STATES  # read after the state: a final state means a complete file
-        return g.check(curve.read(), baseline_ended=ended)
+        curve = self._curve(base_rd)
+        curve.read_new()
+        return g.check(curve.losses, baseline_ended=ended)
+
+    def after_ingest(
+        self, rd: RunDir, *, kill: Callable[[dict[str, Any]], None], tag: Callable[[dict[str, str]], None]
+    ) -> Flag | None:
+        """The supervisor's one call after ingesting a run's new records.
+
+        A new flag goes to status.json (``diverged``) and MLflow (``tag``); with
+        ``stop_on`` the run is marked ``guard_stop`` and ``kill`` ends its job, so
+        that it settles as :func:`stopped_outcome` says.
+        """
+        flag = self.check(rd)
+        if flag is None:
+            return None
+        st = rd.update_status(diverged=flag.as_dict())
+        if self.guard(rd).should_stop and st.get("state") in ACTIVE_STATES:
+            st = rd.update_status(guard_stop=True)
+            kill(st)
+        tag(tags_of(st))
+        return flag

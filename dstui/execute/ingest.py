@@ -126,8 +126,6 @@ def read_points(
             for key, value in metric_values(rec).items():
                 points.append((key, value, ts, step))
             steps_done = step
-            if on_step is not None:
-                on_step(rec)
             last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
         elif rec["type"] == SUMMARY:
             step = int(rec.get("steps") or 0)

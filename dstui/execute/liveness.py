@@ -14,6 +14,7 @@ from typing import Any
 
 from dstui.core import failures
 from dstui.core.rundir import RunDir, read_json
+from dstui.execute import guard_watch
 from dstui.execute.executor import Executor
 from dstui.execute.ingest import Tracked
 
@@ -95,8 +96,8 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
     fields: dict[str, Any] = {"exit_code": code, "signal": sig}
     if cancelled:
         fields.update(state="killed", reason="cancelled")
-    elif st.get("guard_stop"):
-        fields.update(state="killed", reason=st["diverged"]["message"])
+    elif guard_watch.stopped_outcome(st):
+        fields.update(guard_watch.stopped_outcome(st))
     elif st.get("hung"):
         hung_after = settings.get("hung_after_s")
         fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")

@@ -19,6 +19,7 @@ from typing import Any
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, read_json
 from dstui.core.secrets import redact, strip_credentials
+from dstui.execute import guard_watch
 from dstui.execute.ingest import Tracked
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
@@ -246,8 +247,7 @@ class MlflowSink:
                 tags["dstui.verdict"] = st["verdict"]
             if st.get("job_id"):
                 tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
-            if st.get("diverged"):  # again here: the live tag is lost if MLflow was down then
-                tags["dstui.diverged"] = st["diverged"]["message"].removeprefix("diverged at ")
+            tags.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
             tracking.set_tags(c, rid, tags)
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import LockHeld
-from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import ingest, launch, liveness, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
@@ -230,7 +230,7 @@ class Supervisor:
         live = self._live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
-        t.pending.extend(self._read(t, on_step=lambda rec: self.guards.observe(rd, rec)))
+        t.pending.extend(self._read(t))
         self._guard(rd)
         if live and self.slurm is not None:
             self._check_job(rd, st)
@@ -242,15 +242,11 @@ class Supervisor:
 
     def _guard(self, rd: RunDir) -> None:
         """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
-        flag = self.guards.check(rd)
-        if flag is None:
-            return
-        log.warning("%s: %s", rd.name, flag.message)
-        st = rd.update_status(diverged=flag.as_dict())
-        if self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES:
-            rd.update_status(guard_stop=True)
-            executor_for(st).kill(st, grace_s=1.0)
-        self.sink.tag(rd, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
+        flag = self.guards.after_ingest(
+            rd, kill=lambda st: executor_for(st).kill(st, grace_s=1.0), tag=lambda tags: self.sink.tag(rd, tags)
+        )
+        if flag is not None:
+            log.warning("%s: %s", rd.name, flag.message)
 
     def _check_job(self, rd: RunDir, st: dict) -> None:
         """A Slurm run: alive while Slurm says so; cancel and hang go through scancel."""

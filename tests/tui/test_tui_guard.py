@@ -1,15 +1,16 @@
-"""The live divergence/NaN guard in the TUI: red rows and legends, and a real batch flagged live."""
+"""The divergence guard in the TUI (red row and legend), and the whole flow on real DeepSpeed runs."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from helpers import mlflow_client
 from tui_helpers import fixture_batch, wait_for
 
 from dstui.execute.guard import Flag, losses_from_records
 
-# -- in the product: TUI (fixture), then the whole flow on real DeepSpeed runs ------------------
+pytestmark = pytest.mark.anyio
 
 def _legend_text(screen) -> str:  # noqa: ANN001
     from textual.widgets import Static
@@ -17,8 +18,7 @@ def _legend_text(screen) -> str:  # noqa: ANN001
     return str(screen.query_one("#legend", Static).render())
 
 
-@pytest.mark.anyio
-async def test_tui_rows_and_legend_turn_red_for_a_flagged_run(tui_env) -> None:  # noqa: F811
+async def test_tui_rows_and_legend_turn_red_for_a_flagged_run(tui_env) -> None:  # noqa: ANN001
     from rich.text import Text
 
     from dstui.core.rundir import RunDir
@@ -63,8 +63,7 @@ def _first_departing_step(a: dict[int, float], b: dict[int, float], atol: float)
 
 
 @pytest.mark.e2e
-@pytest.mark.anyio
-async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None:  # noqa: F811
+async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None:  # noqa: ANN001
     """One `dstui run` (4 tiny DeepSpeed jobs, 2 CPU ranks), watched by the TUI while it runs."""
     import os
     import subprocess
@@ -121,8 +120,6 @@ async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None: 
     assert nan["state"] == "killed" and nan["reason"] == "diverged at step 2 (loss=nan)"
     assert nan["steps_done"] < 300  # ended early
     assert "nan-r0  killed" in out
-
-    from helpers import mlflow_client
 
     client = mlflow_client()
     exp = client.get_experiment_by_name("guard-e2e")

@@ -100,13 +100,17 @@ def test_losses_from_records() -> None:
         ("{stop_on: [oom]}", "field 'guard.stop_on.0'"),
     ],
 )
-def test_bad_guard_settings_are_one_line_errors(home, guard: str, message: str) -> None:  # noqa: ANN001
-    from helpers import dstui
+def test_bad_guard_settings_are_one_line_errors(tmp_path, guard: str, message: str) -> None:  # noqa: ANN001
+    """Found while planning (before any folder exists): `dstui run`/`list` exit 2 with this line."""
+    from dstui.core.errors import SpecError
+    from dstui.execute import batch
 
-    spec = home / "g.yaml"
+    spec = tmp_path / "g.yaml"
     spec.write_text(f"name: g\nconditions: [{{name: a}}, {{name: b}}]\nguard: {guard}\n")
-    proc = dstui("list", "--no-validate", str(spec))
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    with pytest.raises(SpecError) as err:
+        batch.plan(spec, validate=False, resolve_revisions=False)
+    assert message in str(err.value) and str(spec) in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def _run_folder(batch, name: str, condition: str, kind: str, losses: list[float], state: str) -> None:  # noqa: ANN001
@@ -123,7 +127,6 @@ def _run_folder(batch, name: str, condition: str, kind: str, losses: list[float]
 
 
 def test_batch_guard_reads_the_baseline_from_disk_and_survives_a_takeover(tmp_path) -> None:  # noqa: ANN001
-    from dstui.core.records import read_records
     from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
     from dstui.execute.guard_watch import BatchGuard
 
@@ -136,10 +139,7 @@ def test_batch_guard_reads_the_baseline_from_disk_and_survives_a_takeover(tmp_pa
     b = BatchDir(path)
 
     def feed(guards: BatchGuard, name: str):  # noqa: ANN202
-        rd = RunDir(path / name)
-        for rec in read_records(rd.metrics_file):
-            guards.observe(rd, rec)
-        return guards.check(rd)
+        return guards.check(RunDir(path / name))
 
     guards = BatchGuard(b)
     assert feed(guards, "lr-r0") is None  # step 3 waits for the baseline's step 3
@@ -149,6 +149,6 @@ def test_batch_guard_reads_the_baseline_from_disk_and_survives_a_takeover(tmp_pa
     flag = guards.check(RunDir(path / "lr-r0"))
     assert flag is not None and flag.step == 3 and flag.baseline == 5.2
     RunDir(path / "lr-r0").update_status(diverged=flag.as_dict())  # as the supervisor does
-    # a new supervisor re-reads nothing old, and never flags the run twice
+    # a new supervisor re-reads the curves, and never flags the run twice
     again = BatchGuard(b)
     assert feed(again, "lr-r0") is None and again.guard(RunDir(path / "lr-r0")).flag == flag
