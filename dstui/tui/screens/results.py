@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
-from dstui.commands._common import fmt_bytes, fmt_num
+from dstui.core.formatting import fmt_bytes, fmt_num
 
 ALL_BATCHES = "__all__"
 COLUMNS = (
