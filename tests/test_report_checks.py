@@ -185,3 +185,35 @@ def test_imported_log_version_compile_best_loss_alloc(tmp_path: Path, monkeypatc
     # warm-up: one logged step excluded (step 40), not "the first 40 optimizer steps"
     assert "optimizer steps up to step 40 of every run" in md and "that is 1 logged step(s) per run" in md
     assert "first 40 optimizer step(s)" not in md
+
+
+def test_worst_tensors_from_the_runs_metrics_artifact(store: tuple[Any, str, str], tmp_path: Path) -> None:  # noqa: F811
+    """The parity runner's summary record (run/metrics.jsonl artifact) carries worst, tolerance and its basis."""
+    client, exp_id, _ = store
+    parent = make_parent(client, exp_id, BATCH)
+    rid = log_run(client, exp_id, parent, condition="verify-z2", kind="verify", tags={"dstui.verdict": "FAIL"},
+                  history={"loss_abs_diff": [(s, 1e-3 * s) for s in STEPS]})
+    folder = tmp_path / "run"
+    folder.mkdir()
+    summary = {"type": "summary", "verdict": "FAIL", "first_diverging_step": 7, "tolerance": {"rtol": 0.01, "atol": 0.002},
+               "tolerance_basis": "bf16 default", "worst": [{"name": "lm_head.weight", "kind": "grad", "max_abs_diff": 0.03}]}
+    (folder / "metrics.jsonl").write_text(json.dumps({"type": "header"}) + "\n" + json.dumps(summary) + "\n")
+    client.log_artifacts(rid, str(folder), artifact_path="run")
+    md = export_report(EXP, tmp_path / "art").read_text()
+    assert "| verify-z2-r0 | verify-z2 | done | **FAIL** | 7 | grad `lm_head.weight` (3.000e-02) |" in md
+    assert "rtol 1.000e-02, atol 2.000e-03; bf16 default" in md
+
+
+def test_compare_says_which_loss_tolerance(store: tuple[Any, str, str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    client, exp_id, _ = store
+    parent = make_parent(client, exp_id, BATCH)
+    for rev in ("stable", "main"):
+        for rep in range(2):
+            log_run(client, exp_id, parent, condition="z1", revision=rev, repeat=rep, params={"dtype": "bf16"},
+                    history={"iter_time": [(s, 0.1 + 0.01 * rep) for s in STEPS], "loss": losses(0.0)})
+    from dstui.commands import compare as cmd
+
+    assert cmd.run(argparse.Namespace(experiment=EXP, baseline="stable", batch=None, loss_tol=None, json=False)) == 0
+    level = float(np.median(np.abs([v for _, v in losses(0.0)])))
+    out = capsys.readouterr().out
+    assert f"loss tolerance {32 * 2**-8 * level:g} (bf16: 32 ulp" in out, out

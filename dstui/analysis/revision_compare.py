@@ -32,10 +32,11 @@ from typing import Any
 
 from dstui.analysis.intervals import METHOD as INTERVAL_METHOD
 from dstui.analysis.intervals import fieller_ratio
+from dstui.analysis.parity import FP32_TOLERANCE
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
-DEFAULT_LOSS_TOL = 1e-3
+DEFAULT_LOSS_TOL = FP32_TOLERANCE
 METHOD = (
     "iteration time = per-run mean excluding warm-up, mean ± std across repeats; "
     f"ratio interval = {INTERVAL_METHOD}; "

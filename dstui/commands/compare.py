@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from dstui.analysis.parity import default_tolerance
 from dstui.analysis.revision_compare import (
     DEFAULT_LOSS_TOL,
     METHOD,
@@ -33,14 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loss-tol",
         type=float,
-        default=DEFAULT_LOSS_TOL,
-        help=f"largest allowed |loss difference| at any step (default {DEFAULT_LOSS_TOL:g})",
+        default=None,
+        help=f"largest allowed |loss difference| at any step (default: derived like the report's: "
+        f"{DEFAULT_LOSS_TOL:g} for fp32, 32 ulp x median |loss| for bf16/fp16, or 3 x the spread between "
+        "repeats when larger; the output says which)",
     )
     parser.add_argument("--json", action="store_true", help="print the comparisons as JSON")
 
 
 def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str, list[RunSample]]:
     """Per-run samples of one batch (chosen as the newest with the baseline when not given)."""
+    batch_id, samples, _ = load_batch(experiment, batch, baseline)
+    return batch_id, samples
+
+
+def load_batch(experiment: str, batch: str | None, baseline: str) -> tuple[str, list[RunSample], tuple[float, str]]:
+    """Batch id, per-run samples and the default loss tolerance with how it was derived."""
     from dstui.analysis import runs as analysis
     from dstui.tracking import client as tracking
 
@@ -58,7 +67,9 @@ def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str
     analysis.fetch_histories(client, uri, runs)
     for r in runs:
         r.stats = analysis.compute_run_stats(r)
-    return batch or "", samples_from_runs(runs)
+    analysis.assign_labels(runs)
+    trained = [c for c in analysis.condition_stats(runs) if c.kind != "verify"]
+    return batch or "", samples_from_runs(runs), default_tolerance(trained)
 
 
 def _no_baseline(baseline: str, runs: list[Any]) -> str:
@@ -103,8 +114,10 @@ def format_table(comps: list[Comparison]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    batch, samples = load_samples(args.experiment, args.batch, args.baseline)
-    comps = compare(samples, args.baseline, loss_tol=args.loss_tol)
+    batch, samples, (tol, basis) = load_batch(args.experiment, args.batch, args.baseline)
+    if args.loss_tol is not None:
+        tol, basis = args.loss_tol, "given"
+    comps = compare(samples, args.baseline, loss_tol=tol)
     if comps and not any(c.n_base for c in comps):
         base = [s for s in samples if s.revision == args.baseline]
         raise DstuiError(
@@ -113,13 +126,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(json.dumps({"experiment": args.experiment, "batch": batch, "baseline": args.baseline,
-                          "method": METHOD, "comparisons": [c.to_dict() for c in comps]}, indent=2))
+                          "method": METHOD, "loss_tolerance": tol, "loss_tolerance_basis": basis,
+                          "comparisons": [c.to_dict() for c in comps]}, indent=2))
         return 0
     if not comps:
         revs = sorted({s.revision for s in samples})
         raise DstuiError(f"nothing to compare: batch {batch} has only revision(s) {', '.join(revs)}")
     print(f"experiment {args.experiment}, batch {batch}, baseline '{args.baseline}'")
-    print(f"method: {METHOD}; loss tolerance {args.loss_tol:g}")
+    print(f"method: {METHOD}")
+    print(f"loss tolerance {tol:g} ({basis})")
     print()
     print(format_table(comps))
     return 0

@@ -11,12 +11,12 @@ from typing import Any
 
 from dstui.analysis import runs as an
 from dstui.analysis.checks import CheckResult, check_of, sp_check_runs
-from dstui.analysis.parity import default_tolerance
+from dstui.analysis.parity import FP32_TOLERANCE, default_tolerance
 from dstui.analysis.revision_compare import Comparison, compare, samples_from_runs
 from dstui.analysis.runs import ConditionStats, Parity, RunData
 from dstui.report import charts
 
-DEFAULT_TOLERANCE = 1e-3
+DEFAULT_TOLERANCE = FP32_TOLERANCE
 
 
 class ReportContext:

@@ -32,36 +32,20 @@ def draw(ctx: ReportContext, out: Path) -> None:
             xlabel=f"iteration time per optimizer step ({ctx.unit}); error bar: ±1 std",
             title="Mean iteration time after warm-up (lower is better; red: baseline)",
         ).name
-    if any(c.mem_peak_max is not None for c in ctx.train):
-        ctx.images["memory"] = charts.hbars(
-            labels,
-            [c.mem_peak_gb for c in ctx.train],
-            out / "memory.png",
-            markers=markers,
-            highlight=ctx.baseline,
-            xlabel="peak memory (GiB = 2^30 bytes; GPU: CUDA max allocated, CPU: peak RSS)",
-            title="Peak memory per rank (lower is better; red: baseline)",
-        ).name
-    if any(c.tokens_per_s_mean is not None for c in ctx.train):
-        ctx.images["throughput"] = charts.hbars(
-            labels,
-            [c.tokens_per_s_mean for c in ctx.train],
-            out / "throughput.png",
-            markers=markers,
-            highlight=ctx.baseline,
-            xlabel="throughput (tokens/s, all ranks)",
-            title="Training throughput after warm-up (higher is better; red: baseline)",
-        ).name
-    if any(c.mfu_mean is not None for c in ctx.train):
-        ctx.images["mfu"] = charts.hbars(
-            labels,
-            [c.mfu_mean * 100 if c.mfu_mean is not None else None for c in ctx.train],
-            out / "mfu.png",
-            markers=markers,
-            highlight=ctx.baseline,
-            xlabel="model FLOPs utilisation (% of peak)",
-            title="MFU after warm-up (higher is better; red: baseline)",
-        ).name
+    bars = (
+        ("memory", [c.mem_peak_gb for c in ctx.train],
+         "peak memory (GiB = 2^30 bytes; GPU: CUDA max allocated, CPU: peak RSS)",
+         "Peak memory per rank (lower is better; red: baseline)"),
+        ("throughput", [c.tokens_per_s_mean for c in ctx.train], "throughput (tokens/s, all ranks)",
+         "Training throughput after warm-up (higher is better; red: baseline)"),
+        ("mfu", [c.mfu_mean * 100 if c.mfu_mean is not None else None for c in ctx.train],
+         "model FLOPs utilisation (% of peak)", "MFU after warm-up (higher is better; red: baseline)"),
+    )  # fmt: skip
+    for key, values, xlabel, title in bars:
+        if any(v is not None for v in values):
+            ctx.images[key] = charts.hbars(
+                labels, values, out / f"{key}.png", markers=markers, highlight=ctx.baseline, xlabel=xlabel, title=title
+            ).name
     pts = [
         (c.label, c.iter_time_mean * ctx.scale, c.mem_peak_gb)
         for c in ctx.train
