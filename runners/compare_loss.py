@@ -97,8 +97,8 @@ from parity import (  # noqa: E402  (needs the sys.path lines above)
 )
 from pydantic import ValidationError  # noqa: E402
 
-from dstui import dsconfig  # noqa: E402
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter  # noqa: E402
+from dstui.spec import dsconfig  # noqa: E402
 from dstui.spec.models import Settings  # noqa: E402
 
 MODELS_DIR = _REPO / "configs" / "models"

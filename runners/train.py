@@ -33,11 +33,12 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from dstui import dsconfig  # noqa: E402
+import common  # noqa: E402
+from common import RunnerError  # noqa: E402
+
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line  # noqa: E402
+from dstui.spec import dsconfig  # noqa: E402
 from dstui.spec.models import Settings  # noqa: E402
-from runners import common  # noqa: E402
-from runners.common import RunnerError  # noqa: E402
 
 _D = Settings.model_fields
 
@@ -264,7 +265,7 @@ class Trainer:
             config.use_cache = False  # a KV cache is useless in training and costs memory
         mpu = None
         if self.sp > 1:
-            from runners import ulysses
+            import ulysses
 
             mpu = ulysses.register(args, config, heads, kv_heads)
         model = common.build_model(
@@ -332,14 +333,14 @@ class Trainer:
         blocks = common.pack(tokens, a.seq_length)
         self.shard = common.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
         if self.sp > 1:
-            from runners import ulysses
+            import ulysses
 
             return ulysses.data(self.shard, self.accel)
         return iter(self.shard)
 
     def loss_of(self, batch: dict[str, Any]) -> Any:
         if self.sp > 1:
-            from runners import ulysses
+            import ulysses
 
             return ulysses.loss(self.engine, batch)
         return self.engine(**batch).loss
@@ -480,8 +481,7 @@ def train(
 def sp_check(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: list[float]) -> bool:
     """Train again without sequence parallelism on the same samples and compare the logged losses."""
     import deepspeed
-
-    from runners import ulysses
+    import ulysses
 
     ref_args = argparse.Namespace(**vars(args))
     ulysses.reset()
@@ -503,7 +503,7 @@ def sp_check(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: lis
 
 def train_reference(args: argparse.Namespace, ds_config: dict[str, Any]) -> list[float]:
     """The no-SP twin of an SP run: each rank trains on the full micro batches its SP group saw."""
-    from runners import ulysses
+    import ulysses
 
     tr = Trainer(args, ds_config, use_sp=False)
     tr.batches = ulysses.reference_batches(tr.shard, args.sequence_parallel, tr.rank, tr.world)

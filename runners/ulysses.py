@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from runners.common import RunnerError, ShardedBatches
+from common import RunnerError, ShardedBatches
 
 # torch 2.13 deprecates the autograd-aware all_gather in favour of a private
 # API; the public one is what DeepSpeed's tutorial uses, so keep it, quietly.

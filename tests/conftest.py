@@ -1,16 +1,23 @@
-"""Shared fixtures: every test gets its own dstui home and MLflow store."""
+"""Shared fixtures: every test gets its own dstui home and MLflow store.
+
+Tiers by folder: ``unit/`` (no process launched unless marked e2e), ``tui/`` (Textual Pilot and
+snapshots), ``e2e/`` (real processes: supervisors, DeepSpeed). Everything under ``e2e/`` is
+marked ``e2e`` here, so ``pytest -m "not e2e"`` is the fast inner loop.
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SPECS = REPO / "configs" / "experiments"
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="module")
@@ -34,23 +41,3 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (h / "mlruns").mkdir()
     monkeypatch.chdir(h)
     return h
-
-
-def dstui(*args: str, timeout: float = 600, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "dstui", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dstui {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def mlflow_client(uri: str | None = None):
-    from mlflow import MlflowClient
-
-    return MlflowClient(uri or os.environ["MLFLOW_TRACKING_URI"])

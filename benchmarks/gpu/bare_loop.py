@@ -30,10 +30,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# runners/ import their siblings as top-level modules (they run as scripts from that folder)
+for _p in (str(REPO), str(REPO / "runners")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
-from runners import common  # noqa: E402
+import common  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

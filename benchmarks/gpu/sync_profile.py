@@ -42,8 +42,10 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# runners/ import their siblings as top-level modules (they run as scripts from that folder)
+for _p in (str(REPO), str(REPO / "runners")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize",
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
-    from runners import common
-    from runners import train as tr_mod
+    import common
+    import train as tr_mod
 
     targv = [
         "--model", a.model, "--dataset", a.dataset, "--seq-length", str(a.seq_length),

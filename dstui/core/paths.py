@@ -12,8 +12,18 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dstui/
 REPO_DIR = PACKAGE_DIR.parent
-CONFIGS_DIR = REPO_DIR / "configs"
-RUNNERS_DIR = REPO_DIR / "runners"
+
+
+def _shipped(name: str) -> Path:
+    """A checkout's top-level folder, else the copy a regular install carries (see setup.py)."""
+    in_checkout = REPO_DIR / name
+    if (REPO_DIR / "pyproject.toml").is_file() and in_checkout.is_dir():
+        return in_checkout
+    return PACKAGE_DIR / "bundled" / name
+
+
+CONFIGS_DIR = _shipped("configs")
+RUNNERS_DIR = _shipped("runners")
 
 
 def home() -> Path:

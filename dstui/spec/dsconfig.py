@@ -100,8 +100,56 @@ def from_settings(s: Settings) -> dict[str, Any]:
     return cfg
 
 
+# Where a setting lands in the ds_config, and what the config means when the key is absent.
+# An override at one of these paths that disagrees with the setting would make the run's
+# name, tags and report say one thing while DeepSpeed does another, so it is refused.
+_SETTING_PATHS: dict[tuple[str, ...], tuple[str, Any]] = {
+    ("train_micro_batch_size_per_gpu",): ("micro_batch", None),
+    ("gradient_accumulation_steps",): ("grad_accum", None),
+    ("zero_optimization", "stage"): ("zero_stage", 0),
+    ("bf16", "enabled"): ("dtype", False),
+    ("fp16", "enabled"): ("dtype", False),
+    ("zero_optimization", "offload_optimizer", "device"): ("offload", "none"),
+    ("zero_optimization", "offload_param", "device"): ("offload_params", "none"),
+    ("compile", "deepcompile"): ("deepcompile", False),
+    ("sequence_parallel_size",): ("sequence_parallel", 1),
+}
+_MISSING = object()
+
+
+def _at(cfg: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = cfg
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def check_overrides(s: Settings, *, condition: str | None = None, file: str | None = None) -> None:
+    """Refuse ``ds_overrides`` that contradict one of the condition's own settings."""
+    ours = from_settings(s)
+    for path, (setting, absent) in _SETTING_PATHS.items():
+        over = _at(s.ds_overrides, path)
+        if over is _MISSING:
+            continue
+        want = _at(ours, path)
+        if want is _MISSING:
+            want = absent
+        if want is None or over == want:
+            continue
+        raise SpecError(
+            f"ds_overrides.{'.'.join(path)} = {json.dumps(over)} contradicts the setting "
+            f"{setting} = {json.dumps(getattr(s, setting))}; change the setting instead",
+            file=file,
+            condition=condition,
+            field="ds_overrides",
+        )
+
+
 def build(run: RunSpec, *, spec_dir: Path | None = None, file: str | None = None) -> dict[str, Any]:
     s = run.settings
+    check_overrides(s, condition=run.condition, file=file)
     base = load_template(s.ds_config, spec_dir=spec_dir, condition=run.condition, file=file)
     return deep_merge(deep_merge(base, from_settings(s)), s.ds_overrides)
 

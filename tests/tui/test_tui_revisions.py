@@ -7,8 +7,8 @@ import shutil
 import pytest
 import yaml
 from test_tui_compose import listed
-from test_tui_helpers import REPO, anyio_backend, tui_env  # noqa: F401
 from textual.widgets import DataTable, Input, Static
+from tui_helpers import REPO
 
 from dstui.tui import compose_model as cm
 from dstui.tui.app import DstuiApp
@@ -24,7 +24,7 @@ async def _type(pilot, screen, field: str, text: str) -> None:  # noqa: ANN001
     await pilot.press(*text)
 
 
-async def test_add_edit_remove_revisions(tui_env):  # noqa: F811
+async def test_add_edit_remove_revisions(tui_env):
     spec = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
     app = DstuiApp(spec_path=spec, supervise=False)

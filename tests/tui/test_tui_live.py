@@ -7,8 +7,8 @@ import time
 from array import array
 
 import pytest
-from test_tui_helpers import anyio_backend, fixture_batch, tui_env, wait_for, write_run  # noqa: F401
 from textual.widgets import Log
+from tui_helpers import fixture_batch, wait_for, write_run
 
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui.app import DstuiApp

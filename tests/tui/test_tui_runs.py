@@ -6,8 +6,8 @@ import os
 import shutil
 
 import pytest
-from test_tui_helpers import REPO, anyio_backend, seed_spec, tui_env, wait_for  # noqa: F401
 from textual.widgets import Log
+from tui_helpers import REPO, seed_spec, wait_for
 
 from dstui.core.rundir import FINAL_STATES, RunDir
 from dstui.execute import batch as batch_mod
@@ -41,6 +41,7 @@ def group_gone(pgid: int) -> bool:
     return False
 
 
+@pytest.mark.e2e  # starts supervisors / the CLI in subprocesses
 async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
     spec = seed_spec(tui_env)
     app = DstuiApp(spec_path=spec, supervise=False, watch_s=0.3)
@@ -63,6 +64,7 @@ async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
         assert isinstance(app.screen, RunsScreen)
 
 
+@pytest.mark.e2e  # starts supervisors / the CLI in subprocesses
 async def test_cancel_kills_process_group_then_retry(tui_env):  # noqa: F811
     spec = seed_spec(tui_env, name="sleepy", sleep_s=30, steps=4)
     app = DstuiApp(spec_path=spec, supervise=False, watch_s=0.3)
@@ -91,6 +93,7 @@ async def test_cancel_kills_process_group_then_retry(tui_env):  # noqa: F811
         assert await wait_for(pilot, lambda: group_gone(pgid2), timeout=240)
 
 
+@pytest.mark.e2e  # starts supervisors / the CLI in subprocesses
 async def test_leave_and_come_back_takes_over(tui_env):  # noqa: F811
     """A batch whose supervisor is gone is taken over when the TUI starts."""
     spec = seed_spec(tui_env, name="orphan")

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
-from test_tui_helpers import seed_spec, tui_env  # noqa: F401
+from tui_helpers import seed_spec
 
 HEAVY = ("torch", "deepspeed", "mlflow", "pandas", "matplotlib", "transformers")
 
@@ -36,6 +37,7 @@ def test_tui_start_path_is_light():
     assert not {m for m in mods if m.split(".")[0] in HEAVY}
 
 
+@pytest.mark.e2e  # starts supervisors / the CLI in subprocesses
 def test_demo_headless_follows_like_run(tui_env):  # noqa: F811
     spec = seed_spec(tui_env, name="demo-seed")
     out = subprocess.run(

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, SPECS, dstui, mlflow_client
+from helpers import REPO, SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute.supervisor import is_supervised

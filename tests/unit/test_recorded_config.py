@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_tui_helpers import run_cli
+from helpers import dstui
 
 from dstui.spec import dsconfig
 from dstui.spec.models import Settings
@@ -37,7 +37,7 @@ def test_list_shows_dash_for_what_a_command_run_does_not_say(tmp_path: Path) -> 
     spec.write_text(yaml.safe_dump({
         "name": "cmd", "settings": {"kind": "command", "command": ["python", "-c", "print(1)"], "gpus": 1},
     }))
-    out = run_cli("list", "--no-validate", str(spec))
+    out = dstui("list", "--no-validate", str(spec), check=True).stdout
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["0"])
     header = next(line.split() for line in out.splitlines() if line.startswith("#"))
     cells = dict(zip(header, row, strict=True))

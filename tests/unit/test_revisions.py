@@ -530,7 +530,7 @@ def test_revisions_through_the_pipeline(
     cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CPU smoke condition under a PyPI release, a git ref and the installed DeepSpeed."""
-    from conftest import dstui, mlflow_client
+    from helpers import dstui, mlflow_client
 
     home = tmp_path / "home"
     home.mkdir()

@@ -6,51 +6,13 @@ import sys
 import types
 
 import pytest
-from test_tui_helpers import anyio_backend, tui_env, wait_for  # noqa: F401
 from textual.widgets import Input, Static
+from tui_helpers import make_store, wait_for
 
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.results import ResultsScreen, TextScreen
 
 pytestmark = pytest.mark.anyio
-
-# condition -> (iteration times per step, final loss offset)
-CONDITIONS = {
-    "z0": ([9.0, 9.0, 0.10, 0.12, 0.11, 0.13], 0.0),
-    "z1": ([9.0, 9.0, 0.20, 0.22, 0.21, 0.23], 0.01),
-    "z2": ([9.0, 9.0, 0.30, 0.30, 0.30, 0.30], -0.02),
-}
-
-
-def make_store() -> None:
-    """An experiment as the supervisor lays it out: a parent per batch, a child per run."""
-    from dstui.tracking import client as tracking
-
-    c = tracking.client()
-    exp = tracking.ensure_experiment(c, "fixture")
-    parent = tracking.create_run(c, exp, "fixture-b1", tags={"dstui.role": "batch", "dstui.batch": "fixture-b1"})
-    order = 0
-    for cond, (iters, off) in CONDITIONS.items():
-        for repeat in range(2):
-            rid = tracking.create_run(c, exp, f"{cond}-r{repeat}", parent_id=parent, tags={
-                "dstui.role": "run", "dstui.batch": "fixture-b1", "dstui.condition": cond,
-                "dstui.revision": "installed", "dstui.repeat": repeat, "dstui.kind": "train",
-                "dstui.status": "done", "dstui.order": order,
-            })  # fmt: skip
-            order += 1
-            tracking.log_params(c, rid, {"warmup_steps": 2, "steps": len(iters)})
-            points = []
-            for step, it in enumerate(iters, start=1):
-                points += [
-                    ("iter_time", it, 1000 + step, step),
-                    ("loss", 6.0 - 0.5 * step + off, 1000 + step, step),
-                    ("mem_peak", 1e9 * (1 + order), 1000 + step, step),
-                    ("tokens_per_s", 100 / it, 1000 + step, step),
-                ]
-            tracking.log_metrics(c, rid, points)
-            tracking.finish(c, rid, "FINISHED")
-    tracking.finish(c, parent, "FINISHED")
-
 
 async def open_results(pilot, app) -> ResultsScreen:  # noqa: ANN001
     await pilot.press("3")

@@ -48,7 +48,7 @@ import pytest
 
 from dstui.execute.launch import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "runners" / "compare_loss.py"
 sys.path.insert(0, str(REPO / "runners"))
 
@@ -337,7 +337,7 @@ def test_header_records_versions_and_world(jobs: dict[str, Job]) -> None:
 def test_verify_conditions_through_the_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A PASS (ZeRO-3, mirrored hooks, zero tolerance) and a deliberate FAIL, via `dstui run`."""
     import yaml
-    from conftest import SPECS, dstui, mlflow_client
+    from helpers import SPECS, dstui, mlflow_client
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"

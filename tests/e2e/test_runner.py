@@ -25,7 +25,7 @@ from dstui.spec.models import Settings
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "runners" / "train.py"
 STEPS = 4
 STAGES = (0, 1, 2, 3)

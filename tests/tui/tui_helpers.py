@@ -1,4 +1,4 @@
-"""Shared fixtures for the TUI tests: isolated state dirs and deterministic run folders."""
+"""Helpers for the TUI tests: deterministic run folders and MLflow stores, waiting on a Pilot."""
 
 from __future__ import annotations
 
@@ -8,24 +8,10 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 from dstui.core.rundir import BatchDir, write_json_atomic
 
 T0 = 1_790_000_000.0  # a fixed "now" for fixture folders (no clocks in snapshots)
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def tui_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """DSTUI_HOME and MLflow in a temp dir; local times in UTC."""
-    monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_run(
@@ -143,6 +129,39 @@ def run_cli(*args: str, cwd: Path | None = None) -> str:
     return out.stdout + out.stderr
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+# condition -> (iteration times per step, final loss offset)
+CONDITIONS = {
+    "z0": ([9.0, 9.0, 0.10, 0.12, 0.11, 0.13], 0.0),
+    "z1": ([9.0, 9.0, 0.20, 0.22, 0.21, 0.23], 0.01),
+    "z2": ([9.0, 9.0, 0.30, 0.30, 0.30, 0.30], -0.02),
+}
+
+
+def make_store() -> None:
+    """An experiment as the supervisor lays it out: a parent per batch, a child per run."""
+    from dstui.tracking import client as tracking
+
+    c = tracking.client()
+    exp = tracking.ensure_experiment(c, "fixture")
+    parent = tracking.create_run(c, exp, "fixture-b1", tags={"dstui.role": "batch", "dstui.batch": "fixture-b1"})
+    order = 0
+    for cond, (iters, off) in CONDITIONS.items():
+        for repeat in range(2):
+            rid = tracking.create_run(c, exp, f"{cond}-r{repeat}", parent_id=parent, tags={
+                "dstui.role": "run", "dstui.batch": "fixture-b1", "dstui.condition": cond,
+                "dstui.revision": "installed", "dstui.repeat": repeat, "dstui.kind": "train",
+                "dstui.status": "done", "dstui.order": order,
+            })  # fmt: skip
+            order += 1
+            tracking.log_params(c, rid, {"warmup_steps": 2, "steps": len(iters)})
+            points = []
+            for step, it in enumerate(iters, start=1):
+                points += [
+                    ("iter_time", it, 1000 + step, step),
+                    ("loss", 6.0 - 0.5 * step + off, 1000 + step, step),
+                    ("mem_peak", 1e9 * (1 + order), 1000 + step, step),
+                    ("tokens_per_s", 100 / it, 1000 + step, step),
+                ]
+            tracking.log_metrics(c, rid, points)
+            tracking.finish(c, rid, "FINISHED")
+    tracking.finish(c, parent, "FINISHED")

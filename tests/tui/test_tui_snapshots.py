@@ -8,8 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from test_tui_helpers import REPO, anyio_backend, fixture_batch, tui_env, wait_for  # noqa: F401
-from test_tui_results import make_store
+from tui_helpers import REPO, fixture_batch, make_store, wait_for
 
 from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.charts import MetricPlot

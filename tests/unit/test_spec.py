@@ -167,3 +167,29 @@ def test_missing_template_is_named() -> None:
     with pytest.raises(SpecError, match="'nope.json' not found") as err:
         dsconfig.build(run)
     assert err.value.field == "ds_config"
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"zero_stage": 3, "ds_overrides": {"zero_optimization": {"stage": 2}}}, "zero_optimization.stage = 2 contradicts the setting zero_stage = 3"),
+        ({"dtype": "bf16", "ds_overrides": {"fp16": {"enabled": True}}}, 'fp16.enabled = true contradicts the setting dtype = "bf16"'),
+        ({"ds_overrides": {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}}, 'offload_optimizer.device = "cpu" contradicts the setting offload = "none"'),
+        ({"ds_overrides": {"compile": {"deepcompile": True}}}, "compile.deepcompile = true contradicts the setting deepcompile = false"),
+        ({"micro_batch": 2, "ds_overrides": {"train_micro_batch_size_per_gpu": 4}}, "contradicts the setting micro_batch = 2"),
+    ],
+)
+def test_overrides_that_contradict_a_setting_are_refused(tmp_path: Path, settings: dict, fragment: str) -> None:
+    path = write(tmp_path, {"name": "o", "conditions": [{"name": "c1", **settings}]})
+    _, runs = expand_file(path)
+    with pytest.raises(SpecError) as err:
+        dsconfig.build_and_validate(runs, file=str(path))
+    assert fragment in str(err.value)
+    assert err.value.condition == "c1" and err.value.field == "ds_overrides"
+
+
+def test_overrides_that_agree_or_add_options_are_kept() -> None:
+    (run,) = expand(parse_spec({"name": "o", "settings": {
+        "zero_stage": 2, "ds_overrides": {"zero_optimization": {"stage": 2, "overlap_comm": True}}}}))
+    cfg = dsconfig.build(run)
+    assert cfg["zero_optimization"]["stage"] == 2 and cfg["zero_optimization"]["overlap_comm"] is True

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 import yaml
-from test_tui_helpers import REPO, anyio_backend, run_cli, tui_env, wait_for  # noqa: F401
 from textual.widgets import Input, Static
+from tui_helpers import REPO, run_cli, wait_for
 
 from dstui.spec.models import expand_file
 from dstui.tui.app import DstuiApp

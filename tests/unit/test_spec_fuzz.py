@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import dstui
+from helpers import dstui
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,6 +70,7 @@ def test_report_fuzz_counts() -> None:
     assert COUNTS["rejected"] + COUNTS["valid"] == COUNTS["tried"]
 
 
+@pytest.mark.e2e  # starts supervisors / the CLI in subprocesses
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=specs)
 def test_fuzzed_specs_through_the_cli_launch_nothing(tmp_path_factory, data: dict) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SPECS, dstui, mlflow_client
+from helpers import SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import BatchDir, list_batches
 from dstui.execute.launch import free_port

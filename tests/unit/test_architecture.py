@@ -1,0 +1,145 @@
+"""The direction of the arrows: which stage may import which, read from the source with ``ast``.
+
+The layout under ``dstui/`` is the data flow (docs/ARCHITECTURE.md). These checks fail the
+moment a lower stage reaches up (e.g. ``spec`` importing ``execute``), the core pulls in the
+TUI's libraries, a heavy library is imported at module level (start-up cost, and the core must
+work without torch/deepspeed), or the runners import the TUI.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "dstui"
+
+# stage -> the stages it may import (itself always allowed)
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "spec": {"core"},
+    "revisions": {"core", "spec"},
+    "tracking": {"core"},
+    "execute": {"core", "spec", "revisions", "tracking"},
+    "analysis": {"core", "spec", "tracking"},
+    "report": {"core", "spec", "tracking", "analysis"},
+    "importer": {"core", "spec", "tracking", "analysis"},
+    "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report"},
+    "commands": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
+    "tui": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
+}
+# The CLI's `tui`/`demo` commands start the TUI: the one arrow from commands to tui.
+STARTS_TUI = {"dstui/commands/tui.py", "dstui/commands/demo.py"}
+UI_LIBS = {"textual", "textual_plotext", "plotext", "rich"}
+HEAVY_LIBS = {"torch", "deepspeed", "transformers", "datasets", "mlflow", "matplotlib", "pandas", "scipy"}
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str
+    line: int
+    module: str
+    top_level: bool  # executed when the module is imported (not inside a function)
+
+
+def _imports(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    rel = str(path.relative_to(REPO))
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # annotations only: never executed
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend(Import(rel, child.lineno, a.name, not in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:  # relative import: resolve against this package
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    mod = ".".join([*base, child.module] if child.module else base)
+                else:
+                    mod = child.module or ""
+                out.append(Import(rel, child.lineno, mod, not in_function))
+                # `from dstui import x` names a stage in its names
+                if mod == "dstui":
+                    out.extend(Import(rel, child.lineno, f"dstui.{a.name}", not in_function) for a in child.names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return out
+
+
+def _stage(rel: str) -> str | None:
+    parts = Path(rel).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "dstui" else None
+
+
+def _all(root: Path) -> list[Import]:
+    return [i for p in sorted(root.rglob("*.py")) for i in _imports(p)]
+
+
+def test_every_dstui_module_belongs_to_a_known_stage() -> None:
+    stray = sorted(
+        str(p.relative_to(REPO))
+        for p in PACKAGE.rglob("*.py")
+        if _stage(str(p.relative_to(REPO))) not in ALLOWED and p.parent != PACKAGE
+    )
+    assert not stray, f"modules outside the stage packages (add the stage to ALLOWED and ARCHITECTURE.md): {stray}"
+
+
+def test_lower_stages_never_import_higher_ones() -> None:
+    bad = []
+    for imp in _all(PACKAGE):
+        src = _stage(imp.file)
+        parts = imp.module.split(".")
+        if src is None or parts[0] != "dstui" or len(parts) < 2:
+            continue
+        dst = parts[1]
+        if dst in (src, "__main__") or dst in ALLOWED[src]:
+            continue
+        if dst == "tui" and imp.file in STARTS_TUI:
+            continue
+        bad.append(f"{imp.file}:{imp.line} ({src}) imports {imp.module} ({dst})")
+    assert not bad, "imports against the data flow:\n" + "\n".join(bad)
+
+
+def test_core_never_imports_ui_libraries() -> None:
+    bad = [
+        f"{i.file}:{i.line} imports {i.module}"
+        for i in _all(PACKAGE)
+        if _stage(i.file) not in (None, "tui") and i.module.split(".")[0] in UI_LIBS
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("root", ["dstui", "dstui/tui"])
+def test_heavy_libraries_are_imported_inside_functions_only(root: str) -> None:
+    bad = [
+        f"{i.file}:{i.line} imports {i.module} at module level"
+        for i in _all(REPO / root)
+        if i.top_level and i.module.split(".")[0] in HEAVY_LIBS
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_runners_never_import_the_tui_or_the_front_ends() -> None:
+    bad = [
+        f"{i.file}:{i.line} imports {i.module}"
+        for i in _all(REPO / "runners")
+        if i.module.split(".")[0] in UI_LIBS
+        or i.module.startswith(("dstui.tui", "dstui.commands", "dstui.execute", "dstui.report"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation() -> None:
+    """The rules above are only worth something if the parser finds imports where they are."""
+    imps = _imports(PACKAGE / "execute" / "supervisor.py")
+    assert any(i.module.startswith("dstui.tracking") for i in imps)
+    lazy = [i for i in _all(PACKAGE) if not i.top_level and i.module.split(".")[0] == "deepspeed"]
+    assert lazy, "deepspeed is imported lazily somewhere in dstui/spec (validation); the walker must see it"
