@@ -31,6 +31,13 @@ SYSTEM_PREFIX = "system/"
 Progress = Callable[[float, str], None]
 
 
+# settings a `kind: command` run does not tell dstui (its argv decides them)
+COMMAND_UNKNOWN = frozenset({
+    "model", "zero_stage", "dtype", "micro_batch", "seq_length", "grad_accum", "offload", "offload_params",
+    "compile", "deepcompile", "activation_checkpointing", "dataset", "lr", "sequence_parallel", "sp_mode",
+})
+
+
 class ReportError(DstuiError):
     """Nothing to report on: unknown experiment, batch or runs."""
 
@@ -73,6 +80,14 @@ class RunData:
     @property
     def batch(self) -> str:
         return self.tags.get("dstui.batch", "")
+
+    @property
+    def known_params(self) -> dict[str, str]:
+        """Params that describe what really ran: a ``kind: command`` run's training settings are
+        dstui's defaults, not what the user's command trained with, so they are left out."""
+        if self.kind != "command":
+            return self.params
+        return {k: v for k, v in self.params.items() if k not in COMMAND_UNKNOWN}
 
     def param(self, name: str, default: Any = None) -> Any:
         """A param as a Python value (MLflow stores every param as a string)."""
@@ -147,10 +162,10 @@ def common_and_varying(runs: Sequence[RunData]) -> tuple[dict[str, str], list[st
     """Params equal in every run, and the names of those that differ (ds.* left out)."""
     keys: set[str] = set()
     for r in runs:
-        keys.update(k for k in r.params if not k.startswith("ds."))
+        keys.update(k for k in r.known_params if not k.startswith("ds."))
     common, varying = {}, []
     for k in sorted(keys):
-        vals = {r.params.get(k) for r in runs}
+        vals = {r.known_params.get(k) for r in runs}
         if len(vals) == 1 and None not in vals:
             common[k] = next(iter(vals))  # type: ignore[assignment]
         else:

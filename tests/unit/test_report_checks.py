@@ -130,6 +130,12 @@ def test_sp_check_power_memory_and_command_runs(store: tuple[Any, str, str], tmp
     data = json.loads((tmp_path / "sp" / "data.json").read_text())
     cmd_cond = next(c for c in data["conditions"] if c["condition"] == "own-script")
     assert cmd_cond["tokens_per_s"] is None
+    # and its training settings (dstui's defaults, not what the command ran) read "-"
+    row = next(line for line in md.splitlines() if line.startswith("| own-script |") and "`" not in line)
+    header = next(line for line in md.splitlines() if line.startswith("| condition |") and "model" in line)
+    cells = dict(zip(header.strip("|").split("|"), row.strip("|").split("|"), strict=True))
+    assert cells[" model "].strip() == "-" and cells[" sp_mode "].strip() == "-"
+    assert "| model | `tiny-llama` |" not in md  # not a setting common to all runs: the command's is unknown
 
 
 def test_default_tolerance_from_dtype_and_noise(store: tuple[Any, str, str], tmp_path: Path) -> None:  # noqa: F811

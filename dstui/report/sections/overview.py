@@ -14,10 +14,6 @@ from dstui.report.files import redact
 from dstui.report.mdformat import IDENTITY_PARAMS, fnum, pm, table
 
 _IDENTITY_PARAMS = IDENTITY_PARAMS
-COMMAND_UNKNOWN = frozenset({
-    "model", "zero_stage", "dtype", "micro_batch", "seq_length", "grad_accum", "offload", "offload_params",
-    "compile", "deepcompile", "activation_checkpointing", "dataset", "lr", "sequence_parallel", "sp_mode",
-})
 
 
 def title(ctx: ReportContext) -> str:
@@ -131,9 +127,6 @@ def setup(ctx: ReportContext) -> str:
     pool = [r for r in ctx.runs if r.kind != "verify"] or ctx.runs
     common, varying = an.common_and_varying(pool)
     shown = {k: v for k, v in common.items() if k not in ("command", "env", "extra_args", "launcher", "ds_overrides")}
-    if all(r.kind == "command" for r in pool):
-        # `kind: command` runs the user's argv: dstui's model/ZeRO/dtype defaults are not what it trained with
-        shown = {k: ("-" if k in COMMAND_UNKNOWN else v) for k, v in shown.items()}
     if shown:
         lines += ["**Settings common to all runs**", ""]
         lines.append(table(["setting", "value"], [[k, f"`{v}`"] for k, v in shown.items()]))
@@ -143,7 +136,7 @@ def setup(ctx: ReportContext) -> str:
         rows = []
         for c in ctx.conds:
             r0 = c.runs[0]
-            rows.append([c.label, *[r0.params.get(v, "") for v in varying]])
+            rows.append([c.label, *[r0.known_params.get(v, "-" if r0.kind == "command" else "") for v in varying]])
         lines += ["**Settings that differ**", "", table(["condition", *varying], rows), ""]
     lines += ["**What an iteration is**", ""]
     lines.append(iteration_text(ctx, pool))
