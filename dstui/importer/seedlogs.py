@@ -58,7 +58,6 @@ __all__ = [
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 MAX_ARTIFACT_BYTES = 50 << 20
-METRIC_CHUNK = 1000  # MLflow's log_batch limit
 _RUNDIR = re.compile(r"^logs?_(?P<rev>.+)_run(?P<n>\d+)$")
 
 
@@ -295,8 +294,6 @@ def _log_segment(
     conditions_meta: dict[str, Any],
     warmup: int,
 ) -> ImportedRun:
-    from mlflow.entities import Metric, Param, RunTag
-
     condition = _condition_name(f, conditions_meta)
     meta = conditions_meta.get(condition, {}) if isinstance(conditions_meta.get(condition), dict) else {}
     if len(parsed.segments) > 1:
@@ -372,19 +369,19 @@ def _log_segment(
     start = int(f.stat().st_mtime * 1000)
     run = client.create_run(exp_id, run_name=run_name, tags=tags, start_time=start)
     rid = run.info.run_id
-    params = [Param(k, _param_text(v)) for k, v in settings.items() if v is not None]
-    for i in range(0, len(params), 100):
-        client.log_batch(rid, params=params[i : i + 100])
+    from dstui.tracking import client as tracking
+
+    # through the tracking module, as the supervisor writes: one spelling of values, its chunking, truncation
+    tracking.log_params(client, rid, settings)
     metrics = list(_step_metrics(seg.steps, start))
     now = int(time.time() * 1000)
-    metrics += [Metric(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
-    if seg.steps and "summary.steps" not in {m.key for m in metrics}:
-        metrics.append(Metric("summary.steps", float(len(seg.steps)), now, 0))
-    for i in range(0, len(metrics), METRIC_CHUNK):
-        client.log_batch(rid, metrics=metrics[i : i + METRIC_CHUNK])
+    metrics += [(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
+    if seg.steps and "summary.steps" not in {m[0] for m in metrics}:
+        metrics.append(("summary.steps", float(len(seg.steps)), now, 0))
+    tracking.log_metrics(client, rid, metrics)
     if f.stat().st_size <= MAX_ARTIFACT_BYTES:
         client.log_artifact(rid, str(f), artifact_path="run")
-    client.log_batch(rid, tags=[RunTag("dstui.imported_steps", str(len(seg.steps)))])
+    tracking.set_tags(client, rid, {"dstui.imported_steps": len(seg.steps)})
     client.set_terminated(rid, "FINISHED" if status == "done" else "FAILED", end_time=start)
     try:
         rel = str(f.relative_to(folder))
@@ -396,16 +393,8 @@ def _log_segment(
     )
 
 
-def _param_text(v: Any) -> str:
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return str(v)
-
-
-def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[Any]:
-    """Every numeric field of every step at its step; timestamps keep log order."""
-    from mlflow.entities import Metric
-
+def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[tuple[str, float, int, int]]:
+    """Every numeric field of every step at its step, as (key, value, timestamp, step); timestamps keep log order."""
     for i, rec in enumerate(steps):
         ts = start_ms + i
         step = int(rec["step"])
@@ -413,4 +402,4 @@ def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[An
             if key in ("type", "time", "step", "epoch", "rank") or isinstance(value, bool):
                 continue
             if isinstance(value, (int, float)):
-                yield Metric(key, float(value), ts, step)
+                yield key, float(value), ts, step
