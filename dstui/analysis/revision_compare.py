@@ -10,9 +10,11 @@ Definitions (the command prints them too, so nobody has to guess):
   revision's iteration time is the mean ± sample std (n-1) of those per-run
   means across repeats. Repeats, not steps, are the independent samples:
   steps of one run share the machine state and are strongly correlated.
-* ratio = revision mean / baseline mean. Its 95% interval is the Welch t
-  interval of the difference of means (Welch-Satterthwaite degrees of
-  freedom) divided by the baseline mean, i.e. 1 + CI(diff)/baseline mean.
+* ratio = revision mean / baseline mean. Its 95% interval is Fieller's
+  interval for a ratio of means (:mod:`dstui.analysis.intervals`): never
+  negative, asymmetric where the data are, absent with fewer than 2 repeats
+  on a side ("too few repeats") and flagged with fewer than 3. The Welch t
+  interval of the difference of means is kept as ``diff_ci`` (seconds).
 * significance: Welch's two-sided t-test (``scipy.stats.ttest_ind`` with
   ``equal_var=False``) on the per-run means, alpha 0.05. It needs at least two
   repeats on each side.
@@ -28,12 +30,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dstui.analysis.intervals import METHOD as INTERVAL_METHOD
+from dstui.analysis.intervals import fieller_ratio
+from dstui.analysis.parity import FP32_TOLERANCE
+
 ALPHA = 0.05
 CONFIDENCE = 0.95
-DEFAULT_LOSS_TOL = 1e-3
+DEFAULT_LOSS_TOL = FP32_TOLERANCE
 METHOD = (
     "iteration time = per-run mean excluding warm-up, mean ± std across repeats; "
-    "ratio CI = 95% Welch t interval of the difference of means / baseline mean; "
+    f"ratio interval = {INTERVAL_METHOD}; "
     "test = Welch's two-sided t-test (scipy.stats.ttest_ind, equal_var=False), alpha 0.05; "
     "loss = largest |difference| of per-step mean-of-repeats curves"
 )
@@ -68,6 +74,7 @@ class Comparison:
     base_std: float | None = None
     ratio: float | None = None
     ratio_ci: tuple[float, float] | None = None
+    ratio_note: str = ""  # why there is no interval, or a small-sample warning
     diff_ci: tuple[float, float] | None = None
     p_value: float | None = None
     significant: bool | None = None
@@ -190,8 +197,10 @@ def _compare_one(
     if c.mean is not None and c.base_mean:
         c.ratio = c.mean / c.base_mean
         c.diff_ci = welch_diff_ci(a, b)
-        if c.diff_ci:
-            c.ratio_ci = (1 + c.diff_ci[0] / c.base_mean, 1 + c.diff_ci[1] / c.base_mean)
+        ri = fieller_ratio(a, b)
+        c.ratio_note = ri.note
+        if ri.bounded:
+            c.ratio_ci = (ri.low, ri.high)  # type: ignore[assignment]
         c.p_value = welch_p(a, b)
         if c.p_value is not None:
             c.significant = c.p_value < ALPHA
@@ -231,13 +240,37 @@ def verdict(c: Comparison) -> str:
         word = "faster" if change > 0 else "slower"
         ci = ""
         if c.ratio_ci:
-            lo, hi = sorted(abs((1 - r) * 100) for r in c.ratio_ci)
-            ci = f" (CI {_pct(lo)}-{_pct(hi)}%)"
+            ci = f" (ratio {c.ratio:.3f}, 95% CI [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}])"
         parts.append(f"{word} by {_pct(abs(change))}%{ci}")
     if c.loss_max_diff is not None and c.loss_max_diff > c.loss_tol:
         parts.append(f"loss differs beyond tolerance at step {c.loss_max_step} (|diff| {c.loss_max_diff:.3g} > {c.loss_tol:g})")
     elif c.loss_curves and c.loss_max_diff is None:
         parts.append("no common loss steps")
+    if c.ratio_note and min(c.n, c.n_base) >= 2:
+        parts.append(c.ratio_note)
     if c.n_failed or c.n_failed_base:
         parts.append(f"failed runs excluded: {c.n_failed} revision, {c.n_failed_base} baseline")
     return "; ".join(parts)
+
+
+def samples_from_runs(runs: Sequence[Any]) -> list[RunSample]:
+    """One :class:`RunSample` per :class:`~dstui.analysis.rundata.RunData` (stats already computed).
+
+    The one conversion used by ``dstui compare``, the report and the TUI, so
+    they compare the same numbers. Only finished runs (state ``done``) count.
+    """
+    out = []
+    for r in runs:
+        st = r.stats
+        steps, values = r.history.get("loss", ((), ()))
+        out.append(
+            RunSample(
+                condition=r.condition,
+                revision=r.revision,
+                iter_time_mean=st.get("iter_time_mean"),
+                mem_peak=st.get("mem_peak_max"),
+                loss={int(s): float(v) for s, v in zip(steps, values, strict=False)},
+                usable=r.status == "done",
+            )
+        )
+    return out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
+
+__all__ = ["RUN_HEADER", "add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "run_row", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -14,28 +16,6 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     for row in rows:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     return "\n".join(lines)
-
-
-def fmt_bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return "-"
-
-
-def fmt_num(x: Any, spec: str = ".4g") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) else "-"
-
-
-def eta(st: dict[str, Any]) -> str:
-    done, total, started = st.get("steps_done") or 0, st.get("steps_total") or 0, st.get("started")
-    if st.get("state") != "running" or not started or not done or not total:
-        return "-"
-    left = (time.time() - started) / done * (total - done)
-    return f"{left:.0f}s" if left < 120 else f"{left / 60:.0f}m"
 
 
 def run_row(rd: RunDir) -> list[str]:

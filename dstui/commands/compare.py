@@ -11,9 +11,20 @@ import argparse
 import json
 from typing import Any
 
-from dstui.analysis.revision_compare import DEFAULT_LOSS_TOL, METHOD, Comparison, RunSample, compare
+from dstui.analysis.parity import default_tolerance
+from dstui.analysis.revision_compare import (
+    DEFAULT_LOSS_TOL,
+    METHOD,
+    Comparison,
+    RunSample,
+    compare,
+    samples_from_runs,
+)
 from dstui.core import paths
 from dstui.core.errors import DstuiError
+from dstui.core.formatting import fmt_bytes, fmt_interval
+
+__all__ = ["RunSample", "format_table", "load_samples", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,20 +34,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loss-tol",
         type=float,
-        default=DEFAULT_LOSS_TOL,
-        help=f"largest allowed |loss difference| at any step (default {DEFAULT_LOSS_TOL:g})",
+        default=None,
+        help=f"largest allowed |loss difference| at any step (default: derived like the report's: "
+        f"{DEFAULT_LOSS_TOL:g} for fp32, 32 ulp x median |loss| for bf16/fp16, or 3 x the spread between "
+        "repeats when larger; the output says which)",
     )
     parser.add_argument("--json", action="store_true", help="print the comparisons as JSON")
 
 
 def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str, list[RunSample]]:
     """Per-run samples of one batch (chosen as the newest with the baseline when not given)."""
-    from mlflow.tracking import MlflowClient
+    batch_id, samples, _ = load_batch(experiment, batch, baseline)
+    return batch_id, samples
 
+
+def load_batch(experiment: str, batch: str | None, baseline: str) -> tuple[str, list[RunSample], tuple[float, str]]:
+    """Batch id, per-run samples and the default loss tolerance with how it was derived."""
     from dstui.analysis import runs as analysis
+    from dstui.tracking import client as tracking
 
     uri = paths.tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
+    client = tracking.client(uri)
     _, runs = analysis.fetch_runs(client, experiment, batch=batch)
     if batch is None:
         with_base = [r for r in runs if r.revision == baseline]
@@ -47,21 +65,11 @@ def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str
     if not any(r.revision == baseline for r in runs):
         raise DstuiError(_no_baseline(baseline, runs))
     analysis.fetch_histories(client, uri, runs)
-    samples = []
     for r in runs:
-        st = analysis.compute_run_stats(r)
-        steps, values = r.history.get("loss", ((), ()))
-        samples.append(
-            RunSample(
-                condition=r.condition,
-                revision=r.revision,
-                iter_time_mean=st.get("iter_time_mean"),
-                mem_peak=st.get("mem_peak_max"),
-                loss={int(s): float(v) for s, v in zip(steps, values, strict=False)},
-                usable=r.status == "done",
-            )
-        )
-    return batch or "", samples
+        r.stats = analysis.compute_run_stats(r)
+    analysis.assign_labels(runs)
+    trained = [c for c in analysis.condition_stats(runs) if c.kind != "verify"]
+    return batch or "", samples_from_runs(runs), default_tolerance(trained)
 
 
 def _no_baseline(baseline: str, runs: list[Any]) -> str:
@@ -73,24 +81,12 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.2f}"
 
 
-def _mem(x: float | None) -> str:
-    if x is None:
-        return "-"
-    sign = "+" if x >= 0 else "-"
-    x = abs(x)
-    for unit in ("B", "KB", "MB", "GB"):
-        if x < 1024 or unit == "GB":
-            return f"{sign}{x:.0f}{unit}" if unit == "B" else f"{sign}{x:.1f}{unit}"
-        x /= 1024
-    return "-"
-
-
 def format_table(comps: list[Comparison]) -> str:
     from dstui.commands._common import table
 
     rows = []
     for c in comps:
-        mem = _mem(c.mem_diff)
+        mem = fmt_bytes(c.mem_diff, signed=True)
         if c.mem_diff is not None and c.base_mem_peak:
             mem += f" ({c.mem_diff / c.base_mem_peak * 100:+.1f}%)"
         rows.append(
@@ -101,7 +97,7 @@ def format_table(comps: list[Comparison]) -> str:
                 f"{_ms(c.mean)} ± {_ms(c.std)}",
                 f"{_ms(c.base_mean)} ± {_ms(c.base_std)}",
                 "-" if c.ratio is None else f"{c.ratio:.3f}",
-                "-" if not c.ratio_ci else f"{c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f}",
+                fmt_interval(*c.ratio_ci) if c.ratio_ci else ("too few repeats" if min(c.n, c.n_base) < 2 else "-"),
                 "-" if c.p_value is None else f"{c.p_value:.3g}",
                 mem,
                 "-" if c.loss_max_diff is None else f"{c.loss_max_diff:.3g} @{c.loss_max_step}",
@@ -109,7 +105,7 @@ def format_table(comps: list[Comparison]) -> str:
         )
     header = [
         "condition", "revision", "n/n_base", "iter ms (mean ± std)", "baseline ms",
-        "ratio", "95% CI", "p (Welch)", "peak mem diff", "max |dloss|",
+        "ratio", "95% CI of ratio", "p (Welch)", "peak mem diff", "max |dloss|",
     ]
     lines = [table(rows, header), ""]
     for c in comps:
@@ -118,17 +114,27 @@ def format_table(comps: list[Comparison]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    batch, samples = load_samples(args.experiment, args.batch, args.baseline)
-    comps = compare(samples, args.baseline, loss_tol=args.loss_tol)
+    batch, samples, (tol, basis) = load_batch(args.experiment, args.batch, args.baseline)
+    if args.loss_tol is not None:
+        tol, basis = args.loss_tol, "given"
+    comps = compare(samples, args.baseline, loss_tol=tol)
+    if comps and not any(c.n_base for c in comps):
+        base = [s for s in samples if s.revision == args.baseline]
+        raise DstuiError(
+            f"no usable baseline: none of the {len(base)} run(s) of revision '{args.baseline}' in batch {batch} "
+            "finished with iteration times"
+        )
     if args.json:
         print(json.dumps({"experiment": args.experiment, "batch": batch, "baseline": args.baseline,
-                          "method": METHOD, "comparisons": [c.to_dict() for c in comps]}, indent=2))
+                          "method": METHOD, "loss_tolerance": tol, "loss_tolerance_basis": basis,
+                          "comparisons": [c.to_dict() for c in comps]}, indent=2))
         return 0
     if not comps:
         revs = sorted({s.revision for s in samples})
         raise DstuiError(f"nothing to compare: batch {batch} has only revision(s) {', '.join(revs)}")
     print(f"experiment {args.experiment}, batch {batch}, baseline '{args.baseline}'")
-    print(f"method: {METHOD}; loss tolerance {args.loss_tol:g}")
+    print(f"method: {METHOD}")
+    print(f"loss tolerance {tol:g} ({basis})")
     print()
     print(format_table(comps))
     return 0

@@ -34,15 +34,17 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for r in p.runs:
         s = r.settings
-        rows.append(
-            [
-                str(r.order), r.name, r.revision, s.kind, s.model, f"z{s.zero_stage}",
-                s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}",
-                "dc" if s.deepcompile else ("tc" if s.compile else "-"), s.dtype,
-                str(s.micro_batch), str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes),
-                str(s.steps), forecast.column(forecasts.get(r.name), capacity), r.key,
-            ]
-        )  # fmt: skip
+        row = [
+            str(r.order), r.name, r.revision, s.kind, s.model, f"z{s.zero_stage}",
+            s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}",
+            "dc" if s.deepcompile else ("tc" if s.compile else "-"), s.dtype,
+            str(s.micro_batch), str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes),
+            str(s.steps), forecast.column(forecasts.get(r.name), capacity), r.key,
+        ]  # fmt: skip
+        if s.kind == "command":
+            # dstui runs the user's command as it is: the training settings are its own, unknown here
+            row[4:12] = ["-"] * 8
+        rows.append(row)
     header = ["#", "run", "revision", "kind", "model", "zero", "offload", "compile", "dtype",
               "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "key"]  # fmt: skip
     print(table(rows, header))

@@ -51,9 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(label or condition name; default: the first condition)",
     )
     parser.add_argument(
-        "--tolerance", type=float, default=1e-3, metavar="TOL",
+        "--tolerance", type=float, default=None, metavar="TOL",
         help="loss parity: PASS when max |mean loss - baseline mean loss| over common steps "
-        "is at most TOL (default: 1e-3)",
+        "is at most TOL (default: derived from the runs: 1e-3 for fp32, 32 ulp x median |loss| for "
+        "bf16/fp16, or 3 x the spread between repeats when larger; the report says which)",
     )
     parser.add_argument(
         "-o", "--output", required=True, metavar="DIR",

@@ -31,9 +31,7 @@ not parse are counted and reported, never fatal.
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
 import time
 from collections.abc import Iterable
@@ -42,378 +40,29 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import DstuiError
-from dstui.core.records import parse_json_line, parse_seed_line
+from dstui.importer.names import _normalise, params_from_command, params_from_name
+from dstui.importer.parse import (
+    ParsedLog,
+    Segment,
+    _is_num,
+    parse_kv_line,
+    parse_log,
+    parse_namespace,
+    parse_summary_line,
+)
+
+__all__ = [
+    "ImportError_", "ImportResult", "ImportedRun", "ParsedLog", "Segment", "import_dir", "parse_kv_line",
+    "parse_log", "parse_namespace", "parse_summary_line", "params_from_command", "params_from_name",
+]
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 MAX_ARTIFACT_BYTES = 50 << 20
-GIB = 1024**3
-METRIC_CHUNK = 1000  # MLflow's log_batch limit
-
-# summary / key=value names -> dstui setting names
-_ALIASES = {
-    "model": "model",
-    "model_name": "model",
-    "np": "world_size",
-    "world_size": "world_size",
-    "num_processes": "world_size",
-    "batch_size": "micro_batch",
-    "micro_batch": "micro_batch",
-    "micro_batch_size": "micro_batch",
-    "bs": "micro_batch",
-    "seq": "seq_length",
-    "seq_length": "seq_length",
-    "seq_len": "seq_length",
-    "zero_stage": "zero_stage",
-    "stage": "zero_stage",
-    "acc": "grad_accum",
-    "gradient_accumulation_steps": "grad_accum",
-    "grad_accum": "grad_accum",
-    "ac": "activation_checkpointing",
-    "activation_checkpointing": "activation_checkpointing",
-    "compile": "compile",
-    "deepcompile": "deepcompile",
-    "backend": "backend",
-    "passes": "passes",
-    "schedule": "schedule",
-    "ds": "deepspeed",
-    "dataset_name": "dataset",
-    "dataset": "dataset",
-    "dataset_percentage": "dataset_percent",
-    "learning_rate": "lr",
-    "lr": "lr",
-    "num_layers": "num_layers",
-    "offload_opt_states": "offload_opt_states",
-    "sp_size": "sequence_parallel",
-    "dtype": "dtype",
-    "offload": "offload",
-}
-# summary names -> summary.<field> metric
-_SUMMARY_METRICS = {
-    "iteration time": "iter_time_mean",
-    "iter_time_mean": "iter_time_mean",
-    "iteration_time": "iter_time_mean",
-    "avg_iter_time": "iter_time_mean",
-    "mean_iter_time": "iter_time_mean",
-    "compile_time": "compile_time",
-    "alloc_mem": "mem_alloc",
-    "peak_mem": "mem_peak_max",
-    "mem_peak_max": "mem_peak_max",
-    "reserved_mem": "mem_reserved",
-    "peak_reserved_mem": "mem_reserved_max",
-    "tokens/s": "tokens_per_s_mean",
-    "tokens_per_s": "tokens_per_s_mean",
-    "samples/s": "samples_per_s_mean",
-}
-# key=value step names -> step metric names
-_STEP_KEYS = {
-    "loss": "loss",
-    "time": "iter_time",
-    "iter_time": "iter_time",
-    "alloc_mem": "mem_alloc",
-    "mem_alloc": "mem_alloc",
-    "peak_mem": "mem_peak",
-    "mem_peak": "mem_peak",
-    "tokens_per_s": "tokens_per_s",
-    "lr": "lr",
-}
-
-_KV = re.compile(r"([A-Za-z_][\w./-]*)=(\"[^\"]*\"|'[^']*'|[^\s,;]+)")
-_SUMMARY_TAIL = re.compile(r"([A-Za-z_/]+(?: [a-z]+)?):\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?|None|nan|inf)(\s*GB)?")
-_ITER_TIME = re.compile(r"\biteration time:\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?)")
-_STEPISH = re.compile(r"\bEpoch\s+\S+,?\s*Step\b|\bLoss:")
-_NAMESPACE = re.compile(r"Namespace\((.*?)\)(?=Namespace\(|\s*$)")
-_HEADER = re.compile(r"^\s*(NUM_NODES|NGPUS_PER_NODE|NUM_PROCESSES|ZERO_STAGE|MODEL|BACKEND|GRADIENT_ACCUMULATION_STEPS):\s*(\S+)")
-_EXC = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Interrupt)):\s*(.*)$")
 _RUNDIR = re.compile(r"^logs?_(?P<rev>.+)_run(?P<n>\d+)$")
 
 
 class ImportError_(DstuiError):
     """The folder cannot be imported (missing, empty, already imported)."""
-
-
-# -- parsing ---------------------------------------------------------------------
-
-
-@dataclass
-class Segment:
-    """One run inside a log: its steps and (when it finished) its summary line."""
-
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    summary_params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ParsedLog:
-    """What one file says: runs, settings, failure clues and line counts."""
-
-    path: Path
-    segments: list[Segment]
-    config: dict[str, Any]
-    lines: int = 0
-    malformed: int = 0
-    malformed_examples: list[str] = field(default_factory=list)
-    failure: str = ""
-    header: dict[str, Any] = field(default_factory=dict)
-    jsonl_header: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step_count(self) -> int:
-        return sum(len(s.steps) for s in self.segments)
-
-
-def _value(text: str) -> Any:
-    """Like analysis.parse_value, but quotes around a value are dropped first."""
-    from dstui.analysis.runs import parse_value
-
-    return parse_value(text.strip().strip("'\""))
-
-
-def _number(text: str) -> float | None:
-    v = _value(text)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
-
-
-def parse_summary_line(line: str) -> tuple[dict[str, Any], dict[str, float]] | None:
-    """(settings, summary metrics) of a run_acc_lm summary line, else None."""
-    m = _ITER_TIME.search(line)
-    if not m:
-        return None
-    head, tail = line[: m.start()], line[m.start() :]
-    params: dict[str, Any] = {}
-    tokens = head.split()
-    # result.txt prefixes a timestamp (digits); the model is the first token without '='
-    for tok in tokens:
-        if "=" in tok or tok.isdigit() or tok.startswith("["):
-            continue
-        params["model"] = tok
-        break
-    summary: dict[str, float] = {}
-    for key, val in _KV.findall(head):
-        name = key.lower()
-        if name in _SUMMARY_METRICS:
-            num = _number(val)
-            if num is not None:
-                summary[_SUMMARY_METRICS[name]] = num
-        elif name in _ALIASES:
-            params[_ALIASES[name]] = _value(val)
-    for key, val, gb in _SUMMARY_TAIL.findall(tail):
-        name = key.lower()
-        if name not in _SUMMARY_METRICS:
-            continue
-        num = _number(val)
-        if num is None:
-            continue
-        if gb and name in ("alloc_mem", "peak_mem", "reserved_mem", "peak_reserved_mem"):
-            num = num * GIB
-        summary[_SUMMARY_METRICS[name]] = num
-    if "iter_time_mean" not in summary:
-        return None
-    return params, summary
-
-
-def parse_kv_line(line: str) -> tuple[str, dict[str, Any]] | None:
-    """('step', record) or ('summary', {'params', 'summary'}) for a key=value line."""
-    pairs = {k.lower(): v for k, v in _KV.findall(line)}
-    if len(pairs) < 2:
-        return None
-    if "step" in pairs and "loss" in pairs:
-        step = _value(pairs["step"])
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise ValueError("step is not an integer")
-        rec: dict[str, Any] = {"type": "step", "step": step}
-        if "epoch" in pairs and isinstance(_value(pairs["epoch"]), int):
-            rec["epoch"] = _value(pairs["epoch"])
-        for key, name in _STEP_KEYS.items():
-            if key in pairs:
-                num = _number(pairs[key])
-                if num is None and key == "loss":
-                    raise ValueError("loss is not a number")
-                if num is not None:
-                    rec[name] = num
-        return "step", rec
-    summ = {_SUMMARY_METRICS[k]: _number(v) for k, v in pairs.items() if k in _SUMMARY_METRICS}
-    summ = {k: v for k, v in summ.items() if v is not None}
-    params = {_ALIASES[k]: _value(v) for k, v in pairs.items() if k in _ALIASES}
-    if "iter_time_mean" in summ and params:
-        return "summary", {"params": params, "summary": summ}
-    return None
-
-
-def parse_namespace(line: str) -> dict[str, Any]:
-    """Settings from an argparse ``Namespace(...)`` dump (literal values only)."""
-    m = _NAMESPACE.search(line.strip())
-    if not m:
-        return {}
-    try:
-        call = ast.parse(f"f({m.group(1)})", mode="eval").body
-    except SyntaxError:
-        return {}
-    out: dict[str, Any] = {}
-    for kw in getattr(call, "keywords", []):
-        try:
-            out[kw.arg] = ast.literal_eval(kw.value)
-        except ValueError:
-            continue
-    return out
-
-
-def _failure_of(line: str, last_exc: str) -> tuple[str, str]:
-    """(reason found on this line or '', last Python exception seen)."""
-    low = line.lower()
-    if "out of memory" in low or "outofmemoryerror" in low:
-        return "CUDA out of memory", last_exc
-    if "nccl" in low and ("timeout" in low or "timed out" in low):
-        return "NCCL timeout", last_exc
-    m = _EXC.match(line)
-    if m and not line.startswith(" "):
-        return "", f"Python: {m.group(1)}: {m.group(2)}".strip()
-    return "", last_exc
-
-
-def parse_log(path: Path) -> ParsedLog:
-    """Read a seed-format (or key=value, or metrics.jsonl) file into segments."""
-    if path.name.endswith(".jsonl"):
-        return _parse_jsonl(path)
-    segments = [Segment()]
-    config: dict[str, Any] = {}
-    header: dict[str, Any] = {}
-    parsed = ParsedLog(path=path, segments=segments, config=config, header=header)
-    failure, last_exc = "", ""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for raw in fh:
-            parsed.lines += 1
-            line = raw.rstrip("\n")
-            try:
-                rec = parse_seed_line(line)
-            except ValueError:  # e.g. 'Loss: nana' matched the pattern but is no float
-                rec = None
-            if rec is not None:
-                segments[-1].steps.append(rec)
-                continue
-            summ = parse_summary_line(line)
-            if summ is not None:
-                segments[-1].summary_params, segments[-1].summary = summ
-                segments.append(Segment())
-                continue
-            try:
-                kv = parse_kv_line(line) if "=" in line else None
-            except ValueError:
-                _malformed(parsed, line)
-                continue
-            if kv is not None:
-                kind, body = kv
-                if kind == "step":
-                    segments[-1].steps.append(body)
-                else:
-                    segments[-1].summary_params, segments[-1].summary = body["params"], body["summary"]
-                    segments.append(Segment())
-                continue
-            if "Namespace(" in line:
-                ns = parse_namespace(line)
-                if ns and not config:
-                    config.update(ns)
-                continue
-            hm = _HEADER.match(line)
-            if hm:
-                header.setdefault(hm.group(1), _value(hm.group(2)))
-                continue
-            if _STEPISH.search(line) or "iteration time:" in line:
-                _malformed(parsed, line)
-                continue
-            reason, last_exc = _failure_of(line, last_exc)
-            if reason and not failure:
-                failure = reason
-    if not segments[-1].steps and not segments[-1].summary:
-        segments.pop()
-    parsed.failure = failure or last_exc
-    return parsed
-
-
-def _malformed(parsed: ParsedLog, line: str) -> None:
-    parsed.malformed += 1
-    if len(parsed.malformed_examples) < 3:
-        parsed.malformed_examples.append(line.strip()[:160])
-
-
-def _parse_jsonl(path: Path) -> ParsedLog:
-    seg = Segment()
-    parsed = ParsedLog(path=path, segments=[seg], config={})
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            parsed.lines += 1
-            rec = parse_json_line(line)
-            if rec is None:
-                if line.strip():
-                    _malformed(parsed, line)
-                continue
-            if rec["type"] == "header":
-                parsed.jsonl_header = rec
-                parsed.config.update(rec.get("config") or {})
-            elif rec["type"] == "step":
-                seg.steps.append(rec)
-            else:
-                seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
-                if rec.get("status") not in (None, "ok"):
-                    parsed.failure = str(rec.get("status"))
-    if not seg.steps and not seg.summary:
-        parsed.segments = []
-    return parsed
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-# -- settings from file names, commands and metadata ---------------------------------------
-
-# seed 000/003 log names: debug_n0_Meta-Llama-3-8B_deepspeed_np2z3c0dc0E0b1seq512g1a1pALL.log
-_NAME_CODES = (
-    (re.compile(r"np(\d+)"), "world_size", int),
-    (re.compile(r"(?:^|[_\d])z([0-3])(?=c\d|dc|_|$)"), "zero_stage", int),
-    (re.compile(r"dc([01])"), "deepcompile", lambda v: v == "1"),
-    (re.compile(r"(?<![a-z])c([01])(?=s\d|dc|b\d)"), "compile", lambda v: v == "1"),
-    (re.compile(r"b(\d+)seq"), "micro_batch", int),
-    (re.compile(r"seq(\d+)"), "seq_length", int),
-)
-
-
-def params_from_name(stem: str) -> dict[str, Any]:
-    """Settings encoded in seed log names (np, z, c, dc, b, seq); weakest source."""
-    out: dict[str, Any] = {}
-    tail = stem.rsplit("_", 1)[-1]
-    for rx, name, conv in _NAME_CODES:
-        m = rx.search(tail)
-        if m:
-            out[name] = conv(m.group(1))
-    return out
-
-
-def params_from_command(cmd: str) -> dict[str, Any]:
-    """``--zero_stage 1 --deepcompile ...`` -> settings (flags without a value are True)."""
-    out: dict[str, Any] = {}
-    toks = cmd.split()
-    i = 0
-    while i < len(toks):
-        tok = toks[i]
-        if tok.startswith("--"):
-            key = tok[2:].replace("-", "_")
-            if "=" in key:
-                key, val = key.split("=", 1)
-                out[key] = _value(val)
-            elif i + 1 < len(toks) and not toks[i + 1].startswith("--"):
-                out[key] = _value(toks[i + 1])
-                i += 1
-            else:
-                out[key] = True
-        i += 1
-    return {_ALIASES.get(k, k): v for k, v in out.items()}
-
-
-def _normalise(config: dict[str, Any]) -> dict[str, Any]:
-    return {_ALIASES.get(k, k): v for k, v in config.items()}
 
 
 # -- MLflow --------------------------------------------------------------------------------
@@ -645,8 +294,6 @@ def _log_segment(
     conditions_meta: dict[str, Any],
     warmup: int,
 ) -> ImportedRun:
-    from mlflow.entities import Metric, Param, RunTag
-
     condition = _condition_name(f, conditions_meta)
     meta = conditions_meta.get(condition, {}) if isinstance(conditions_meta.get(condition), dict) else {}
     if len(parsed.segments) > 1:
@@ -709,6 +356,8 @@ def _log_segment(
         tags["dstui.cmd"] = str(meta["command"])
     if meta.get("wandb_run") and meta.get("wandb_run") != "unknown":
         tags["dstui.wandb_run"] = str(meta["wandb_run"])
+    for k, v in parsed.versions.items():
+        tags["dstui.deepspeed_git_sha" if k == "deepspeed_git_sha" else f"dstui.version.{k}"] = v
     jh = parsed.jsonl_header
     if jh:
         for k in ("hostname", "gpu_name", "gpu_count", "device", "deepspeed_git_sha"):
@@ -720,19 +369,19 @@ def _log_segment(
     start = int(f.stat().st_mtime * 1000)
     run = client.create_run(exp_id, run_name=run_name, tags=tags, start_time=start)
     rid = run.info.run_id
-    params = [Param(k, _param_text(v)) for k, v in settings.items() if v is not None]
-    for i in range(0, len(params), 100):
-        client.log_batch(rid, params=params[i : i + 100])
+    from dstui.tracking import client as tracking
+
+    # through the tracking module, as the supervisor writes: one spelling of values, its chunking, truncation
+    tracking.log_params(client, rid, settings)
     metrics = list(_step_metrics(seg.steps, start))
     now = int(time.time() * 1000)
-    metrics += [Metric(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
-    if seg.steps and "summary.steps" not in {m.key for m in metrics}:
-        metrics.append(Metric("summary.steps", float(len(seg.steps)), now, 0))
-    for i in range(0, len(metrics), METRIC_CHUNK):
-        client.log_batch(rid, metrics=metrics[i : i + METRIC_CHUNK])
+    metrics += [(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
+    if seg.steps and "summary.steps" not in {m[0] for m in metrics}:
+        metrics.append(("summary.steps", float(len(seg.steps)), now, 0))
+    tracking.log_metrics(client, rid, metrics)
     if f.stat().st_size <= MAX_ARTIFACT_BYTES:
         client.log_artifact(rid, str(f), artifact_path="run")
-    client.log_batch(rid, tags=[RunTag("dstui.imported_steps", str(len(seg.steps)))])
+    tracking.set_tags(client, rid, {"dstui.imported_steps": len(seg.steps)})
     client.set_terminated(rid, "FINISHED" if status == "done" else "FAILED", end_time=start)
     try:
         rel = str(f.relative_to(folder))
@@ -744,16 +393,8 @@ def _log_segment(
     )
 
 
-def _param_text(v: Any) -> str:
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return str(v)
-
-
-def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[Any]:
-    """Every numeric field of every step at its step; timestamps keep log order."""
-    from mlflow.entities import Metric
-
+def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[tuple[str, float, int, int]]:
+    """Every numeric field of every step at its step, as (key, value, timestamp, step); timestamps keep log order."""
     for i, rec in enumerate(steps):
         ts = start_ms + i
         step = int(rec["step"])
@@ -761,4 +402,4 @@ def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[An
             if key in ("type", "time", "step", "epoch", "rank") or isinstance(value, bool):
                 continue
             if isinstance(value, (int, float)):
-                yield Metric(key, float(value), ts, step)
+                yield key, float(value), ts, step

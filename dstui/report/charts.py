@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dstui.core.formatting import fmt_sig
+
 MAX_POINTS = 2000
 MAX_LABEL = 48
 
@@ -54,20 +56,7 @@ def time_unit(values: Sequence[float]) -> tuple[str, float]:
     return "s", 1.0
 
 
-def fmt_num(v: float) -> str:
-    """Three significant digits, no scientific notation for everyday magnitudes."""
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1000:
-        return f"{v:,.0f}"
-    if a >= 100:
-        return f"{v:.1f}"
-    if a >= 10:
-        return f"{v:.2f}"
-    if a >= 0.01:
-        return f"{v:.3f}"
-    return f"{v:.2e}"
+fmt_num = fmt_sig  # the charts' and report's short number format (dstui.core.formatting)
 
 
 def loss_curves(
@@ -205,7 +194,7 @@ def tradeoff(
     if len(fr) > 1:
         ax.plot([p[1] for p in fr], [p[2] for p in fr], "-", color="#d62728", alpha=0.5, zorder=2)
     ax.set_xlabel(time_label)
-    ax.set_ylabel("peak memory (GB)")
+    ax.set_ylabel("peak memory (GiB)")
     ax.set_title("Speed / memory trade-off (red: no other condition is both faster and smaller)")
     ax.grid(True, alpha=0.3)
     ax.margins(x=0.25, y=0.2)

@@ -19,7 +19,7 @@ from dstui.analysis import runs as an
 from dstui.analysis.runs import GB, ConditionStats, Parity, RunData
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dstui.report.markdown import _Context
+    from dstui.report.context import ReportContext
 
 _STAT_COLUMNS = (
     "points",
@@ -92,7 +92,7 @@ def write_grid_csv(path: Path, frames: dict[str, Any]) -> None:
                 w.writerow([level, model, *[cell(frame.loc[model].get(c, "")) for c in cols]])
 
 
-def write_json(path: Path, ctx: _Context) -> None:
+def write_json(path: Path, ctx: ReportContext) -> None:
     import numpy as np
 
     def series(steps: Any, values: Any) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def write_json(path: Path, ctx: _Context) -> None:
             "iter_time_std": "sample standard deviation (n-1) over pooled post-warm-up iterations",
             "outlier": f"post-warm-up iteration > {an.OUTLIER_FACTOR:g} x run median",
             "parity": "max over common steps of |mean loss - baseline mean loss| <= tolerance",
-            "memory_unit": "bytes in histories and stats; GB = 2^30 bytes in tables",
+            "memory_unit": "bytes in histories and stats; GiB = 2^30 bytes in tables (columns *_gb are GiB)",
         },
         "baseline": ctx.baseline,
         "tolerance": ctx.tolerance,

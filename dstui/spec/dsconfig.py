@@ -91,7 +91,9 @@ def from_settings(s: Settings) -> dict[str, Any]:
         cfg["zero_optimization"]["offload_optimizer"] = _offload(s.offload, s.nvme_path)
     if s.offload_params != "none":
         cfg["zero_optimization"]["offload_param"] = _offload(s.offload_params, s.nvme_path)
-    if s.deepcompile:
+    # the runner turns DeepCompile on for `deepcompile: true` and for Ulysses with
+    # `sp_mode: deepcompile`: the recorded ds_config (and the ds.* params) must say so too
+    if s.deepcompile or (s.sequence_parallel > 1 and s.sp_mode == "deepcompile"):
         cfg["compile"] = {"deepcompile": True}
     if s.sequence_parallel > 1:
         cfg["sequence_parallel_size"] = s.sequence_parallel

@@ -141,3 +141,77 @@ def set_top(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     else:
         data[key] = value
     return data
+
+
+# -- revisions ------------------------------------------------------------------------
+
+REVISION_SOURCES = ("pypi", "git", "path", "installed")
+
+
+def revision_source(rev: dict[str, Any]) -> tuple[str, str, str]:
+    """(source kind, value, ref) of a revision mapping, for the editor's fields."""
+    for kind in ("pypi", "git", "path"):
+        if rev.get(kind) is not None:
+            return kind, str(rev[kind]), str(rev.get("ref") or "")
+    return "installed", "", ""
+
+
+def revision_text(rev: dict[str, Any]) -> str:
+    """One line: ``stable: pypi=0.18.0``, ``main: git=~/ds@master``, ``base: installed``."""
+    kind, value, ref = revision_source(rev)
+    src = "installed" if kind == "installed" else f"{kind}={value}"
+    return f"{rev.get('name')}: {src}" + (f"@{ref}" if ref else "")
+
+
+def make_revision(name: str, kind: str, value: str, ref: str = "") -> dict[str, Any]:
+    """A revision mapping from the editor's fields, checked by the spec's own model (ValueError if wrong)."""
+    from pydantic import ValidationError
+
+    from dstui.spec.models import Revision
+
+    name, kind, value, ref = name.strip(), kind.strip().lower(), value.strip(), ref.strip()
+    if not name:
+        raise ValueError("a revision needs a name")
+    if kind not in REVISION_SOURCES:
+        raise ValueError(f"source must be one of {', '.join(REVISION_SOURCES)} (got '{kind}')")
+    rev: dict[str, Any] = {"name": name}
+    if kind == "installed":
+        rev["installed"] = True
+    else:
+        if not value:
+            raise ValueError(f"'{kind}' needs a value ({'a version' if kind == 'pypi' else 'a folder'})")
+        rev[kind] = value
+        if ref:
+            rev["ref"] = ref
+    try:
+        Revision.model_validate(rev)
+    except ValidationError as e:
+        raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    return rev
+
+
+def put_revision(data: dict[str, Any], rev: dict[str, Any], index: int | None = None) -> dict[str, Any]:
+    """Add (index None) or replace a revision; names stay unique."""
+    out = copy.deepcopy(data)
+    revs = list(out.get("revisions") or [])
+    others = [r.get("name") for i, r in enumerate(revs) if i != index and isinstance(r, dict)]
+    if rev["name"] in others:
+        raise ValueError(f"a revision named '{rev['name']}' exists already")
+    if index is None:
+        revs.append(rev)
+    else:
+        revs[index] = rev
+    out["revisions"] = revs
+    return out
+
+
+def remove_revision(data: dict[str, Any], index: int) -> dict[str, Any]:
+    """Drop a revision; the key goes when the list is empty (the installed DeepSpeed is then used)."""
+    out = copy.deepcopy(data)
+    revs = list(out.get("revisions") or [])
+    del revs[index]
+    if revs:
+        out["revisions"] = revs
+    else:
+        out.pop("revisions", None)
+    return out

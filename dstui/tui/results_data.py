@@ -27,6 +27,7 @@ class ResultRow:
     final_loss: float | None
     reason: str = ""
     run_name: str = ""
+    run_means: list[float] = field(default_factory=list)  # per-run mean iteration times (finished runs)
 
 
 @dataclass
@@ -82,6 +83,7 @@ def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None 
                 iter_mean=_num(cs.iter_time_mean), iter_std=_num(cs.iter_time_std),
                 tokens_per_s=_num(cs.tokens_per_s_mean), mem_peak=_num(cs.mem_peak_max),
                 final_loss=_num(cs.final_loss), reason="; ".join(cs.reasons),
+                run_means=[m for r in cs.runs if r.status == "done" and (m := _num(r.stats.get("iter_time_mean"))) is not None],
             )
         )  # fmt: skip
     for r in runs:

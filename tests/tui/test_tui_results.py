@@ -103,3 +103,42 @@ async def test_results_without_report_module(tui_env, monkeypatch):  # noqa: F81
         await pilot.press("e")
         ok = await wait_for(pilot, lambda: any("not available" in n.message for n in app._notifications), timeout=30)
         assert ok
+
+
+async def test_results_ratio_interval_like_reports(tui_env):  # noqa: F811
+    """The time / base column: Fieller's interval over per-run means, solved here with numpy."""
+    import numpy as np
+    from scipy import stats
+
+    from dstui.tracking import client as tracking
+
+    make_store()
+    c = tracking.client()
+    exp = tracking.ensure_experiment(c, "fixture")
+    parent = tracking.find_run(c, exp, {"dstui.role": "batch", "dstui.batch": "fixture-b1"}).info.run_id
+    extra = {"z0": 0.125, "z1": 0.19}  # a third repeat each, different from the first two
+    for cond, level in extra.items():
+        rid = tracking.create_run(c, exp, f"{cond}-r2", parent_id=parent, tags={
+            "dstui.role": "run", "dstui.batch": "fixture-b1", "dstui.condition": cond, "dstui.repeat": 2,
+            "dstui.kind": "train", "dstui.status": "done", "dstui.order": 10,
+        })  # fmt: skip
+        tracking.log_params(c, rid, {"warmup_steps": 2})
+        tracking.log_metrics(c, rid, [("iter_time", v, 1000 + s, s) for s, v in enumerate([9.0, 9.0, level, level], 1)])
+        tracking.finish(c, rid, "FINISHED")
+    a = [0.215, 0.215, 0.19]  # z1 per-run means
+    b = [0.115, 0.115, 0.125]  # z0 (baseline)
+    am, bm = np.mean(a), np.mean(b)
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 3
+    r = am / bm
+    df = (va + r**2 * vb) ** 2 / (va**2 / 2 + r**4 * vb**2 / 2)
+    t = stats.t.ppf(0.975, df)
+    lo, hi = sorted(np.roots([bm**2 - t**2 * vb, -2 * am * bm, am**2 - t**2 * va]).real)
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(140, 30)) as pilot:
+        screen = await open_results(pilot, app)
+        assert screen.baseline == "z0"
+        z1 = next(r for r in screen.rows() if r.label == "z1")
+        assert sorted(z1.run_means) == pytest.approx(sorted(a))
+        text = screen._ratio_text(z1)
+        assert text.plain == f"{r:.3f} [{lo:.3f}, {hi:.3f}]"
+        assert lo > 1 and text.style == "red"  # clearly slower than the baseline

@@ -61,6 +61,23 @@ def test_snapshot_compose(tui_env, snap_compare):  # noqa: F811
     assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
 
 
+def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
+    spec = tui_env / "revs.yaml"
+    spec.write_text(
+        "name: revs\nsettings: {model: tiny-llama, steps: 4}\naxes: {zero_stage: [1, 2]}\n"
+        "revisions:\n  - {name: stable, pypi: 0.18.0}\n  - {name: main, git: /src/DeepSpeed, ref: master}\n"
+    )
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await pilot.press("1")
+        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
+        await pilot.app.workers.wait_for_complete()
+        await pilot.press("ctrl+e")
+        await pilot.pause(0.3)
+
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
+
+
 def test_snapshot_results(tui_env, snap_compare):  # noqa: F811
     make_store()
 

@@ -138,14 +138,14 @@ def test_import_reproduces_every_step_exactly(uri: str, tmp_path: Path) -> None:
         assert params["model"] == "meta-llama/Meta-Llama-3-8B"
         assert params["micro_batch"] == "1" and params["seq_length"] == "512" and params["grad_accum"] == "4"
     z1 = client.get_run(runs["z1_baseline"].run_id)
-    assert z1.data.params["zero_stage"] == "1" and z1.data.params["deepcompile"] == "False"
+    assert z1.data.params["zero_stage"] == "1" and z1.data.params["deepcompile"] == "false"
     assert z1.data.params["world_size"] == "8" and z1.data.params["gpus"] == "8"
     assert z1.data.params["warmup_steps"] == "4"  # first logged step (step 4) is warm-up
     assert z1.data.metrics["summary.iter_time_mean"] == 0.4782
     assert z1.data.metrics["summary.mem_peak_max"] == 50064946688
     assert z1.data.tags["dstui.status"] == "done" and z1.info.status == "FINISHED"
     z3 = client.get_run(runs["z3_deepcompile"].run_id)
-    assert z3.data.params["zero_stage"] == "3" and z3.data.params["deepcompile"] == "True"
+    assert z3.data.params["zero_stage"] == "3" and z3.data.params["deepcompile"] == "true"
     assert z3.data.tags["dstui.wandb_run"] == "abc123"
     oom = client.get_run(runs["z2_oom"].run_id)
     assert oom.data.tags["dstui.status"] == "failed" and oom.info.status == "FAILED"

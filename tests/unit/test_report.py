@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dstui.analysis import fetch
 from dstui.analysis import runs as an
 from dstui.report.charts import fmt_num
 from dstui.report.markdown import export_report
@@ -254,9 +255,9 @@ def test_history_paths_agree(store: tuple[Any, str, str]) -> None:
         if method == "sqlite":
             assert an.fetch_histories(client, uri, runs) == "sqlite"
         elif method == "sql":
-            an._histories_sql(uri, runs)
+            fetch._histories_sql(uri, runs)
         else:
-            an._histories_api(client, runs, progress=None)
+            fetch._histories_api(client, runs, progress=None)
         loaded[method] = {r.run_id: r.history for r in runs}
     odd = loaded["sqlite"][rid]["loss"]
     assert odd[0].tolist() == [-1, 1, 2]

@@ -391,13 +391,21 @@ def test_compare_faster_matches_scipy() -> None:
     assert c.p_value == pytest.approx(res.pvalue, rel=1e-9)
     assert c.diff_ci == pytest.approx((lo, hi), rel=1e-9)
     assert c.ratio == pytest.approx(np.mean(new) / bm)
-    assert c.ratio_ci == pytest.approx((1 + lo / bm, 1 + hi / bm))
+    # Fieller's interval, solved here with numpy: (a - r b)^2 = t^2 (va + r^2 vb)
+    am, va, vb = float(np.mean(new)), np.var(new, ddof=1) / 5, np.var(base, ddof=1) / 5
+    r0 = am / bm
+    df = (va + r0**2 * vb) ** 2 / (va**2 / 4 + r0**4 * vb**2 / 4)
+    t = stats.t.ppf(0.975, df)
+    roots = sorted(np.roots([bm**2 - t**2 * vb, -2 * am * bm, am**2 - t**2 * va]).real)
+    assert c.ratio_ci == pytest.approx(tuple(roots), rel=1e-9)
+    assert 0 < c.ratio_ci[0] < c.ratio < c.ratio_ci[1]
     assert (c.mean, c.std) == pytest.approx((np.mean(new), np.std(new, ddof=1)))
     assert (c.base_mean, c.base_std) == pytest.approx((bm, np.std(base, ddof=1)))
     assert c.significant
     pct = (1 - np.mean(new) / bm) * 100
-    ci_lo, ci_hi = sorted(abs(-x / bm * 100) for x in (lo, hi))
-    assert c.verdict == f"faster by {pct:.0f}% (CI {ci_lo:.1f}-{ci_hi:.0f}%)", c.verdict
+    assert c.verdict == (
+        f"faster by {pct:.0f}% (ratio {c.ratio:.3f}, 95% CI [{roots[0]:.3f}, {roots[1]:.3f}])"
+    ), c.verdict
 
 
 def test_compare_slower_no_change_and_untestable() -> None:
@@ -488,7 +496,7 @@ def test_compare_command_reads_mlflow(tmp_path: Path, monkeypatch: pytest.Monkey
     pct = (1 - np.mean(post["main"]) / bm) * 100
     assert "Welch" in out and "batch revs-1" in out
     assert f"base / main vs stable: faster by {pct:.0f}%" in out, out
-    assert f"{res.pvalue:.3g}" in out and "+976.6KB" in out
+    assert f"{res.pvalue:.3g}" in out and "+976.6KiB" in out
     args.json = True
     assert cmd.run(args) == 0
     data = json.loads(capsys.readouterr().out)

@@ -77,8 +77,10 @@ def test_seed_specs_have_the_seed_conditions() -> None:
         ["z1", "z1-dc", "z2", "z2-dc", "z3", "z3-dc"]
     )
     _, grid = expand_file(CONFIGS_DIR / "experiments" / "profile_grid.yaml")
-    # 2 models x (4 stages x 2 offload - 1 excluded) x 4 batch sizes
-    assert len(grid) == 2 * 7 * 4
+    # 2 models x (ZeRO 0: 1 + ZeRO 1, 2: 2 optimizer offloads each + ZeRO 3: 2 x 2 with param offload) x 4 batch sizes
+    assert len(grid) == 2 * (1 + 2 + 2 + 4) * 4
+    assert {r.settings.offload_params for r in grid if r.settings.zero_stage == 3} == {"none", "cpu"}
+    assert all(r.settings.offload_params == "none" for r in grid if r.settings.zero_stage < 3)
     _, smoke = expand_file(CONFIGS_DIR / "experiments" / "smoke.yaml")
     assert [r.settings.zero_stage for r in smoke] == [0, 1, 2, 3]
     assert all(r.settings.gpus == 2 for r in smoke)

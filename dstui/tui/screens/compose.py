@@ -67,12 +67,14 @@ class ComposeScreen(Screen):
     HELP = """Open a spec (type a path and Enter, or pick one from the list) or type a new file name to start one.
 A field with one value is a base setting; several values (toggles, or a comma list) make an axis,
 and the run list is their product. Errors are the same as `dstui list` prints.
+ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.
 ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+r", "launch", "Save+launch"),
         Binding("ctrl+o", "open", "Open"),
+        Binding("ctrl+e", "revisions", "Revisions"),
     ]
 
     def __init__(self) -> None:
@@ -173,23 +175,30 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
                     self.query_one(f"#in-{field}", Input).value = cm.list_text(values)
             self.query_one("#repeats", Input).value = str(d.get("repeats", 1))
             self.query_one("#baseline", Input).value = str(d.get("baseline") or "")
-        revs = d.get("revisions") or []
-        box = self.query_one("#revisions", Static)
-        if revs:
-            lines = [Text("revisions", style="bold")]
-            for r in revs:
-                if isinstance(r, dict):
-                    src = next((f"{k}={r[k]}" for k in ("pypi", "git", "path") if r.get(k)), "installed")
-                    if r.get("ref"):
-                        src += f"@{r['ref']}"
-                    lines.append(Text(f"  {r.get('name')}: {src}"))
-            box.update(Text("\n").join(lines))
-            box.display = True
-        else:
-            box.display = False
+        self._show_revisions()
         extras = [k for k in ("conditions", "exclude") if d.get(k)]
         if extras:
             self.notify("kept as they are: " + ", ".join(extras) + " (edit the YAML for those)", timeout=4)
+
+    def _show_revisions(self) -> None:
+        revs = [r for r in (self.data.get("revisions") or []) if isinstance(r, dict)]
+        lines = [Text.assemble(("revisions", "bold"), ("  ctrl+e edits", "dim"))]
+        lines += [Text(f"  {cm.revision_text(r)}") for r in revs]
+        if not revs:
+            lines.append(Text("  none: the installed DeepSpeed", style="dim"))
+        self.query_one("#revisions", Static).update(Text("\n").join(lines))
+
+    def action_revisions(self) -> None:
+        from dstui.tui.screens.revisions import RevisionEditor
+
+        self.app.push_screen(RevisionEditor(self.data), self._revisions_edited)
+
+    def _revisions_edited(self, data: dict[str, Any] | None) -> None:
+        if data is None or data == self.data:
+            return
+        self.data = data
+        self._show_revisions()
+        self.recompute()
 
     def action_open(self) -> None:
         self.query_one("#path", Input).focus()

@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Static
 
-from dstui.commands._common import fmt_bytes, fmt_num
+from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui.series import Delta, RunSeries
@@ -28,15 +28,15 @@ from dstui.tui.widgets.charts import Curve, MetricPlot, color
 LOG_TAIL_BYTES = 16384
 SYSTEM_VIEWS = {
     "gpu_util": ("GPU util", "%", 1.0),
-    "gpu_mem": ("GPU memory", "GB", 1024**3),
+    "gpu_mem": ("GPU memory", "GiB", 1024**3),
     "gpu_power": ("GPU power", "W", 1.0),
     "cpu": ("job CPU", "%", 1.0),
-    "rss": ("job RSS", "GB", 1024**3),
+    "rss": ("job RSS", "GiB", 1024**3),
 }
 
 
 def byte_scale(max_value: float) -> tuple[float, str]:
-    for scale, unit in ((1024**3, "GB"), (1024**2, "MB"), (1024, "KB")):
+    for scale, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
         if max_value >= scale:
             return float(scale), unit
     return 1.0, "B"

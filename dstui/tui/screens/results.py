@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
-from dstui.commands._common import fmt_bytes, fmt_num
+from dstui.analysis.intervals import RatioInterval, fieller_ratio
+from dstui.core.formatting import fmt_bytes, fmt_interval, fmt_num
 
 ALL_BATCHES = "__all__"
 COLUMNS = (
@@ -32,6 +33,7 @@ COLUMNS = (
     ("final loss", "final_loss"),
     ("Δ loss vs base", "delta"),
     ("status / reason", "status"),
+    ("time / base [95% CI]", "ratio"),
 )
 
 
@@ -67,6 +69,8 @@ class ResultsScreen(Screen):
     HELP = """Finished runs from MLflow (child runs tagged dstui.role=run), one row per condition
 (g: one per run). Iteration time is the mean ± std over post-warm-up steps, as in reports.
 Δ loss is the final loss minus the baseline condition's (b makes the highlighted row the baseline).
+time / base: mean iteration time over the baseline's with its 95% Fieller interval over repeats
+(the method of reports and `dstui compare`); "too few repeats" below 2 finished runs a side.
 Click a column header or press s to sort; / filters by name."""
 
     BINDINGS = [
@@ -171,7 +175,11 @@ Click a column header or press s to sort; / filters by name."""
             rows.sort(key=lambda r: str(r.run_name or r.label) if key == "label" else str(getattr(r, key)), reverse=self.sort_reverse)
         else:
             def num(r: Any) -> float:
-                v = self._delta(r) if key == "delta" else getattr(r, key)
+                if key == "ratio":
+                    ri = self._ratio(r)
+                    v = None if ri is None else ri.ratio
+                else:
+                    v = self._delta(r) if key == "delta" else getattr(r, key)
                 return float("inf") if v is None else v
 
             rows.sort(key=num, reverse=self.sort_reverse)
@@ -190,6 +198,15 @@ Click a column header or press s to sort; / filters by name."""
         if base is None or r.final_loss is None:
             return None
         return r.final_loss - base
+
+    def _ratio(self, r: Any) -> RatioInterval | None:
+        """Iteration time against the baseline condition: the report's and compare's interval (Fieller)."""
+        if self.results is None or not self.baseline or self.per_run or r.label == self.baseline:
+            return None
+        base = next((c for c in self.results.conditions if c.label == self.baseline), None)
+        if base is None or not r.run_means or not base.run_means:
+            return None
+        return fieller_ratio(r.run_means, base.run_means)
 
     def fill(self) -> None:
         table = self.query_one("#results", DataTable)
@@ -212,6 +229,7 @@ Click a column header or press s to sort; / filters by name."""
                 fmt_num(r.final_loss, ".5g"),
                 "base" if is_base else ("-" if delta is None else f"{delta:+.3g}"),
                 Text(status[:60], style="red" if "fail" in status or "kill" in status else ""),
+                "base" if is_base and not self.per_run else self._ratio_text(r),
             )
         sort_title, _ = COLUMNS[self.sort_col]
         if res is None:
@@ -228,6 +246,16 @@ Click a column header or press s to sort; / filters by name."""
                 ("  filter ", "dim") if self.filter_text else "", self.filter_text,
             )
         self.query_one("#results-info", Static).update(info)
+
+    def _ratio_text(self, r: Any) -> Text:
+        ri = self._ratio(r)
+        if ri is None or ri.ratio is None:
+            return Text("-")
+        if not ri.bounded:
+            return Text(f"{ri.ratio:.3f} too few repeats" if "too few" in ri.note else f"{ri.ratio:.3f} unbounded",
+                        style="yellow")
+        style = "green" if ri.high < 1 else "red" if ri.low > 1 else ""  # type: ignore[operator]
+        return Text(f"{ri.ratio:.3f} {fmt_interval(ri.low, ri.high)}", style=style)
 
     @on(DataTable.HeaderSelected, "#results")
     def _header(self, event: DataTable.HeaderSelected) -> None:

@@ -14,8 +14,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from dstui.commands._common import eta, fmt_bytes, fmt_num
 from dstui.core import paths
+from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
 from dstui.tui.screens.confirm import ConfirmScreen
 

@@ -1,0 +1,107 @@
+"""What the runners' own checks said: verify (loss/grad/param parity, seed 002) and Ulysses sp-check (seed 003).
+
+Read from MLflow only: the verdict tag, ``summary.*`` metrics, the per-step
+difference metrics, and (for lists such as the worst tensors, which are no
+metric) the tag ``dstui.worst`` or the summary records of the run's
+``run/metrics.jsonl`` artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstui.analysis.rundata import RunData
+
+DIFF_KEYS = ("loss_abs_diff", "grad_max_abs_diff", "param_max_abs_diff", "grad_max_rel_diff", "param_max_rel_diff")
+
+
+@dataclass
+class CheckResult:
+    """One run's check: verdict, where it diverged, by how much, and on which tensors."""
+
+    run: RunData
+    check: str  # "verify" or "sp-check"
+    verdict: str  # PASS, FAIL or n/a
+    first_diverging_step: int | None = None
+    reason: str = ""
+    rtol: float | None = None
+    atol: float | None = None
+    tolerance_basis: str = ""
+    maxima: dict[str, float] = field(default_factory=dict)
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _summary_records(run: RunData) -> list[dict[str, Any]]:
+    from dstui.analysis.fetch import read_artifact
+
+    out = []
+    for line in read_artifact(run, "run/metrics.jsonl").splitlines():
+        if '"summary"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("type") == "summary":
+            out.append(rec)
+    return out
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def check_of(run: RunData) -> CheckResult:
+    """The run's check as recorded (verify runs and sp-check runs)."""
+    m = run.metrics
+    summary: dict[str, Any] = {}
+    tag_worst = run.tags.get("dstui.worst", "")
+    needs_artifact = not tag_worst and (run.kind == "verify" or run.param("sp_check"))
+    if needs_artifact:
+        for rec in _summary_records(run):
+            summary.update({k: v for k, v in rec.items() if v is not None})
+    check = "sp-check" if (summary.get("check") == "sp-check" or run.param("sp_check")) and run.kind != "verify" else "verify"
+    res = CheckResult(run=run, check=check, verdict=run.tags.get("dstui.verdict") or str(summary.get("verdict") or "n/a"))
+    first = _num(m.get("summary.first_diverging_step"))
+    if first is None:
+        first = _num(summary.get("first_diverging_step"))
+    if first is None and "within_tol" in run.history:
+        steps, values = run.history["within_tol"]
+        bad = [int(s) for s, v in zip(steps.tolist(), values.tolist(), strict=False) if v == 0]
+        first = float(bad[0]) if bad else None
+    res.first_diverging_step = int(first) if first is not None else None
+    res.reason = str(summary.get("reason") or "")
+    res.rtol = _num(m.get("summary.rtol", summary.get("rtol", run.param("rtol"))))
+    res.atol = _num(m.get("summary.atol", summary.get("atol", run.param("atol"))))
+    tol = summary.get("tolerance")
+    if isinstance(tol, dict):
+        res.rtol, res.atol = _num(tol.get("rtol")) or res.rtol, _num(tol.get("atol")) or res.atol
+    res.tolerance_basis = str(summary.get("tolerance_basis") or run.tags.get("dstui.tolerance_basis", ""))
+    for k in DIFF_KEYS:
+        v = _num(m.get(f"summary.{k}_max"))
+        if v is None and k in run.history and len(run.history[k][1]):
+            v = _num(max(run.history[k][1].tolist()))
+        if v is not None:
+            res.maxima[k] = v
+    worst: Any = summary.get("worst")
+    if tag_worst:
+        try:
+            worst = json.loads(tag_worst)
+        except ValueError:
+            worst = None
+    if isinstance(worst, list):
+        res.worst = [w for w in worst if isinstance(w, dict) and w.get("name")]
+        res.worst.sort(key=lambda w: -(_num(w.get("max_abs_diff")) or 0.0))
+    return res
+
+
+def sp_check_runs(runs: list[RunData]) -> list[CheckResult]:
+    """Runs that ran the Ulysses sp-check (param sp_check true), with their verdicts."""
+    return [check_of(r) for r in runs if r.kind != "verify" and r.param("sp_check") is True]

@@ -1,0 +1,306 @@
+"""Statistics of runs and conditions: warm-up, means, spread, outliers, loss bands.
+
+Definitions are in :mod:`dstui.analysis.runs`' docstring (the report repeats
+them): statistics exclude the first ``warmup_steps`` optimizer steps; a
+condition pools the post-warm-up iterations of its usable repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstui.analysis.rundata import FAILED_STATES, GB, OUTLIER_FACTOR, RunData, parse_value
+
+
+def warmup_of(run: RunData) -> int:
+    """Warm-up steps: param warmup_steps, else the summary record's, else 0."""
+    for value in (run.param("warmup_steps"), run.metrics.get("summary.warmup_steps")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return int(value)
+    return 0
+
+
+def post_warmup_mask(steps: Any, warmup: int) -> Any:
+    """Steps after the first ``warmup`` optimizer steps.
+
+    Steps are counted from 1 by the runners (from 0 by some programs); with
+    ``log_interval`` > 1 the first logged step may already be past warm-up.
+    """
+    if len(steps) == 0:
+        return steps.astype(bool)
+    base = 0 if int(steps.min()) == 0 else 1
+    return steps >= base + warmup
+
+
+def tokens_per_step(run: RunData) -> float | None:
+    """Tokens one optimizer step consumes across all ranks.
+
+    Recorded by the runner (param/tag ``tokens_per_step``) when known, else
+    micro_batch x grad_accum x seq_length x data-parallel ranks.
+    """
+    for value in (
+        run.param("tokens_per_step"),
+        parse_value(run.tags.get("dstui.tokens_per_step", "")) if run.tags.get("dstui.tokens_per_step") else None,
+    ):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    if run.kind == "command":
+        return None  # a user's command: dstui's settings are not what it trained with
+    mb, ga, seq = run.param("micro_batch"), run.param("grad_accum", 1), run.param("seq_length")
+    gpus, nodes, sp = run.param("gpus", 1), run.param("nodes", 1), run.param("sequence_parallel", 1)
+    nums = (mb, ga, seq, gpus, nodes, sp)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in nums):
+        return None
+    return float(mb * ga * seq * gpus * nodes / sp)
+
+
+def _finite(values: Any) -> Any:
+    import numpy as np
+
+    return values[np.isfinite(values)]
+
+
+def compute_run_stats(run: RunData) -> dict[str, Any]:
+    """Summary figures of one run from its history (see the module docstring)."""
+    import numpy as np
+
+    warmup = warmup_of(run)
+    st: dict[str, Any] = {"warmup_steps": warmup}
+    st["points"] = max((len(s) for s, _ in run.history.values()), default=0)
+    st["warmup_used_all"] = False
+
+    def post(key: str) -> Any:
+        if key not in run.history:
+            return None
+        steps, values = run.history[key]
+        mask = post_warmup_mask(steps, warmup)
+        if not mask.any() and len(values):
+            st["warmup_used_all"] = True  # short run: statistics over every point
+            return values
+        return values[mask]
+
+    it = post("iter_time")
+    if it is not None and len(_finite(it)):
+        itf = _finite(it)
+        st["iter_points"] = int(len(itf))
+        st["iter_time_mean"] = float(itf.mean())
+        st["iter_time_std"] = float(itf.std(ddof=1)) if len(itf) > 1 else 0.0
+        st["iter_time_median"] = float(np.median(itf))
+        st["iter_time_min"] = float(itf.min())
+        st["iter_time_max"] = float(itf.max())
+        steps, values = run.history["iter_time"]
+        mask = post_warmup_mask(steps, warmup)
+        if not mask.any():
+            mask = np.ones(len(steps), dtype=bool)
+        limit = OUTLIER_FACTOR * st["iter_time_median"]
+        bad = mask & np.isfinite(values) & (values > limit)
+        st["outlier_steps"] = steps[bad].tolist()
+        st["outlier_values"] = values[bad].tolist()
+    else:
+        st["iter_points"] = 0
+        summary_mean = run.metrics.get("summary.iter_time_mean")
+        if summary_mean is not None and math.isfinite(summary_mean):
+            # No per-step history (e.g. an import of a summary line only).
+            st["iter_time_mean"] = float(summary_mean)
+            st["iter_time_std"] = float(run.metrics.get("summary.iter_time_std", 0.0) or 0.0)
+        st["outlier_steps"] = []
+        st["outlier_values"] = []
+    tps = post("tokens_per_s")
+    if tps is not None and len(_finite(tps)):
+        st["tokens_per_s_mean"] = float(_finite(tps).mean())
+    elif st.get("iter_time_mean"):
+        tok = tokens_per_step(run)
+        if tok:
+            st["tokens_per_s_mean"] = tok / st["iter_time_mean"]
+            st["tokens_per_s_derived"] = True
+    for key in ("mfu", "tflops_per_gpu"):
+        vals = post(key)
+        if vals is not None and len(_finite(vals)):
+            st[f"{key}_mean"] = float(_finite(vals).mean())
+        elif f"summary.{key}_mean" in run.metrics:
+            st[f"{key}_mean"] = float(run.metrics[f"summary.{key}_mean"])
+    for key in ("mem_peak", "mem_alloc"):
+        if key in run.history and len(_finite(run.history[key][1])):
+            st[f"{key}_max"] = float(_finite(run.history[key][1]).max())
+    if "mem_peak_max" not in st and "summary.mem_peak_max" in run.metrics:
+        st["mem_peak_max"] = float(run.metrics["summary.mem_peak_max"])
+    if "mem_alloc_max" not in st and "summary.mem_alloc" in run.metrics:
+        st["mem_alloc_max"] = float(run.metrics["summary.mem_alloc"])
+    ct = run.metrics.get("summary.compile_time")
+    if ct is not None and math.isfinite(ct) and ct > 0:
+        st["compile_time"] = float(ct)
+    if "iter_time" in run.history:
+        steps = run.history["iter_time"][0]
+        st["warmup_points"] = int(len(steps) - post_warmup_mask(steps, warmup).sum())
+    if "loss" in run.history and len(run.history["loss"][1]):
+        steps, values = run.history["loss"]
+        if np.isfinite(values).any():
+            st["min_loss"] = float(np.nanmin(values))
+        st["final_loss"] = float(values[-1])
+        st["final_step"] = int(steps[-1])
+        st["loss_nan"] = bool(np.isnan(values).any())
+    elif "summary.final_loss" in run.metrics:
+        st["final_loss"] = float(run.metrics["summary.final_loss"])
+    tok = tokens_per_step(run)
+    if tok:
+        st["tokens_per_step"] = tok
+    return st
+
+
+# -- conditions ---------------------------------------------------------------
+
+
+def assign_labels(runs: Sequence[RunData]) -> None:
+    """Condition label; the revision joins it when runs span several revisions."""
+    revisions = {r.revision for r in runs}
+    for r in runs:
+        r.label = f"{r.condition} @ {r.revision}" if len(revisions) > 1 else r.condition
+
+
+@dataclass
+class ConditionStats:
+    """Aggregate of one condition's repeats (only usable runs feed the numbers)."""
+
+    label: str
+    condition: str
+    revision: str
+    kind: str
+    runs: list[RunData]
+    n_runs: int = 0
+    n_usable: int = 0
+    n_failed: int = 0
+    n_oom: int = 0
+    statuses: str = ""
+    iter_points: int = 0
+    iter_time_mean: float | None = None
+    iter_time_std: float | None = None
+    iter_time_repeat_std: float | None = None
+    tokens_per_s_mean: float | None = None
+    tokens_per_s_derived: bool = False
+    mfu_mean: float | None = None
+    tflops_per_gpu_mean: float | None = None
+    mem_peak_max: float | None = None
+    final_loss: float | None = None
+    min_loss: float | None = None
+    mem_alloc_max: float | None = None
+    compile_time: float | None = None
+    outliers: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def mem_peak_gb(self) -> float | None:
+        return None if self.mem_peak_max is None else self.mem_peak_max / GB
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "condition": self.condition,
+            "revision": self.revision,
+            "kind": self.kind,
+            "runs": self.n_runs,
+            "usable": self.n_usable,
+            "failed": self.n_failed,
+            "oom": self.n_oom,
+            "status": self.statuses,
+            "iter_points": self.iter_points,
+            "iter_time_mean_s": self.iter_time_mean,
+            "iter_time_std_s": self.iter_time_std,
+            "iter_time_repeat_std_s": self.iter_time_repeat_std,
+            "tokens_per_s": self.tokens_per_s_mean,
+            "mfu": self.mfu_mean,
+            "tflops_per_gpu": self.tflops_per_gpu_mean,
+            "mem_peak_gb": self.mem_peak_gb,
+            "final_loss": self.final_loss,
+            "min_loss": self.min_loss,
+            "mem_alloc_gb": None if self.mem_alloc_max is None else self.mem_alloc_max / GB,
+            "compile_time_s": self.compile_time,
+            "outliers": self.outliers,
+            "reasons": "; ".join(self.reasons),
+        }
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
+    """One :class:`ConditionStats` per label, in first-seen order."""
+    import numpy as np
+
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    out = []
+    for label, members in groups.items():
+        first = members[0]
+        cs = ConditionStats(label=label, condition=first.condition, revision=first.revision, kind=first.kind, runs=members)
+        cs.n_runs = len(members)
+        usable = [r for r in members if r.usable]
+        cs.n_usable = len(usable)
+        cs.n_failed = sum(1 for r in members if r.status in FAILED_STATES)
+        cs.n_oom = sum(1 for r in members if r.oom)
+        counts: dict[str, int] = {}
+        for r in members:
+            name = "OOM" if r.oom else r.status
+            counts[name] = counts.get(name, 0) + 1
+        cs.statuses = ", ".join(f"{n} {k}" if n > 1 or len(members) > 1 else k for k, n in counts.items())
+        cs.reasons = sorted({r.reason for r in members if r.reason and not r.usable})
+        pooled = []
+        for r in usable:
+            if "iter_time" in r.history and r.stats.get("iter_points"):
+                steps, values = r.history["iter_time"]
+                mask = post_warmup_mask(steps, r.stats["warmup_steps"])
+                if not mask.any():
+                    mask = np.ones(len(steps), dtype=bool)
+                vals = values[mask]
+                pooled.append(vals[np.isfinite(vals)])
+        if pooled:
+            allv = np.concatenate(pooled)
+            cs.iter_points = int(len(allv))
+            cs.iter_time_mean = float(allv.mean())
+            cs.iter_time_std = float(allv.std(ddof=1)) if len(allv) > 1 else 0.0
+        else:
+            cs.iter_time_mean = _mean(r.stats.get("iter_time_mean") for r in usable)
+            cs.iter_time_std = _mean(r.stats.get("iter_time_std") for r in usable)
+        run_means = [r.stats["iter_time_mean"] for r in usable if r.stats.get("iter_time_mean") is not None]
+        if len(run_means) > 1:
+            cs.iter_time_repeat_std = float(np.std(run_means, ddof=1))
+        cs.tokens_per_s_mean = _mean(r.stats.get("tokens_per_s_mean") for r in usable)
+        cs.tokens_per_s_derived = any(r.stats.get("tokens_per_s_derived") for r in usable)
+        cs.mfu_mean = _mean(r.stats.get("mfu_mean") for r in usable)
+        cs.tflops_per_gpu_mean = _mean(r.stats.get("tflops_per_gpu_mean") for r in usable)
+        cs.mem_peak_max = _mean(r.stats.get("mem_peak_max") for r in usable)
+        cs.final_loss = _mean(r.stats.get("final_loss") for r in usable)
+        best = [r.stats["min_loss"] for r in usable if r.stats.get("min_loss") is not None]
+        cs.min_loss = min(best) if best else None
+        cs.mem_alloc_max = _mean(r.stats.get("mem_alloc_max") for r in usable)
+        cs.compile_time = _mean(r.stats.get("compile_time") for r in usable)
+        cs.outliers = sum(len(r.stats.get("outlier_steps", [])) for r in usable)
+        out.append(cs)
+    return out
+
+
+def loss_band(cs: ConditionStats) -> tuple[Any, Any, Any, Any] | None:
+    """(steps, mean, min, max) of the loss over the usable repeats, per step."""
+    import pandas as pd
+
+    series = []
+    for r in cs.runs:
+        if r.usable and "loss" in r.history and len(r.history["loss"][0]):
+            steps, values = r.history["loss"]
+            series.append(pd.Series(values, index=steps, name=r.run_id))
+    if not series:
+        return None
+    df = pd.concat(series, axis=1).sort_index()
+    return (
+        df.index.to_numpy(),
+        df.mean(axis=1, skipna=True).to_numpy(),
+        df.min(axis=1, skipna=True).to_numpy(),
+        df.max(axis=1, skipna=True).to_numpy(),
+    )
+
+

@@ -1,0 +1,276 @@
+"""Parsing old logs into runs: seed step lines, summary lines, key=value, Namespace dumps, metrics.jsonl.
+
+No MLflow here: :func:`parse_log` turns one file into :class:`ParsedLog`
+segments (one per run it holds); :mod:`dstui.importer.seedlogs` writes them.
+The formats understood are listed in that module's docstring.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dstui.core.records import parse_json_line, parse_seed_line
+from dstui.importer.names import _ALIASES, _STEP_KEYS, _SUMMARY_METRICS, _number, _value
+
+GIB = 1024**3
+
+_KV = re.compile(r"([A-Za-z_][\w./-]*)=(\"[^\"]*\"|'[^']*'|[^\s,;]+)")
+_SUMMARY_TAIL = re.compile(r"([A-Za-z_/]+(?: [a-z]+)?):\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?|None|nan|inf)(\s*GB)?")
+_ITER_TIME = re.compile(r"\biteration time:\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?)")
+_STEPISH = re.compile(r"\bEpoch\s+\S+,?\s*Step\b|\bLoss:")
+_NAMESPACE = re.compile(r"Namespace\((.*?)\)(?=Namespace\(|\s*$)")
+_HEADER = re.compile(r"^\s*(NUM_NODES|NGPUS_PER_NODE|NUM_PROCESSES|ZERO_STAGE|MODEL|BACKEND|GRADIENT_ACCUMULATION_STEPS):\s*(\S+)")
+# DeepSpeed's own start-up line and ds_report's table; "torch version ...." from ds_report too
+_VERSIONS = (
+    (re.compile(r"DeepSpeed info: version=([^\s,]+)(?:, git-hash=([0-9a-fA-F]+))?"), "deepspeed"),
+    (re.compile(r"^\s*deepspeed info \.*\s*([0-9][^\s,]*)(?:, ([0-9a-fA-F]{6,}))?"), "deepspeed"),
+    (re.compile(r"\b[Dd]eep[Ss]peed[ _]version[:=]?\s*([0-9][^\s,]*)"), "deepspeed"),
+    (re.compile(r"^\s*torch version \.*\s*([0-9][^\s,]*)"), "torch"),
+    (re.compile(r"^\s*transformers version \.*\s*([0-9][^\s,]*)"), "transformers"),
+)
+_EXC = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Interrupt)):\s*(.*)$")
+
+
+@dataclass
+class Segment:
+    """One run inside a log: its steps and (when it finished) its summary line."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    summary_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParsedLog:
+    """What one file says: runs, settings, failure clues and line counts."""
+
+    path: Path
+    segments: list[Segment]
+    config: dict[str, Any]
+    lines: int = 0
+    malformed: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
+    failure: str = ""
+    header: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)  # deepspeed, torch, ..., deepspeed_git_sha
+    jsonl_header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_count(self) -> int:
+        return sum(len(s.steps) for s in self.segments)
+
+
+
+def parse_summary_line(line: str) -> tuple[dict[str, Any], dict[str, float]] | None:
+    """(settings, summary metrics) of a run_acc_lm summary line, else None."""
+    m = _ITER_TIME.search(line)
+    if not m:
+        return None
+    head, tail = line[: m.start()], line[m.start() :]
+    params: dict[str, Any] = {}
+    tokens = head.split()
+    # result.txt prefixes a timestamp (digits); the model is the first token without '='
+    for tok in tokens:
+        if "=" in tok or tok.isdigit() or tok.startswith("["):
+            continue
+        params["model"] = tok
+        break
+    summary: dict[str, float] = {}
+    for key, val in _KV.findall(head):
+        name = key.lower()
+        if name in _SUMMARY_METRICS:
+            num = _number(val)
+            if num is not None:
+                summary[_SUMMARY_METRICS[name]] = num
+        elif name in _ALIASES:
+            params[_ALIASES[name]] = _value(val)
+    for key, val, gb in _SUMMARY_TAIL.findall(tail):
+        name = key.lower()
+        if name not in _SUMMARY_METRICS:
+            continue
+        num = _number(val)
+        if num is None:
+            continue
+        if gb and name in ("alloc_mem", "peak_mem", "reserved_mem", "peak_reserved_mem"):
+            num = num * GIB
+        summary[_SUMMARY_METRICS[name]] = num
+    if "iter_time_mean" not in summary:
+        return None
+    return params, summary
+
+
+def parse_kv_line(line: str) -> tuple[str, dict[str, Any]] | None:
+    """('step', record) or ('summary', {'params', 'summary'}) for a key=value line."""
+    pairs = {k.lower(): v for k, v in _KV.findall(line)}
+    if len(pairs) < 2:
+        return None
+    if "step" in pairs and "loss" in pairs:
+        step = _value(pairs["step"])
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError("step is not an integer")
+        rec: dict[str, Any] = {"type": "step", "step": step}
+        if "epoch" in pairs and isinstance(_value(pairs["epoch"]), int):
+            rec["epoch"] = _value(pairs["epoch"])
+        for key, name in _STEP_KEYS.items():
+            if key in pairs:
+                num = _number(pairs[key])
+                if num is None and key == "loss":
+                    raise ValueError("loss is not a number")
+                if num is not None:
+                    rec[name] = num
+        return "step", rec
+    summ = {_SUMMARY_METRICS[k]: _number(v) for k, v in pairs.items() if k in _SUMMARY_METRICS}
+    summ = {k: v for k, v in summ.items() if v is not None}
+    params = {_ALIASES[k]: _value(v) for k, v in pairs.items() if k in _ALIASES}
+    if "iter_time_mean" in summ and params:
+        return "summary", {"params": params, "summary": summ}
+    return None
+
+
+def parse_namespace(line: str) -> dict[str, Any]:
+    """Settings from an argparse ``Namespace(...)`` dump (literal values only)."""
+    m = _NAMESPACE.search(line.strip())
+    if not m:
+        return {}
+    try:
+        call = ast.parse(f"f({m.group(1)})", mode="eval").body
+    except SyntaxError:
+        return {}
+    out: dict[str, Any] = {}
+    for kw in getattr(call, "keywords", []):
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            continue
+    return out
+
+
+def _failure_of(line: str, last_exc: str) -> tuple[str, str]:
+    """(reason found on this line or '', last Python exception seen)."""
+    low = line.lower()
+    if "out of memory" in low or "outofmemoryerror" in low:
+        return "CUDA out of memory", last_exc
+    if "nccl" in low and ("timeout" in low or "timed out" in low):
+        return "NCCL timeout", last_exc
+    m = _EXC.match(line)
+    if m and not line.startswith(" "):
+        return "", f"Python: {m.group(1)}: {m.group(2)}".strip()
+    return "", last_exc
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Read a seed-format (or key=value, or metrics.jsonl) file into segments."""
+    if path.name.endswith(".jsonl"):
+        return _parse_jsonl(path)
+    segments = [Segment()]
+    config: dict[str, Any] = {}
+    header: dict[str, Any] = {}
+    parsed = ParsedLog(path=path, segments=segments, config=config, header=header)
+    failure, last_exc = "", ""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for raw in fh:
+            parsed.lines += 1
+            line = raw.rstrip("\n")
+            try:
+                rec = parse_seed_line(line)
+            except ValueError:  # e.g. 'Loss: nana' matched the pattern but is no float
+                rec = None
+            if rec is not None:
+                segments[-1].steps.append(rec)
+                continue
+            summ = parse_summary_line(line)
+            if summ is not None:
+                segments[-1].summary_params, segments[-1].summary = summ
+                segments.append(Segment())
+                continue
+            try:
+                kv = parse_kv_line(line) if "=" in line else None
+            except ValueError:
+                _malformed(parsed, line)
+                continue
+            if kv is not None:
+                kind, body = kv
+                if kind == "step":
+                    segments[-1].steps.append(body)
+                else:
+                    segments[-1].summary_params, segments[-1].summary = body["params"], body["summary"]
+                    segments.append(Segment())
+                continue
+            if "Namespace(" in line:
+                ns = parse_namespace(line)
+                if ns and not config:
+                    config.update(ns)
+                continue
+            hm = _HEADER.match(line)
+            if hm:
+                header.setdefault(hm.group(1), _value(hm.group(2)))
+                continue
+            if _STEPISH.search(line) or "iteration time:" in line:
+                _malformed(parsed, line)
+                continue
+            if "version" in line.lower() or "deepspeed info" in line.lower():
+                _versions_of(line, parsed.versions)
+            reason, last_exc = _failure_of(line, last_exc)
+            if reason and not failure:
+                failure = reason
+    if not segments[-1].steps and not segments[-1].summary:
+        segments.pop()
+    parsed.failure = failure or last_exc
+    return parsed
+
+
+def _versions_of(line: str, out: dict[str, str]) -> None:
+    """Versions printed in a log (first one wins): ``DeepSpeed info: version=0.17.1+e440506b, git-hash=e440506b``."""
+    for rx, name in _VERSIONS:
+        m = rx.search(line)
+        if not m:
+            continue
+        out.setdefault(name, m.group(1))
+        if name == "deepspeed":
+            sha = m.group(2) if m.lastindex and m.lastindex >= 2 else None
+            if not sha and "+" in m.group(1):
+                sha = m.group(1).split("+", 1)[1]  # a local version carries the git sha: 0.17.1+e440506b
+            if sha and re.fullmatch(r"[0-9a-fA-F]{6,40}", sha):
+                out.setdefault("deepspeed_git_sha", sha)
+        return
+
+
+def _malformed(parsed: ParsedLog, line: str) -> None:
+    parsed.malformed += 1
+    if len(parsed.malformed_examples) < 3:
+        parsed.malformed_examples.append(line.strip()[:160])
+
+
+def _parse_jsonl(path: Path) -> ParsedLog:
+    seg = Segment()
+    parsed = ParsedLog(path=path, segments=[seg], config={})
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            parsed.lines += 1
+            rec = parse_json_line(line)
+            if rec is None:
+                if line.strip():
+                    _malformed(parsed, line)
+                continue
+            if rec["type"] == "header":
+                parsed.jsonl_header = rec
+                parsed.config.update(rec.get("config") or {})
+            elif rec["type"] == "step":
+                seg.steps.append(rec)
+            else:
+                seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
+                if rec.get("status") not in (None, "ok"):
+                    parsed.failure = str(rec.get("status"))
+    if not seg.steps and not seg.summary:
+        parsed.segments = []
+    return parsed
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+

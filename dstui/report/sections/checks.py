@@ -1,0 +1,135 @@
+"""Report sections on correctness and revisions: loss parity, revision comparison, verify runs, Ulysses sp-check."""
+
+from __future__ import annotations
+
+from dstui.analysis.intervals import METHOD as INTERVAL_METHOD
+from dstui.analysis.intervals import RECOMMENDED_REPEATS
+from dstui.analysis.revision_compare import ALPHA
+from dstui.core.formatting import fmt_bytes, fmt_interval
+from dstui.report.context import ReportContext
+from dstui.report.mdformat import fexp, img, table
+
+
+def parity(ctx: ReportContext) -> str:
+    if not ctx.baseline:
+        return ""
+    lines = ["## Loss parity against the baseline", ""]
+    lines.append(
+        f"Baseline **{ctx.baseline}**; tolerance {ctx.tolerance:g} on the absolute loss difference "
+        f"(tolerance: {ctx.tolerance_basis or 'given'}). "
+        "For each condition the per-step mean loss (over repeats) is compared with the baseline's on the steps "
+        "both logged; PASS when the largest difference is within the tolerance.\n"
+    )
+    if not ctx.parity:
+        lines.append("Only one condition: nothing to compare.")
+        return "\n".join(lines) + "\n"
+    rows = [
+        [p.label, p.common_steps, fexp(p.max_abs_diff), fexp(p.mean_abs_diff), fexp(p.final_diff), f"**{p.verdict}**", p.note]
+        for p in ctx.parity
+    ]
+    lines.append(table(["condition", "common steps", "max abs diff", "mean abs diff", "final diff", "verdict", "note"], rows))
+    return "\n".join(lines) + "\n"
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1000:.2f}"
+
+
+def revisions(ctx: ReportContext) -> str:
+    """Each revision against the baseline revision: what ``dstui compare`` prints, with a chart."""
+    if not ctx.revisions:
+        return ""
+    lines = ["## Revisions against the baseline revision", ""]
+    lines.append(
+        f"Baseline revision **{ctx.base_revision}**. Per condition, each run's mean iteration time after warm-up is "
+        "one sample (repeats are the independent samples). Ratio = revision mean / baseline mean (< 1 is faster); "
+        f"interval: {INTERVAL_METHOD}; p: Welch's two-sided t-test, alpha {ALPHA:g}. "
+        "The same computation as `dstui compare`.\n"
+    )
+    lines.append(img(ctx, "revisions", "revision ratios with 95% intervals"))
+    rows = []
+    for c in ctx.revisions:
+        rows.append([
+            c.condition, c.revision, f"{c.n}/{c.n_base}",
+            f"{_ms(c.mean)} ± {_ms(c.std)}" if c.std is not None else _ms(c.mean),
+            f"{_ms(c.base_mean)} ± {_ms(c.base_std)}" if c.base_std is not None else _ms(c.base_mean),
+            "n/a" if c.ratio is None else f"{c.ratio:.3f}",
+            fmt_interval(*c.ratio_ci) if c.ratio_ci else "none: too few repeats" if min(c.n, c.n_base) < 2 else "none",
+            "n/a" if c.p_value is None else f"{c.p_value:.3g}",
+            fmt_bytes(c.mem_diff, signed=True),
+            c.verdict,
+        ])  # fmt: skip
+    lines.append(table(
+        ["condition", "revision", "n / n baseline", "iter ms (mean ± std)", "baseline ms", "ratio", "95% CI of ratio",
+         "p (Welch)", "peak mem diff", "verdict"], rows,
+    ))
+    few = [c for c in ctx.revisions if min(c.n, c.n_base) < RECOMMENDED_REPEATS]
+    if few:
+        lines += ["", (
+            f"**Warning: too few repeats** for {', '.join(f'{c.condition} / {c.revision}' for c in few)} "
+            f"(fewer than {RECOMMENDED_REPEATS} usable runs on a side): intervals are wide or absent and a "
+            "p-value from 2 runs says little. Run more repeats before concluding."
+        )]
+    return "\n".join(lines) + "\n"
+
+
+def verify(ctx: ReportContext) -> str:
+    if not ctx.checks:
+        return ""
+    keys: list[str] = []
+    for r in ctx.verify_runs:
+        for k in r.metrics:
+            if ("diff" in k or k.startswith("verify")) and not k.startswith("system/") and k not in keys:
+                keys.append(k)
+    rows = []
+    for ch in ctx.checks:
+        r = ch.run
+        worst = ", ".join(f"{w.get('kind', '?')} `{w['name']}` ({fexp(w.get('max_abs_diff'))})" for w in ch.worst[:3])
+        rows.append([
+            r.run_name,
+            r.label,
+            "OOM" if r.oom else r.status,
+            f"**{ch.verdict}**",
+            "-" if ch.first_diverging_step is None else ch.first_diverging_step,
+            worst or "-",
+            *[fexp(r.metrics.get(k)) for k in keys],
+        ])
+    head = ["run", "condition", "status", "verdict", "first diverging step", "worst tensors", *keys]
+    tol = {(fexp(c.rtol) if c.rtol is not None else "?", fexp(c.atol) if c.atol is not None else "?") for c in ctx.checks}
+    tol_text = "; ".join(f"rtol {a}, atol {b}" for a, b in sorted(tol))
+    bases = sorted({c.tolerance_basis for c in ctx.checks if c.tolerance_basis})
+    lines = [
+        "## Verification runs (`kind: verify`)", "",
+        "ZeRO against plain PyTorch: loss, gradients and parameters compared element-wise "
+        f"({tol_text}{'; ' + '; '.join(bases) if bases else ''}); the verdict is the runner's own. "
+        "The first diverging step is the first step at which any of them left the tolerance.\n",
+        table(head, rows), "",
+    ]
+    for ch in ctx.checks:
+        if ch.worst:
+            lines += [f"Worst tensors of `{ch.run.run_name}` (largest |difference| first):", ""]
+            lines.append(table(["tensor", "kind", "max abs diff"],
+                               [[f"`{w['name']}`", w.get("kind", "?"), fexp(w.get("max_abs_diff"))] for w in ch.worst[:10]]))
+            lines.append("")
+        if ch.reason:
+            lines += [f"`{ch.run.run_name}`: {ch.reason}", ""]
+    lines.append(img(ctx, "verify_steps", "per-step differences of verify runs"))
+    return "\n".join(lines) + "\n"
+
+
+def sp_check(ctx: ReportContext) -> str:
+    """Ulysses sequence parallelism against the same training without it (seed 003)."""
+    if not ctx.sp_checks:
+        return ""
+    rows = [
+        [c.run.run_name, c.run.label, c.run.params.get("sequence_parallel", "?"), c.run.params.get("sp_mode", "?"),
+         f"**{c.verdict}**", c.run.params.get("sp_rtol", "1e-4 (default)"), c.run.params.get("sp_atol", "1e-5 (default)")]
+        for c in ctx.sp_checks
+    ]
+    npass = sum(c.verdict == "PASS" for c in ctx.sp_checks)
+    return (
+        "## Ulysses sequence-parallel check (`sp_check`)\n\n"
+        "Each run trained again without sequence parallelism on the same samples; PASS when every logged loss "
+        f"matches within rtol/atol. {npass} of {len(ctx.sp_checks)} PASS.\n\n"
+        + table(["run", "condition", "sequence parallel", "sp mode", "verdict", "rtol", "atol"], rows) + "\n"
+    )

@@ -1,0 +1,217 @@
+"""Report sections a reader meets first: title, summary with headline findings, setup, conditions."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from collections.abc import Sequence
+
+from dstui.analysis import runs as an
+from dstui.analysis.runs import RunData
+from dstui.report import charts
+from dstui.report.context import ReportContext
+from dstui.report.files import redact
+from dstui.report.mdformat import IDENTITY_PARAMS, fnum, pm, table
+
+_IDENTITY_PARAMS = IDENTITY_PARAMS
+
+
+def title(ctx: ReportContext) -> str:
+    what = f"batch `{ctx.batch}`" if ctx.batch else (
+        f"batch `{ctx.batches[0]}`" if len(ctx.batches) == 1 else f"{len(ctx.batches) or 1} batches"
+    )
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (
+        f"# dstui report: {ctx.experiment}\n\n"
+        f"Experiment `{ctx.experiment}` (MLflow id {ctx.exp.experiment_id}), {what}, "
+        f"{len(ctx.runs)} runs. Generated {now} on {platform.node() or 'unknown host'} "
+        f"from `{redact(ctx.uri)}`.\n"
+    )
+
+
+def summary(ctx: ReportContext) -> str:
+    lines = ["## Summary", ""]
+    _, varying = an.common_and_varying([r for r in ctx.runs if r.kind != "verify"] or ctx.runs)
+    varying = [v for v in varying if v not in _IDENTITY_PARAMS]
+    repeats = max((c.n_runs for c in ctx.conds), default=0)
+    revs = sorted({r.revision for r in ctx.runs})
+    what = f"{len(ctx.conds)} conditions"
+    if varying:
+        what += " varying " + ", ".join(f"`{v}`" for v in varying)
+    if len(revs) > 1:
+        what += f", across DeepSpeed revisions {', '.join(f'`{r}`' for r in revs)}"
+    what += f"; up to {repeats} repeat(s) each, {len(ctx.runs)} runs in all."
+    lines.append(f"Compared {what}")
+    if ctx.baseline:
+        lines.append(f"Baseline: **{ctx.baseline}**.")
+    lines += ["", "Headline findings:", ""]
+    lines += [f"- {h}" for h in headlines(ctx)]
+    return "\n".join(lines) + "\n"
+
+
+def headlines(ctx: ReportContext) -> list[str]:
+    out = []
+    timed = [c for c in ctx.train if c.iter_time_mean is not None]
+    base = ctx.base()
+    if timed:
+        fast = min(timed, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
+        slow = max(timed, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
+        text = f"Fastest: **{fast.label}** at {ctx.t(fast.iter_time_mean)} {ctx.unit}/step"
+        if base and base.iter_time_mean and fast.label != base.label:
+            text += f", {base.iter_time_mean / fast.iter_time_mean:.2f}x the speed of the baseline"
+        if slow.label != fast.label:
+            text += f"; slowest: {slow.label} at {ctx.t(slow.iter_time_mean)} {ctx.unit}/step"
+        out.append(text + ".")
+    mem = [c for c in ctx.train if c.mem_peak_max is not None]
+    if mem:
+        low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+        high = max(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+        text = f"Least memory: **{low.label}** at {low.mem_peak_gb:.2f} GiB peak"
+        if high.label != low.label:
+            text += f" ({high.label}: {high.mem_peak_gb:.2f} GiB)"
+        out.append(text + ".")
+    if ctx.parity:
+        npass = sum(p.verdict == "PASS" for p in ctx.parity)
+        nfail = sum(p.verdict == "FAIL" for p in ctx.parity)
+        text = f"Loss parity with {ctx.baseline} (max |Δloss| ≤ {ctx.tolerance:g}): {npass} PASS, {nfail} FAIL"
+        if nfail:
+            text += " (" + ", ".join(p.label for p in ctx.parity if p.verdict == "FAIL") + ")"
+        na = len(ctx.parity) - npass - nfail
+        if na:
+            text += f", {na} not comparable (no loss history)"
+        out.append(text + ".")
+    verdicts = [r.tags.get("dstui.verdict") for r in ctx.verify_runs if r.tags.get("dstui.verdict")]
+    if verdicts:
+        out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
+    failed = [r for r in ctx.runs if r.status in an.FAILED_STATES]
+    if failed:
+        oom = sum(r.oom for r in failed)
+        out.append(
+            f"{len(failed)} run(s) did not finish ({oom} out of memory): "
+            + ", ".join(f"{r.run_name} ({'OOM' if r.oom else r.reason})" for r in failed[:8])
+            + (" ..." if len(failed) > 8 else "")
+            + "."
+        )
+    other = [r for r in ctx.runs if r.status not in an.FAILED_STATES and r.status != "done"]
+    if other:
+        out.append(
+            f"{len(other)} run(s) not finished when this report was made: "
+            + ", ".join(f"{r.run_name} ({r.status})" for r in other[:8])
+            + "."
+        )
+    outl = sum(c.outliers for c in ctx.train)
+    if outl:
+        out.append(f"{outl} outlier iteration(s) (> {an.OUTLIER_FACTOR:g}x the run's median) — see Data quality.")
+    return out or ["No timing, memory or loss data was recorded for these runs."]
+
+
+def setup(ctx: ReportContext) -> str:
+    lines = ["## Setup", ""]
+    hw: dict[tuple[str, ...], int] = {}
+    for r in ctx.runs:
+        key = tuple(r.tags.get(f"dstui.{k}", "") or "-" for k in ("hostname", "device", "gpu_name", "gpu_count"))
+        hw[key] = hw.get(key, 0) + 1
+    lines += ["**Hardware**", "", table(["host", "device", "GPU", "GPUs", "runs"], [[*k, n] for k, n in hw.items()]), ""]
+    vrows = []
+    for k in ("deepspeed", "torch", "transformers", "python"):
+        vals = an.distinct_tag(ctx.runs, f"dstui.version.{k}")
+        vrows.append([k, ", ".join(vals) if vals else "not recorded"])
+    sha = an.distinct_tag(ctx.runs, "dstui.deepspeed_git_sha")
+    vrows.append(["deepspeed git sha", ", ".join(s[:12] for s in sha) if sha else "not recorded"])
+    if len({r.revision for r in ctx.runs}) > 1:
+        for rev in sorted({r.revision for r in ctx.runs}):
+            rr = [r for r in ctx.runs if r.revision == rev]
+            ds = an.distinct_tag(rr, "dstui.version.deepspeed")
+            vrows.append([f"revision `{rev}`", ", ".join(ds) or "?"])
+    lines += ["**Versions**", "", table(["component", "version"], vrows), ""]
+    pool = [r for r in ctx.runs if r.kind != "verify"] or ctx.runs
+    common, varying = an.common_and_varying(pool)
+    shown = {k: v for k, v in common.items() if k not in ("command", "env", "extra_args", "launcher", "ds_overrides")}
+    if shown:
+        lines += ["**Settings common to all runs**", ""]
+        lines.append(table(["setting", "value"], [[k, f"`{v}`"] for k, v in shown.items()]))
+        lines.append("")
+    varying = [v for v in varying if v not in _IDENTITY_PARAMS]
+    if varying:
+        rows = []
+        for c in ctx.conds:
+            r0 = c.runs[0]
+            rows.append([c.label, *[r0.known_params.get(v, "-" if r0.kind == "command" else "") for v in varying]])
+        lines += ["**Settings that differ**", "", table(["condition", *varying], rows), ""]
+    lines += ["**What an iteration is**", ""]
+    lines.append(iteration_text(ctx, pool))
+    return "\n".join(lines) + "\n"
+
+
+def iteration_text(ctx: ReportContext, pool: Sequence[RunData]) -> str:
+    tps = {r.stats.get("tokens_per_step") for r in pool}
+    warm = sorted({r.stats.get("warmup_steps", 0) for r in pool})
+    r0 = pool[0]
+    ga = r0.params.get("grad_accum", "?")
+    mb = r0.params.get("micro_batch", "?")
+    seq = r0.params.get("seq_length", "?")
+    text = (
+        "One iteration is one optimizer step: `grad_accum` micro-batches of `micro_batch` sequences "
+        "of `seq_length` tokens on every data-parallel rank, timed after a device synchronize. "
+    )
+    if len(tps) == 1 and None not in tps:
+        text += (
+            f"Here: {ga} x {mb} x {seq} tokens per rank, **{charts.fmt_num(next(iter(tps)))} tokens per step** "  # type: ignore[arg-type]
+            "across all ranks. "
+        )
+    else:
+        text += "Tokens per step differ between conditions; see the conditions table. "
+    points = sorted({r.stats["warmup_points"] for r in pool if r.stats.get("warmup_points") is not None})
+    if warm == [0]:
+        text += "No warm-up is excluded (param `warmup_steps` is 0): every logged step counts. "
+    else:
+        text += (
+            f"Statistics exclude warm-up: optimizer steps up to step {', '.join(str(w) for w in warm)} "
+            "of every run (param `warmup_steps`), which include compilation and allocator growth"
+        )
+        if points:
+            text += f"; that is {' or '.join(str(p) for p in points)} logged step(s) per run"
+        text += "."
+    if any(c.compile_time for c in ctx.train):
+        text += (
+            " Compile time (DeepCompile / torch.compile, `summary.compile_time`) is reported apart in the "
+            "iteration-time section."
+        )
+    if any(r.stats.get("warmup_used_all") for r in pool):
+        text += " Runs shorter than their warm-up use all their steps (flagged under Data quality)."
+    return text + "\n"
+
+
+def conditions(ctx: ReportContext) -> str:
+    lines = ["## Conditions", ""]
+    lines.append(
+        "Status counts every run; figures use the usable runs (finished, or still running) only. "
+        "Failed runs stay listed with their reason.\n"
+    )
+    rows = []
+    for c in ctx.conds:
+        rows.append([
+            c.label,
+            c.kind,
+            c.n_runs,
+            c.statuses,
+            fnum(c.runs[0].stats.get("tokens_per_step")),
+            pm(ctx.t(c.iter_time_mean), ctx.t(c.iter_time_std) if c.iter_time_std is not None else None),
+            fnum(c.tokens_per_s_mean),
+            fnum(c.mem_peak_gb, digits=3),
+            fnum(c.final_loss, digits=6),
+            fnum(c.min_loss, digits=6),
+            "; ".join(c.reasons),
+        ])
+    lines.append(table(
+        ["condition", "kind", "runs", "status", "tokens/step", f"iter time ({ctx.unit}) mean ± std", "tokens/s", "peak mem (GiB)", "final loss", "best (min) loss", "failure reason"],
+        rows,
+    ))
+    bad = [r for r in ctx.runs if not r.usable]
+    if bad:
+        lines += ["", "Runs without usable results:", ""]
+        lines.append(table(
+            ["run", "condition", "status", "reason", "MLflow run id"],
+            [[r.run_name, r.label, "OOM" if r.oom else r.status, r.reason or "-", f"`{r.run_id}`"] for r in bad],
+        ))
+    return "\n".join(lines) + "\n"
