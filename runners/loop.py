@@ -1,0 +1,138 @@
+"""The measured loop of runners/train.py: steps, the records it writes, and the sp-check twin run."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from typing import Any
+
+import common
+from trainer import Trainer
+
+from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line
+
+
+def train(
+    args: argparse.Namespace,
+    ds_config: dict[str, Any],
+    *,
+    use_sp: bool,
+    writer: MetricsWriter | None,
+) -> list[float]:
+    """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run."""
+    tr = Trainer(args, ds_config, use_sp=use_sp)
+    rank0 = tr.rank == 0
+    if writer is not None:
+        writer.write(
+            HEADER,
+            config=vars(args),
+            ds_config=tr.ds_config,
+            versions=common.versions(),
+            deepspeed_git_sha=common.deepspeed_git_sha(),
+            device=tr.dev["device"],
+            gpu_name=tr.dev["gpu_name"],
+            gpu_count=tr.dev["gpu_count"],
+            world_size=tr.world,
+            hostname=common.hostname(),
+            tokens_per_step=tr.tokens_per_step,
+            params=tr.params,
+            flops_per_token=tr.flops_per_token,
+            peak_tflops=tr.peak,
+            data=tr.data_source,
+            sequence_parallel=tr.sp,
+            dp_world_size=tr.dp,
+        )
+
+    times: list[float] = []
+    losses: list[float] = []
+    mem_peak_max = 0
+    for step in range(1, args.steps + 1):
+        dt, total = tr.step()
+        times.append(dt)
+        if step % args.log_interval and step != args.steps:
+            continue
+        loss = tr.global_loss(total)  # the only extra sync: on logged steps
+        losses.append(loss)
+        if writer is None:
+            continue
+        alloc, peak = tr.memory()
+        mem_peak_max = max(mem_peak_max, peak)
+        rec: dict[str, Any] = {
+            "step": step,
+            "epoch": tr.epoch(),
+            "loss": loss,
+            "iter_time": dt,
+            "tokens_per_s": tr.tokens_per_step / dt,
+        }
+        rec["tflops_per_gpu"] = tr.tflops_per_gpu(dt)
+        if tr.peak:
+            rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
+        rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
+        writer.write(STEP, **rec)
+        if rank0:
+            print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)
+
+    if writer is not None:
+        # Statistics over every step after warm-up, logged or not: the timing
+        # sync happens on every step, so unlogged steps are measured too.
+        timed = times[args.warmup_steps :] or times
+        later = times[1:]
+        tflops = [tr.tflops_per_gpu(t) for t in timed]
+        summary: dict[str, Any] = {
+            "steps": args.steps,
+            "warmup_steps": args.warmup_steps,
+            "iter_time_mean": statistics.fmean(timed),
+            "iter_time_std": statistics.stdev(timed) if len(timed) > 1 else 0.0,
+            "tokens_per_s_mean": statistics.fmean(tr.tokens_per_step / t for t in timed),
+            "tflops_per_gpu_mean": statistics.fmean(tflops),
+            # The first step pays for compilation, autotuning and allocator warm-up.
+            "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+            "mem_peak_max": max(mem_peak_max, tr.memory()[1]),
+            "final_loss": losses[-1] if losses else None,
+            "status": "ok",
+        }
+        if tr.peak:
+            summary["mfu_mean"] = statistics.fmean(tflops) / tr.peak
+        writer.write(SUMMARY, **summary)
+    destroy = getattr(tr.engine, "destroy", None)
+    if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)
+        destroy()
+    return losses
+
+
+def sp_check(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: list[float]) -> bool:
+    """Train again without sequence parallelism on the same samples and compare the logged losses."""
+    import deepspeed
+    import ulysses
+
+    ref_args = argparse.Namespace(**vars(args))
+    ulysses.reset()
+    ref_losses = train_reference(ref_args, ds_config)
+    ok = len(ref_losses) == len(sp_losses)
+    lines = []
+    for i, (a, b) in enumerate(zip(sp_losses, ref_losses, strict=False)):
+        close = math.isclose(a, b, rel_tol=args.sp_rtol, abs_tol=args.sp_atol)
+        ok = ok and close
+        lines.append(
+            f"  logged step {i + 1}: sp {a:.6f}  no-sp {b:.6f}  diff {a - b:+.3e}  {'ok' if close else 'DIFF'}"
+        )
+    if deepspeed.comm.get_rank() == 0:
+        verdict = "match" if ok else "DIFFER"
+        print(f"sp-check: losses {verdict} (rtol {args.sp_rtol}, atol {args.sp_atol})", flush=True)
+        print("\n".join(lines), flush=True)
+    return ok
+
+
+def train_reference(args: argparse.Namespace, ds_config: dict[str, Any]) -> list[float]:
+    """The no-SP twin of an SP run: each rank trains on the full micro batches its SP group saw."""
+    import ulysses
+
+    tr = Trainer(args, ds_config, use_sp=False)
+    tr.batches = ulysses.reference_batches(tr.shard, args.sequence_parallel, tr.rank, tr.world)
+    losses = []
+    for step in range(1, args.steps + 1):
+        _, total = tr.step()
+        if step % args.log_interval == 0 or step == args.steps:
+            losses.append(tr.global_loss(total))
+    return losses
