@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 import common
+from phases import PhaseClock
 from trainer import Trainer
 
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line
@@ -19,9 +20,10 @@ def train(
     *,
     use_sp: bool,
     writer: MetricsWriter | None,
+    clock: PhaseClock | None = None,
 ) -> list[float]:
     """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run."""
-    tr = Trainer(args, ds_config, use_sp=use_sp)
+    tr = Trainer(args, ds_config, use_sp=use_sp, clock=clock)
     rank0 = tr.rank == 0
     if writer is not None:
         writer.write(
@@ -50,6 +52,10 @@ def train(
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
         times.append(dt)
+        if clock is not None and step == 1:
+            clock.mark("first_step_done")
+        if clock is not None and step == args.steps:
+            clock.mark("last_step_done")
         if step % args.log_interval and step != args.steps:
             continue
         loss = tr.global_loss(total)  # the only extra sync: on logged steps
@@ -88,6 +94,7 @@ def train(
             "tflops_per_gpu_mean": statistics.fmean(tflops),
             # The first step pays for compilation, autotuning and allocator warm-up.
             "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+            "step_time_sum": sum(times),  # for the run's step share (dstui.core.phases)
             "mem_peak_max": max(mem_peak_max, tr.memory()[1]),
             "final_loss": losses[-1] if losses else None,
             "status": "ok",

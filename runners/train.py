@@ -31,15 +31,17 @@ if str(REPO_DIR) not in sys.path:
 import common  # noqa: E402
 from common import RunnerError  # noqa: E402
 from loop import sp_check, train  # noqa: E402
+from phases import PhaseClock  # noqa: E402
 from train_args import build_parser, ds_config_of, settings_of  # noqa: E402
 from trainer import Trainer  # noqa: E402  (re-exported for benchmarks/gpu/sync_profile.py)
 
-from dstui.core.records import SUMMARY, MetricsWriter  # noqa: E402
+from dstui.core.records import PHASES, SUMMARY, MetricsWriter  # noqa: E402
 
 __all__ = ["Trainer", "build_parser", "ds_config_of", "main", "settings_of"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    clock = PhaseClock()
     args = build_parser().parse_args(argv)
     try:
         s = settings_of(args)
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from deepspeed.accelerator import get_accelerator
 
+    clock.mark("imports_done")
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
     accel = get_accelerator()
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. the master port is taken
         print(f"train.py: error: cannot start the process group: {e}", file=sys.stderr, flush=True)
         return 1
+    clock.mark("group_up")
     rank = deepspeed.comm.get_rank()
     wants_dc = args.deepcompile or (args.sequence_parallel > 1 and args.sp_mode == "deepcompile")
     if wants_dc and accel.device_name() == "cpu":
@@ -90,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     writer = MetricsWriter(args.metrics_file if rank == 0 else None)
     code = 0
     try:
-        losses = train(args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer)
+        losses = train(
+            args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer, clock=clock
+        )
         if args.sp_check:
             ok = sp_check(args, ds_config, losses)
             # the verdict goes to the metrics file too: dstui tags the run PASS/FAIL from it
@@ -106,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         code = 1
+    try:
+        if code == 0:
+            common.leave_process_group()
     finally:
+        # written last, so that teardown is measured too; also after a failure (how far it got)
+        clock.mark("exit")
+        writer.write(PHASES, **clock.record())
         writer.close()
-    if code == 0:
-        common.leave_process_group()
     return code
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import common
 from common import RunnerError
+from phases import PhaseClock
 
 from dstui.spec import dsconfig
 
@@ -16,7 +17,12 @@ class Trainer:
     """One DeepSpeed engine plus the data it eats and the numbers it produces."""
 
     def __init__(
-        self, args: argparse.Namespace, ds_config: dict[str, Any], *, use_sp: bool
+        self,
+        args: argparse.Namespace,
+        ds_config: dict[str, Any],
+        *,
+        use_sp: bool,
+        clock: PhaseClock | None = None,
     ) -> None:
         import deepspeed
         import torch
@@ -53,6 +59,8 @@ class Trainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.params = common.count_params(model)
+        if clock is not None:
+            clock.mark("model_built")
 
         cfg = dict(ds_config)
         if args.deepcompile or (self.sp > 1 and args.sp_mode == "deepcompile"):
@@ -87,6 +95,8 @@ class Trainer:
         self.peak = common.peak_tflops(self.dev["gpu_name"], args.dtype)
         self.device = self.accel.current_device_name()
         self.batches = self._data()
+        if clock is not None:
+            clock.mark("engine_ready")  # the engine and this rank's data
 
     def _data(self) -> Any:
         """This rank's batch iterator. Every rank draws its own shard of the packed blocks."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-HEADER, STEP, SUMMARY = "header", "step", "summary"
+HEADER, STEP, SUMMARY, PHASES = "header", "step", "summary", "phases"
 
 # Fields of a step record that are bookkeeping, not metrics.
 NON_METRIC_FIELDS = frozenset({"type", "time", "step", "epoch", "rank"})

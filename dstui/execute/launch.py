@@ -181,14 +181,54 @@ def build_argv(
         )
     script = RUNNER_SCRIPTS[s.kind]
     names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
-    return [
-        python, "-m", "deepspeed.launcher.runner",
-        *launcher_args(s, port=port, gpu_slice=gpu_slice),
+    runner = [
         str(script),
         *runner_args(s, names),
         "--ds-config", str(rd.ds_config_file),
         "--metrics-file", str(rd.metrics_file),
         *s.extra_args,
+    ]  # fmt: skip
+    if starts_ranks_directly(s):
+        return [*direct_ranks_args(s, port=port, gpu_slice=gpu_slice), python, *runner]
+    return [
+        python, "-m", "deepspeed.launcher.runner",
+        *launcher_args(s, port=port, gpu_slice=gpu_slice),
+        *runner,
+    ]  # fmt: skip
+
+
+# DSTUI_RANK_LAUNCHER=deepspeed (in the environment or a condition's `env`) keeps
+# DeepSpeed's launcher for single-node runs too: the old path, for comparison.
+RANK_LAUNCHER_ENV = "DSTUI_RANK_LAUNCHER"
+_LOCAL_HOSTS = (None, "127.0.0.1", "localhost")
+
+
+def starts_ranks_directly(s: Settings) -> bool:
+    """Whether dstui starts the ranks itself (dstui.execute.ranks) instead of DeepSpeed's launcher.
+
+    Only where DeepSpeed's launcher would take its single-node path with
+    nothing but rank start-up to do: one node, no hostfile, no multi-node
+    backend, no host filters and no launcher arguments dstui cannot mirror.
+    """
+    lc = s.launcher
+    wanted = s.env.get(RANK_LAUNCHER_ENV) or os.environ.get(RANK_LAUNCHER_ENV) or "dstui"
+    return (
+        wanted != "deepspeed"
+        and s.nodes == 1
+        and not (lc.hostfile or lc.launcher or lc.include or lc.exclude or lc.extra_args)
+        and lc.master_addr in _LOCAL_HOSTS
+    )
+
+
+def direct_ranks_args(s: Settings, *, port: int, gpu_slice: list[int] | None) -> list[str]:
+    """``python -m dstui.execute.ranks`` with the rank count, port and devices; the rank command follows."""
+    devices = list(gpu_slice) if gpu_slice is not None else list(range(s.gpus))
+    return [
+        sys.executable, "-m", "dstui.execute.ranks",
+        "--nproc", str(len(devices)),
+        "--master-port", str(s.launcher.master_port or port),
+        "--devices", ",".join(str(d) for d in devices),
+        "--",
     ]  # fmt: skip
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from dstui.core import failures
+from dstui.core import failures, phases
 from dstui.core.errors import LockHeld
 from dstui.core.records import (
     HEADER,
@@ -665,7 +665,7 @@ class Supervisor:
         rid = self.child_run_id(rd)
         if c is None or rid is None:
             return
-        st = rd.status()
+        st = _record_phases(rd)
         try:
             tags = {
                 "dstui.status": st.get("state"),
@@ -676,6 +676,9 @@ class Supervisor:
             if st.get("verdict"):
                 tags["dstui.verdict"] = st["verdict"]
             tracking.set_tags(c, rid, tags)
+            if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
+                now_ms = int(time.time() * 1000)
+                tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
         except Exception as e:
@@ -700,6 +703,14 @@ class Supervisor:
                 tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
+
+
+def _record_phases(rd: RunDir) -> dict[str, Any]:
+    """Put the run's time breakdown (launch, init, compile, steps, teardown) into status.json."""
+    times = phases.of_run(rd)
+    if times is None:
+        return rd.status()
+    return rd.update_status(phases=times.as_dict())
 
 
 def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
