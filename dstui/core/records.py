@@ -72,7 +72,7 @@ def parse_json_line(line: str) -> dict[str, Any] | None:
         rec = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY):
+    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY, PHASES):
         return None
     if rec["type"] == STEP and not isinstance(rec.get("step"), int):
         return None

@@ -79,7 +79,7 @@ def new_batch_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> BatchDir:
+def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
     runs_root = runs_root or paths.runs_dir()
     bid = new_batch_id(p.spec.name)
     while (runs_root / bid).exists():  # two batches in the same second
@@ -140,7 +140,7 @@ def resume(
     p: Plan,
     *,
     runs_root: Path | None = None,
-    parallel: int = 1,
+    parallel: int = 0,
     tracking_uri: str | None = None,
     partial: bool = False,
 ) -> tuple[BatchDir, dict[str, int]]:

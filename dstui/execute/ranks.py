@@ -127,16 +127,16 @@ def run(
             continue
         rank, proc = by_pid.pop(pid)
         proc.returncode = os.waitstatus_to_exitcode(raw)
-        if proc.returncode != 0 and status == 0:
+        if proc.returncode != 0:
             how = (
                 _signal_name(proc.returncode)
                 if proc.returncode < 0
                 else f"exit code {proc.returncode}"
             )
             print(f"dstui ranks: rank {rank} failed ({how}); stopping the others", flush=True)
-            status = exit_status(proc.returncode)
-            _stop([p for _, p in by_pid.values()])
-    return status
+            _stop([p for _, p in by_pid.values()])  # reaps them too
+            return exit_status(proc.returncode)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ from dstui.core.rundir import (
     read_json,
     write_json_atomic,
 )
-from dstui.execute import launch, sysmetrics
+from dstui.execute import gpu_share, launch, sysmetrics
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
 
@@ -264,7 +264,7 @@ class Supervisor:
         self.system_interval_s = system_interval_s
         self.info = batch.info()
         self.tracking_uri = tracking_uri or self.info.get("tracking_uri")
-        self.parallel = max(1, int(self.info.get("parallel", 1)))
+        self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
         self.lock = BatchLock(batch)
         self.tracked: dict[str, Tracked] = {}
         self._client: Any = None
@@ -405,14 +405,24 @@ class Supervisor:
             if state in ("running", "starting") or state in FINAL_STATES and not self._tracked(rd).finalized:
                 self.follow(rd)
         active = [r for r in runs if r.state in ("running", "starting")]
+        total_gpus = None
         for rd in runs:
-            if len(active) >= self.parallel:
-                break
             if rd.state == "queued":
                 if rd.cancel_file.exists():
                     rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
                     continue
-                self.launch(rd, busy=active)
+                if total_gpus is None:
+                    total_gpus = sysmetrics.gpu_count()
+                go, gpu_slice = gpu_share.choose(
+                    rd.spec().get("settings") or {},
+                    parallel=self.parallel,
+                    active=len(active),
+                    busy_slices=[b.status().get("gpu_slice") for b in active],
+                    total_gpus=total_gpus,
+                )
+                if not go:
+                    break  # runs start in their batch order
+                self.launch(rd, gpu_slice)
                 active.append(rd)
 
     def _tracked(self, rd: RunDir) -> Tracked:
@@ -423,18 +433,7 @@ class Supervisor:
             self.tracked[rd.name] = t
         return t
 
-    def _gpu_slice(self, rd: RunDir, busy: list[RunDir]) -> list[int] | None:
-        if self.parallel <= 1:
-            return None
-        total = sysmetrics.gpu_count()
-        if total == 0:
-            return None
-        used = {g for b in busy for g in (b.status().get("gpu_slice") or [])}
-        need = int((rd.spec().get("settings") or {}).get("gpus", 1))
-        free = [g for g in range(total) if g not in used]
-        return free[:need] if len(free) >= need else None
-
-    def launch(self, rd: RunDir, busy: list[RunDir]) -> None:
+    def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
         run = launch.load_runspec(rd)
         rev = rd.spec().get("revision_info") or {}
         rd.update_status(state="starting")
@@ -444,7 +443,7 @@ class Supervisor:
                 run,
                 rd,
                 python=rev.get("python"),
-                gpu_slice=self._gpu_slice(rd, busy),
+                gpu_slice=gpu_slice,
                 # Bundled runners start in the run folder: `python -m` puts the cwd first on
                 # sys.path, and a DeepSpeed clone there would shadow the revision's deepspeed.
                 cwd=self.info.get("cwd") if run.settings.kind == "command" else None,
