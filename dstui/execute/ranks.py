@@ -120,7 +120,6 @@ def run(
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     by_pid = {p.pid: (r, p) for r, p in enumerate(procs)}
-    status = 0
     while by_pid:
         pid, raw = os.wait()  # blocks: no polling interval added to a run's teardown
         if pid not in by_pid:

@@ -13,7 +13,7 @@ import pytest
 from dstui.core import phases
 from dstui.core.records import PHASES, SUMMARY, MetricsWriter
 from dstui.core.rundir import RunDir, write_json_atomic
-from dstui.execute import gpu_share, ranks
+from dstui.execute import gpu_share
 
 DUMP = Path(__file__).resolve().parent.parent / "programs" / "dump_rank_env.py"
 
