@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from typing import Any
 
@@ -105,41 +104,4 @@ def train(
     destroy = getattr(tr.engine, "destroy", None)
     if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)
         destroy()
-    return losses
-
-
-def sp_check(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: list[float]) -> bool:
-    """Train again without sequence parallelism on the same samples and compare the logged losses."""
-    import deepspeed
-    import ulysses
-
-    ref_args = argparse.Namespace(**vars(args))
-    ulysses.reset()
-    ref_losses = train_reference(ref_args, ds_config)
-    ok = len(ref_losses) == len(sp_losses)
-    lines = []
-    for i, (a, b) in enumerate(zip(sp_losses, ref_losses, strict=False)):
-        close = math.isclose(a, b, rel_tol=args.sp_rtol, abs_tol=args.sp_atol)
-        ok = ok and close
-        lines.append(
-            f"  logged step {i + 1}: sp {a:.6f}  no-sp {b:.6f}  diff {a - b:+.3e}  {'ok' if close else 'DIFF'}"
-        )
-    if deepspeed.comm.get_rank() == 0:
-        verdict = "match" if ok else "DIFFER"
-        print(f"sp-check: losses {verdict} (rtol {args.sp_rtol}, atol {args.sp_atol})", flush=True)
-        print("\n".join(lines), flush=True)
-    return ok
-
-
-def train_reference(args: argparse.Namespace, ds_config: dict[str, Any]) -> list[float]:
-    """The no-SP twin of an SP run: each rank trains on the full micro batches its SP group saw."""
-    import ulysses
-
-    tr = Trainer(args, ds_config, use_sp=False)
-    tr.batches = ulysses.reference_batches(tr.shard, args.sequence_parallel, tr.rank, tr.world)
-    losses = []
-    for step in range(1, args.steps + 1):
-        _, total = tr.step()
-        if step % args.log_interval == 0 or step == args.steps:
-            losses.append(tr.global_loss(total))
     return losses

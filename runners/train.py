@@ -29,8 +29,9 @@ if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
 import common  # noqa: E402
+import sp_check  # noqa: E402
 from common import RunnerError  # noqa: E402
-from loop import sp_check, train  # noqa: E402
+from loop import train  # noqa: E402
 from phases import PhaseClock  # noqa: E402
 from train_args import build_parser, ds_config_of, settings_of  # noqa: E402
 from trainer import Trainer  # noqa: E402  (re-exported for benchmarks/gpu/sync_profile.py)
@@ -98,12 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer, clock=clock
         )
         if args.sp_check:
-            ok = sp_check(args, ds_config, losses)
+            result = sp_check.run(args, ds_config, losses)
             # the verdict goes to the metrics file too: dstui tags the run PASS/FAIL from it
-            writer.write(
-                SUMMARY, steps=args.steps, verdict="PASS" if ok else "FAIL", check="sp-check"
-            )
-            code = 0 if ok else 1
+            writer.write(SUMMARY, steps=args.steps, **result)
+            code = 0 if result["verdict"] == "PASS" else 1
     except RunnerError as e:
         print(f"[rank {rank}] train.py: error: {e}", file=sys.stderr, flush=True)
         code = 2

@@ -138,11 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--sp-check",
         action="store_true",
         help="after the sequence-parallel run, train the same steps on the same samples without "
-        "sequence parallelism and compare the losses (exit 1 when they differ beyond "
-        "--sp-rtol/--sp-atol)",
+        "sequence parallelism and compare the losses (exit 1 when they differ beyond the "
+        "tolerance: derived from the dtype and a measured noise run unless --sp-rtol/--sp-atol "
+        "are given; see runners/sp_check.py)",
     )
-    a("--sp-rtol", type=float, default=1e-4, help="relative tolerance of --sp-check")
-    a("--sp-atol", type=float, default=1e-5, help="absolute tolerance of --sp-check")
+    a("--sp-rtol", type=float, default=None, help="relative tolerance of --sp-check (fixed)")
+    a("--sp-atol", type=float, default=None, help="absolute tolerance of --sp-check (fixed)")
+    a(
+        "--sp-inject",
+        choices=["none", "head-split"],
+        default="none",
+        help="break the Ulysses attention on purpose (head-split: each rank's value heads "
+        "rotated after the all-to-all) to prove --sp-check catches it",
+    )
     a("--lr", type=float, default=_default("lr"), help="AdamW learning rate (constant)")
     a(
         "--torch-adam",

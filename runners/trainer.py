@@ -51,9 +51,10 @@ class Trainer:
             import ulysses
 
             mpu = ulysses.register(args, config, heads, kv_heads)
-        model = common.build_model(
-            args.model, config, load_weights=args.load_weights, attn_implementation="sdpa"
-        )
+        with self._build_place():
+            model = common.build_model(
+                args.model, config, load_weights=args.load_weights, attn_implementation="sdpa"
+            )
         if args.activation_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -97,6 +98,24 @@ class Trainer:
         self.batches = self._data()
         if clock is not None:
             clock.mark("engine_ready")  # the engine and this rank's data
+
+    def _build_place(self) -> Any:
+        """Where the model's parameters are created: on the accelerator it will train on.
+
+        Creating (and random-initialising) a 1B model on the host and copying it
+        over costs seconds on every run; creating it on the GPU costs milliseconds.
+        On the CPU nothing changes, so CPU losses stay bit-identical to the old
+        path. On a GPU the initial weights come from the device's generator: the
+        same for every ZeRO stage and every run of the same seed, but not the
+        values a host-initialised model had.
+        """
+        import contextlib
+
+        import torch
+
+        if self.dev["on_cpu"] or self.args.load_weights:
+            return contextlib.nullcontext()
+        return torch.device(self.accel.current_device_name())
 
     def _data(self) -> Any:
         """This rank's batch iterator. Every rank draws its own shard of the packed blocks."""

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import shm
+from dstui.core import paths, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.spec.models import RunSpec, Settings
@@ -240,6 +240,8 @@ def build_env(
     if rev_env:
         # each revision compiles its JIT ops into its own cache (see revisions.run_env)
         env["TORCH_EXTENSIONS_DIR"] = str(Path(rev_env) / "torch_extensions")
+    for name, folder in compile_cache_dirs(rev_env, python=(revision or {}).get("python")).items():
+        env.setdefault(name, folder)  # a user's own cache setting wins
     env.update(run.settings.env)
     env.update(
         {
@@ -251,6 +253,25 @@ def build_env(
         }
     )
     return env
+
+
+def compile_cache_dirs(rev_env: str | None, *, python: str | None = None) -> dict[str, str]:
+    """Persistent torch.compile caches for a run: Inductor/AOTAutograd (FX graph, autotuning) and Triton.
+
+    By default Inductor caches under /tmp/torchinductor_<user> (gone after a
+    reboot, shared by every torch and DeepSpeed build) and Triton under
+    ~/.triton. A folder per revision environment keeps a revision's compiled
+    kernels apart from another's and reusable by the next run or batch of the
+    same revision; runs without a revision share one folder per Python.
+    """
+    if rev_env:
+        root = Path(rev_env) / "compile_cache"
+    else:
+        import hashlib
+
+        tag = hashlib.sha1(str(Path(python or sys.executable).absolute()).encode()).hexdigest()[:12]
+        root = paths.cache_dir() / "compile_cache" / tag
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
 
 
 def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:
