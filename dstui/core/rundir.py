@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ACTIVE_STATES = ("queued", "starting", "running")
-FINAL_STATES = ("done", "failed", "killed")
+FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

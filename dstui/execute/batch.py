@@ -18,9 +18,9 @@ from typing import Any
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import launch
+from dstui.execute import guard_watch, launch
 from dstui.spec import dsconfig
-from dstui.spec.models import ExperimentSpec, RunSpec, expand_file
+from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
 
 
 @dataclass
@@ -41,10 +41,17 @@ def plan(
     resolve_revisions: bool = True,
     progress: Callable[[str], None] = print,
     only: list[str] | None = None,
+    executor: str | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> Plan:
+    """A validated spec; ``executor`` and ``slurm`` (set fields only) override the spec's (CLI flags)."""
     spec_path = Path(spec_path).resolve()
-    spec, runs = expand_file(spec_path)
     file = str(spec_path)
+    spec = load_spec(spec_path)
+    if executor or slurm:
+        spec = with_executor(spec, executor, slurm or {}, file=file)
+    runs = expand(spec, file=file)
+    guard_watch.check_spec(spec, runs, file=file)
     if only:
         runs = select(runs, only, file=file)
     if validate:
@@ -58,6 +65,17 @@ def plan(
         resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
         revisions = {name: _as_dict(r) for name, r in resolved.items()}
     return Plan(spec_path, spec, runs, configs, revisions)
+
+
+def with_executor(spec: ExperimentSpec, executor: str | None, slurm: dict[str, Any], *, file: str) -> ExperimentSpec:
+    """The spec with command-line executor options laid over its own, validated again."""
+    data = spec.model_dump(mode="json")
+    if executor:
+        data["executor"] = executor
+    data["slurm"] = {**data.get("slurm", {}), **{k: v for k, v in slurm.items() if v is not None}}
+    from dstui.spec.models import parse_spec
+
+    return parse_spec(data, file=file)
 
 
 def select(runs: list[RunSpec], patterns: list[str], *, file: str | None = None) -> list[RunSpec]:
@@ -107,6 +125,8 @@ def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | Non
             "cwd": os.getcwd(),
             "tracking_uri": tracking_uri or paths.tracking_uri(),
             "revisions": p.revisions,
+            "executor": p.spec.executor,
+            "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
         },
     )
 
@@ -176,7 +196,8 @@ def resume(
     if partial:  # the batch's order stays; runs new to it go last
         old = list(info.get("runs", []))
         names = old + [n for n in names if n not in old]
-    info.update(runs=names, parallel=parallel, finalized=False, resumed=time.time())
+    info.update(runs=names, parallel=parallel, finalized=False, resumed=time.time(), executor=p.spec.executor,
+                slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None)  # fmt: skip
     write_json_atomic(batch.batch_file, info)
     return batch, counts
 

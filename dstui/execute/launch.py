@@ -179,21 +179,26 @@ def build_argv(
                 "python": python,
             },
         )
-    script = RUNNER_SCRIPTS[s.kind]
-    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
-    runner = [
-        str(script),
-        *runner_args(s, names),
-        "--ds-config", str(rd.ds_config_file),
-        "--metrics-file", str(rd.metrics_file),
-        *s.extra_args,
-    ]  # fmt: skip
+    runner = script_args(run, rd)
     if starts_ranks_directly(s):
         return [*direct_ranks_args(s, port=port, gpu_slice=gpu_slice), python, *runner]
     return [
         python, "-m", "deepspeed.launcher.runner",
         *launcher_args(s, port=port, gpu_slice=gpu_slice),
         *runner,
+    ]  # fmt: skip
+
+
+def script_args(run: RunSpec, rd: RunDir) -> list[str]:
+    """A bundled runner and its arguments: what every rank runs (after the python executable)."""
+    s = run.settings
+    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
+    return [
+        str(RUNNER_SCRIPTS[s.kind]),
+        *runner_args(s, names),
+        "--ds-config", str(rd.ds_config_file),
+        "--metrics-file", str(rd.metrics_file),
+        *s.extra_args,
     ]  # fmt: skip
 
 

@@ -48,13 +48,14 @@ from dstui.core.rundir import (
     read_json,
     write_json_atomic,
 )
-from dstui.execute import gpu_share, launch, sysmetrics
+from dstui.execute import gpu_share, launch, slurm, sysmetrics
+from dstui.execute.guard_watch import BatchGuard
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 KILL_GRACE_S = 5.0
 
 
@@ -190,6 +191,8 @@ def kill_group(pgid: int | None, grace_s: float = KILL_GRACE_S) -> None:
 def request_cancel(rd: RunDir) -> None:
     """Ask the supervisor to cancel a run; also kill at once if we can (the TUI's key)."""
     rd.cancel_file.write_text(str(time.time()))
+    if slurm.cancel_now(rd):  # a Slurm job: scancel; the supervisor settles it as cancelled
+        return
     st = rd.status()
     if st.get("state") == "queued":
         if not is_supervised(rd.batch):  # else the supervisor sees the request before launching
@@ -266,11 +269,17 @@ class Supervisor:
         self.tracking_uri = tracking_uri or self.info.get("tracking_uri")
         self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
         self.lock = BatchLock(batch)
+        # executor hook: None = local processes (the default); Slurm jobs otherwise
+        self.executor = slurm.SlurmExecutor(self.info) if self.info.get("executor") == "slurm" else None
+        if self.executor is not None:
+            self.parallel = self.executor.max_active
+        self._jobs_known = True
         self.tracked: dict[str, Tracked] = {}
         self._client: Any = None
         self._mlflow_error: str | None = None
         self._mlflow_retry_at = 0.0
         self.experiment_id: str | None = None
+        self.guards = BatchGuard(batch)
 
     # ---- MLflow, tolerant of an unreachable store ----
 
@@ -398,18 +407,26 @@ class Supervisor:
 
     def step(self) -> None:
         runs = self.batch.runs()
+        if self.executor is not None:
+            self._refresh_jobs(runs)
         for rd in runs:
             if not rd.path.exists():
                 continue
             state = rd.state
-            if state in ("running", "starting") or state in FINAL_STATES and not self._tracked(rd).finalized:
+            if self._live(rd.status()) or state in FINAL_STATES and not self._tracked(rd).finalized:
                 self.follow(rd)
-        active = [r for r in runs if r.state in ("running", "starting")]
+        active = [r for r in runs if self._live(r.status())]
         total_gpus = None
         for rd in runs:
-            if rd.state == "queued":
+            if rd.state == "queued" and not rd.status().get("job_id"):
                 if rd.cancel_file.exists():
                     rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+                    continue
+                if self.executor is not None:  # Slurm places the job: only the count is ours
+                    if len(active) >= self.parallel:
+                        break
+                    self.launch(rd, None)
+                    active.append(rd)
                     continue
                 if total_gpus is None:
                     total_gpus = sysmetrics.gpu_count()
@@ -433,7 +450,38 @@ class Supervisor:
             self.tracked[rd.name] = t
         return t
 
+    def _live(self, st: dict) -> bool:
+        """Started and not ended: a local process, or a submitted Slurm job (pending included)."""
+        return st.get("state") in ("running", "starting") or self.executor is not None and slurm.has_job(st)
+
+    def _refresh_jobs(self, runs: list[RunDir]) -> None:
+        try:
+            changed = self.executor.refresh(runs)  # type: ignore[union-attr]
+            self._jobs_known = True
+        except slurm.SlurmError as e:  # slurmctld busy or down: keep following files, judge no job
+            log.warning("Slurm did not answer: %s", e)
+            self._jobs_known = False
+            return
+        for rd in changed:  # Slurm's state and pending reason, visible in MLflow while it waits
+            st = rd.status()
+            self._tag(rd, {"dstui.status": st.get("state"), "dstui.reason": st.get("reason") or "",
+                           "dstui.slurm_job": st.get("job_id"), "dstui.slurm_state": st.get("slurm_state"),
+                           "dstui.nodes": st.get("nodes") or ""})  # fmt: skip
+
+    def _tag(self, rd: RunDir, tags: dict[str, Any]) -> None:
+        c = self.mlflow()
+        rid = self.child_run_id(rd)
+        if c is None or rid is None:
+            return
+        try:
+            tracking.set_tags(c, rid, tags)
+        except Exception as e:
+            self._tracking_down(e)
+
     def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
+        if self.executor is not None:
+            self._submit(rd)
+            return
         run = launch.load_runspec(rd)
         rev = rd.spec().get("revision_info") or {}
         rd.update_status(state="starting")
@@ -457,14 +505,22 @@ class Supervisor:
         t.tree = sysmetrics.ProcessTreeSampler(proc.pid)
         log.info("started %s (pgid %d)", rd.name, proc.pid)
 
+    def _submit(self, rd: RunDir) -> None:
+        self.child_run_id(rd)
+        try:
+            self.executor.start(rd)  # type: ignore[union-attr]
+        except (slurm.SlurmError, OSError) as e:
+            rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
+
     def follow(self, rd: RunDir) -> None:
         t = self._tracked(rd)
         st = rd.status()
-        live = st.get("state") in ("running", "starting")
-        if live:
+        live = self._live(st)
+        if live and self.executor is None:  # a Slurm job's processes are on its nodes
             self._sample_system(t, st)
         points = self._read_points(t, rd)
         t.pending.extend(points)
+        self._guard(rd)
         if live:
             self._check_liveness(t, rd, st)
         self._flush(t, rd)
@@ -509,6 +565,7 @@ class Supervisor:
                 for key, value in metric_values(rec).items():
                     points.append((key, value, ts, step))
                 steps_done = step
+                self.guards.observe(rd, rec)
                 last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
             elif rec["type"] == SUMMARY:
                 step = int(rec.get("steps") or 0)
@@ -563,7 +620,28 @@ class Supervisor:
             fields["verdict"] = rec["verdict"]
         rd.update_status(**fields)
 
+    def _guard(self, rd: RunDir) -> None:
+        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
+        flag = self.guards.check(rd)
+        if flag is None:
+            return
+        log.warning("%s: %s", rd.name, flag.message)
+        st = rd.update_status(diverged=flag.as_dict())
+        stop = self.guards.guard(rd).should_stop and st.get("state") in ACTIVE_STATES
+        if stop:
+            rd.update_status(guard_stop=True)
+            kill_group(st.get("pgid"), grace_s=1.0)
+        c, rid = self.mlflow(), self.child_run_id(rd)
+        if c is not None and rid:
+            try:
+                tracking.set_tags(c, rid, {"dstui.diverged": flag.message.removeprefix("diverged at ")})
+            except Exception as e:
+                self._tracking_down(e)
+
     def _check_liveness(self, t: Tracked, rd: RunDir, st: dict) -> None:
+        if self.executor is not None:
+            self._check_job(rd, st)
+            return
         pgid = st.get("pgid")
         if rd.cancel_file.exists() and group_alive(pgid):
             kill_group(pgid)
@@ -575,14 +653,7 @@ class Supervisor:
             else:
                 ended = not group_alive(pgid)
         if not ended:
-            hung_after = float((rd.spec().get("settings") or {}).get("hung_after_s", 600))
-            last = max(
-                (p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()),
-                default=st.get("started") or time.time(),
-            )
-            if time.time() - last > hung_after:
-                log.warning("%s: no output for %.0f s, killing its process group", rd.name, hung_after)
-                rd.update_status(hung=True)
+            if self._hung(rd, st):
                 kill_group(pgid)
             return
         # the job is over: wait for the group to drain (ranks may outlive the leader)
@@ -594,6 +665,40 @@ class Supervisor:
         exit_info = read_json(rd.exit_file) or {}
         self._settle(rd, exit_info)
 
+    def _hung(self, rd: RunDir, st: dict) -> bool:
+        """No new output for hung_after_s: marks the run hung (the caller kills it)."""
+        hung_after = float((rd.spec().get("settings") or {}).get("hung_after_s", 600))
+        last = max(
+            (p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()),
+            default=st.get("started") or time.time(),
+        )
+        if time.time() - last <= hung_after:
+            return False
+        log.warning("%s: no output for %.0f s, killing it", rd.name, hung_after)
+        rd.update_status(hung=True)
+        return True
+
+    def _check_job(self, rd: RunDir, st: dict) -> None:
+        """A Slurm run: alive while Slurm says so; cancel and hang go through scancel."""
+        ex = self.executor
+        if ex is None or not self._jobs_known:
+            return
+        if ex.is_alive(rd):
+            if rd.cancel_file.exists() and not st.get("cancel_sent"):
+                rd.update_status(cancel_sent=True)
+                ex.kill(rd)
+            elif st.get("state") == "running" and st.get("started") and self._hung(rd, st):
+                ex.kill(rd)
+            return
+        exit_info, verdict = ex.outcome(rd)
+        if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
+            rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
+            log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
+            return
+        if verdict:
+            rd.update_status(**verdict)
+        self._settle(rd, exit_info)
+
     def _settle(self, rd: RunDir, exit_info: dict) -> None:
         st = rd.status()
         code = exit_info.get("exit_code")
@@ -602,6 +707,8 @@ class Supervisor:
         fields: dict[str, Any] = {"exit_code": code, "signal": sig, "ended": time.time()}
         if rd.cancel_file.exists():
             fields.update(state="killed", reason="cancelled")
+        elif st.get("guard_stop"):
+            fields.update(state="killed", reason=st["diverged"]["message"])
         elif st.get("hung"):
             hung_after = (rd.spec().get("settings") or {}).get("hung_after_s")
             fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
@@ -674,6 +781,10 @@ class Supervisor:
             }
             if st.get("verdict"):
                 tags["dstui.verdict"] = st["verdict"]
+            if st.get("job_id"):
+                tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
+            if st.get("diverged"):  # again here: the live tag is lost if MLflow was down then
+                tags["dstui.diverged"] = st["diverged"]["message"].removeprefix("diverged at ")
             tracking.set_tags(c, rid, tags)
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
                 now_ms = int(time.time() * 1000)
@@ -685,6 +796,13 @@ class Supervisor:
             return
         t.finalized = True
         t.save()
+        if st.get("requeue"):  # Slurm preempted it or lost a node: a fresh attempt, once by default
+            from dstui.execute.batch import reset_run
+
+            reset_run(rd)
+            rd.update_status(requeues=int(st.get("requeues") or 0) + 1)
+            self.tracked.pop(rd.name, None)
+            log.info("%s: submitted again after %s", rd.name, st.get("slurm_state"))
 
     def finalize_batch(self) -> None:
         runs = self.batch.runs()
@@ -699,7 +817,7 @@ class Supervisor:
                     {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES},
                 )
                 tracking.log_file_artifact(c, pid, self.batch.batch_file)
-                tracking.finish(c, pid, "FINISHED" if all(s == "done" for s in states) else "FAILED")
+                tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
 

@@ -118,8 +118,6 @@ class Settings(_Strict):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})"
             )
-        if self.nodes > 1 and not self.launcher.hostfile:
-            raise ValueError("nodes > 1 needs launcher.hostfile")
         return self
 
 
@@ -153,6 +151,59 @@ class Condition(BaseModel):
     name: str
 
 
+class SlurmOptions(_Strict):
+    """How each run goes to Slurm with ``executor: slurm`` (see docs/CLUSTERS.md).
+
+    A run's ``nodes`` and ``gpus`` (ranks per node) give the job's nodes and tasks;
+    these say where and with what else the job asks for.
+    """
+
+    partition: str | None = Field(None, description="sbatch --partition; None = the cluster's default.")
+    account: str | None = Field(None, description="sbatch --account.")
+    time_limit: str | None = Field(None, description="Per job: '30m', '2h', '90' (minutes) or Slurm's '[D-]HH:MM:SS'.")
+    gpus_per_node: int | None = Field(None, ge=0, description="sbatch --gpus-per-node; None = as many as the run's ranks per node on a GPU run, none on CPU.")
+    cpus_per_task: int = Field(1, ge=1, description="sbatch --cpus-per-task (one task per rank).")
+    mem: str | None = Field(None, description="sbatch --mem per node, e.g. '64G'.")
+    extra_sbatch: list[str] = Field(default_factory=list, description="More sbatch options, one per item, e.g. '--qos=high'.")
+    max_jobs: int | None = Field(None, ge=1, description="At most this many of the batch's jobs pending or running at once; None = all.")
+    requeue: int = Field(1, ge=0, description="Resubmit a run whose job was PREEMPTED or hit NODE_FAIL this many times.")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        """Normalised to Slurm's [D-]HH:MM:SS; Slurm counts whole minutes."""
+        if v is None:
+            return v
+        text = str(v).strip().lower()
+        units = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+        num, unit = text.rstrip("smindh"), text[len(text.rstrip("smindh")):] or "m"
+        if num.replace(".", "", 1).isdigit() and unit in units:
+            secs = int(float(num) * units[unit])
+        else:
+            days, _, clock = text.rpartition("-")
+            parts = clock.split(":")
+            if not (days.isdigit() or not days) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+                raise ValueError("use '30m', '2h', '90' (minutes) or '[D-]HH:MM:SS'")
+            h, m, s_ = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
+            secs = int(days or 0) * 86400 + h * 3600 + m * 60 + s_
+        if secs <= 0:
+            raise ValueError("must be positive")
+        d, rest = divmod(max(60, -(-secs // 60) * 60), 86400)
+        clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:00"
+        return f"{d}-{clock}" if d else clock
+
+
+class Guard(_Strict):
+    """Live divergence/NaN guard (dstui/execute/guard.py): flag, and optionally stop, runs that go wrong."""
+
+    baseline: str | None = Field(None, description="Condition whose loss the others follow; default: the spec's baseline.")
+    rtol: float | None = Field(None, ge=0, description="Relative loss tolerance; with atol unset too, divergence is not checked.")
+    atol: float | None = Field(None, ge=0, description="Absolute loss tolerance.")
+    stop_on: list[Literal["nan", "divergence"]] = Field(
+        default_factory=list, description="End a flagged run early (state killed) on these."
+    )
+
+
 class ExperimentSpec(_Strict):
     name: str = Field(description="Experiment name; also the MLflow experiment.")
     description: str = ""
@@ -163,6 +214,13 @@ class ExperimentSpec(_Strict):
     repeats: int = Field(1, ge=1, description="Runs per condition and revision.")
     revisions: list[Revision] = Field(default_factory=list, description="DeepSpeed revisions.")
     baseline: str | None = Field(None, description="Condition that reports compare against.")
+    executor: Literal["local", "slurm"] = Field("local", description="Where runs start: this machine, or one Slurm job each.")
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm job options (executor: slurm).")
+    guard: Guard = Field(default_factory=Guard, description="Live NaN/divergence guard.")
+    skip_predicted_oom: bool = Field(False, description="Skip runs whose memory forecast exceeds the GPU's memory.")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="GPU memory to forecast against (default: GPU 0 of this machine)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -317,7 +375,7 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
         if any(_matches(merged, pat) for pat in spec.exclude):
             continue
         name = short_name({k: combo[k] for k in varying}) if varying else "base"
-        out.append((name, _settings(merged, file=file, condition=name)))
+        out.append((name, _settings(merged, file=file, condition=name, executor=spec.executor)))
 
     for cond in spec.conditions:
         overrides = {k: v for k, v in cond.model_dump().items() if k != "name"}
@@ -325,7 +383,7 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
             if key not in SETTING_NAMES:
                 raise SpecError(f"unknown setting '{key}'", file=file, condition=cond.name, field=key)
         merged = {**spec.settings, **overrides}
-        out.append((cond.name, _settings(merged, file=file, condition=cond.name)))
+        out.append((cond.name, _settings(merged, file=file, condition=cond.name, executor=spec.executor)))
 
     seen: dict[str, int] = {}
     unique = []
@@ -341,12 +399,16 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
     return unique
 
 
-def _settings(values: dict[str, Any], *, file: str | None, condition: str) -> Settings:
+def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = "local") -> Settings:
     try:
-        return Settings.model_validate(values)
+        s = Settings.model_validate(values)
     except ValidationError as e:
         _raise_validation(e, file=file, condition=condition)
         raise AssertionError("unreachable") from None
+    # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
+    if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
+        raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")
+    return s
 
 
 def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
