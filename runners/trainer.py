@@ -80,6 +80,13 @@ class Trainer:
         if mpu is not None:
             init["mpu"] = mpu
         self.engine, *_ = deepspeed.initialize(**init)
+        # dstui refuses SP + DeepCompile (dstui/spec/ulysses_rules.py): DeepSpeed hands the
+        # 'dc' op a None group under the Ulysses mpu and the op dereferences it. Started
+        # by hand (GPU validation), give it the sequence-data-parallel group ZeRO uses,
+        # and let --sp-check judge the result.
+        dc_sp = self.sp > 1 and cfg.get("compile", {}).get("deepcompile")
+        if dc_sp and getattr(self.engine, "data_parallel_group", None) is None:
+            self.engine.data_parallel_group = self.engine.seq_data_parallel_group
         if (
             args.compile
             or args.deepcompile

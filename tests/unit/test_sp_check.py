@@ -43,3 +43,18 @@ def test_fp32_difference_far_above_noise_fails() -> None:
 def test_missing_steps_fail() -> None:
     ok, _, _ = sp_check.compare([1.0], [1.0, 1.0], [1e-3, 1e-3])
     assert not ok
+
+
+def test_deepcompile_with_sequence_parallelism_is_refused_before_launch() -> None:
+    from dstui.core.errors import SpecError
+    from dstui.spec.models import expand, parse_spec
+
+    spec = {"name": "u", "settings": {"gpus": 2, "sequence_parallel": 2, "sp_check": True},
+            "axes": {"sp_mode": ["eager", "deepcompile"]}}  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        expand(parse_spec(spec))
+    text = str(err.value)
+    assert "_get_data_parallel_group() returns None" in text and "0.19.8" in text
+    assert "sp_mode" in text and "deepcompile" in text  # names the field and the condition
+    spec["axes"] = {"sp_mode": ["eager", "compile"]}
+    assert len(expand(parse_spec(spec))) == 2
