@@ -44,6 +44,13 @@ class Trainer:
         transformers.set_seed(args.seed)
         config = common.model_config(args.model)
         self.layers, self.hidden, heads, kv_heads, self.vocab = common.arch(config)
+        # Seq2seq (T5-style): the encoder reads the block, the decoder learns to reproduce it
+        # (labels = the block; the model shifts them into decoder inputs itself).
+        self.seq2seq = common.is_seq2seq(config)
+        if self.seq2seq and self.sp > 1:
+            raise RunnerError(
+                "--sequence-parallel needs a causal LM; this model is encoder-decoder"
+            )
         if hasattr(config, "use_cache"):
             config.use_cache = False  # a KV cache is useless in training and costs memory
         mpu = None
@@ -165,7 +172,11 @@ class Trainer:
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for _ in range(self.grad_accum):
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.batches).items()}
+            batch = {
+                k: v.to(self.device, non_blocking=True)
+                for k, v in next(self.batches).items()
+                if not (self.seq2seq and k == "position_ids")  # T5 has relative positions
+            }
             loss = self.loss_of(batch)
             self.engine.backward(loss)
             self.engine.step()

@@ -122,6 +122,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
     launches["ulysses"] = [*COMMON, "--zero-stage", "1", "--sequence-parallel", "2", "--sp-check"]
     launches["ulysses_bug"] = [*launches["ulysses"], "--sp-inject", "head-split"]
     launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "3"]
+    # Seq2seq (seed 004 profiled T5): the encoder-decoder path, ZeRO-3 partitions both halves.
+    launches["t5"] = [*COMMON, "--model", "tiny-t5", "--zero-stage", "3", "--torch-adam"]
 
     # Two launches at a time: overlapping start-up (imports) helps on 2 cores, but more
     # than two jobs of two ranks each only thrash (load 30 seen with all seven at once).
@@ -261,6 +263,17 @@ def test_phases_record_orders_the_life_of_a_run(runs: dict[str, Result]) -> None
                                      "engine_ready", "first_step_done", "last_step_done", "exit")]  # fmt: skip
         assert marks == sorted(marks), phases
         assert runs[name].records[-1]["type"] == "phases"
+
+
+def test_seq2seq_t5_preset_trains(runs: dict[str, Result]) -> None:
+    r = runs["t5"]
+    _ok(r)
+    (header,) = r.of("header")
+    assert header["config"]["model"] == "tiny-t5" and header["params"] > 0
+    losses = [s["loss"] for s in r.of("step")]
+    assert len(losses) == STEPS and all(_finite(x) for x in losses)
+    assert losses[-1] < losses[0]  # it learns to reproduce its input
+    assert r.of("summary")[0]["status"] == "ok"
 
 
 def test_bad_preset_is_a_clear_error(runs: dict[str, Result]) -> None:
