@@ -60,8 +60,11 @@ def run_batch(path: str, spec: Path, only: list[str]) -> dict:
         statuses = [rd.status() for rd in batch.runs()]
         runs = {rd.name: phases.from_status(st) for rd, st in zip(batch.runs(), statuses, strict=True)}
         share = phases.batch_step_share(statuses)
+    run_walls = [b.wall for b in runs.values() if b and b.wall]
     return {
         "wall": wall,
+        # the batch's time outside its runs: CLI, spec validation, supervisor start, gaps, MLflow
+        "outside_runs": wall - sum(run_walls),
         "step_share": share[0] if share else None,
         "runs": {name: b.as_dict() if b else None for name, b in runs.items()},
     }
@@ -94,6 +97,8 @@ def main() -> int:
     for k in ("old", "new"):
         row = " ".join(f"{segs[k][s]:9.2f}" for s in (*phases.SEGMENTS, "wall"))
         print(f"{k:5} {walls[k]:10.1f} {row}")
+    outside = {k: statistics.fmean(r["outside_runs"] for r in v) for k, v in results.items()}
+    print(f"outside the runs (CLI, validation, supervisor, gaps): old {outside['old']:.1f} s, new {outside['new']:.1f} s")
     print(f"new/old batch wall: {walls['new'] / walls['old']:.2f}")
     print(json.dumps({"spec": str(a.spec), "rounds": a.rounds, "only": a.only, "wall": walls,
                       "ratio": walls["new"] / walls["old"], "segments": segs, "results": results}))

@@ -22,18 +22,20 @@ MARKS = (
 def process_start_time() -> float:
     """When the kernel started this process (unix time), not when this module was imported.
 
-    /proc/self/stat field 22 is the start in clock ticks after boot; /proc/stat's
-    btime is the boot time. Elsewhere: now (the interpreter's start-up is then missed).
+    /proc/self/stat field 22 is the start in clock ticks after boot; /proc/uptime
+    says how long ago boot was, to 10 ms (/proc/stat's btime is whole seconds:
+    too coarse for a launch that takes a fraction of one). Elsewhere: now (the
+    interpreter's start-up is then missed).
     """
     try:
         with open("/proc/self/stat") as fh:
             # the command name (field 2) may hold spaces: split after its closing parenthesis
-            fields = fh.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        now = time.time()
+        return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
