@@ -48,7 +48,7 @@ from dstui.core.rundir import (
     read_json,
     write_json_atomic,
 )
-from dstui.execute import gpu_share, launch, slurm, sysmetrics
+from dstui.execute import gpu_share, launch, prebuild, slurm, sysmetrics
 from dstui.execute.guard_watch import BatchGuard
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
@@ -387,6 +387,8 @@ class Supervisor:
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             self.parent_run_id()
+            if self.executor is None:  # JIT ops built once, before any run's clock starts
+                prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
             while True:
                 self.step()
                 if self.done():

@@ -121,3 +121,36 @@ def test_breakdown_of_a_run_that_died_in_init(tmp_path: Path) -> None:
     b = phases.of_run(rd)
     assert b is not None and b.launch == 1.0 and b.imports == 2.0
     assert b.init is None and b.steps is None and b.teardown is None and b.step_share is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "on_gpu", "expected"),
+    [
+        ({"torch_adam": True}, False, set()),  # the CPU smoke batch builds nothing up front
+        ({}, True, {"FusedAdamBuilder"}),
+        ({"zero_stage": 3, "offload": "cpu"}, True, {"CPUAdamBuilder"}),
+        ({"zero_stage": 3, "offload": "cpu"}, False, {"CPUAdamBuilder"}),
+        ({"deepcompile": True, "torch_adam": True}, True, {"DeepCompileBuilder"}),
+        ({"deepcompile": True}, False, set()),  # the runner refuses DeepCompile on CPU
+        ({"kind": "command"}, True, set()),
+    ],
+)
+def test_ops_a_run_needs_built_before_the_batch(settings, on_gpu, expected) -> None:  # noqa: ANN001
+    from dstui.execute import prebuild
+
+    assert prebuild.ops_needed(settings, on_gpu=on_gpu) == expected
+
+
+def test_prebuild_plan_groups_ops_by_python_and_op_cache(tmp_path: Path) -> None:
+    from dstui.execute import batch, prebuild
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nsettings: {gpus: 2, steps: 3, warmup_steps: 1}\n"
+                    "conditions:\n  - {name: a, zero_stage: 1}\n  - {name: b, zero_stage: 3, offload: cpu}\n"
+                    "  - {name: c, torch_adam: true}\n")  # fmt: skip
+    b = batch.create(batch.plan(spec, validate=False, progress=lambda _: None), runs_root=tmp_path / "runs")
+    groups = prebuild.plan(b, on_gpu=True)
+    assert len(groups) == 1
+    ((python, _cache), (env, ops)) = next(iter(groups.items()))
+    assert python == sys.executable and ops == {"FusedAdamBuilder", "CPUAdamBuilder"}
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")
