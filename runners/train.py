@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """dstui's bundled training runner: one DeepSpeed job, measured the same way every time.
 
-Started by DeepSpeed's launcher (one process per rank)::
+Started one process per rank, by dstui's rank starter (single node) or DeepSpeed's launcher::
 
+    python -m dstui.execute.ranks --nproc 2 --master-port 29500 -- \\
+        python runners/train.py --model tiny-llama --zero-stage 3 --steps 10
     python -m deepspeed.launcher.runner --num_gpus 2 --master_port 29500 \\
         runners/train.py --model tiny-llama --zero-stage 3 --steps 10
 

@@ -130,10 +130,15 @@ def batch_step_share(statuses: list[dict[str, Any]]) -> tuple[float, float, floa
     Runs that share the box on disjoint GPUs overlap in time, so the share of
     a parallel batch can exceed what any one run reaches.
     """
-    starts = [st["started"] for st in statuses if isinstance(st.get("started"), (int, float))]
-    ends = [st["ended"] for st in statuses if isinstance(st.get("ended"), (int, float))]
-    sums = [b.step_time_sum for b in map(from_status, statuses) if b and b.step_time_sum]
-    if not starts or not ends or not sums or max(ends) <= min(starts):
+    finished = [
+        (st["started"], st["ended"], from_status(st))
+        for st in statuses
+        if isinstance(st.get("started"), (int, float)) and isinstance(st.get("ended"), (int, float))
+    ]  # runs still going (or never started) are left out of both sums
+    starts = [s for s, _, _ in finished]
+    ends = [e for _, e, _ in finished]
+    sums = [b.step_time_sum for _, _, b in finished if b and b.step_time_sum]
+    if not sums or max(ends) <= min(starts):
         return None
     wall = max(ends) - min(starts)
     return sum(sums) / wall, sum(sums), wall

@@ -154,3 +154,19 @@ def test_prebuild_plan_groups_ops_by_python_and_op_cache(tmp_path: Path) -> None
     ((python, _cache), (env, ops)) = next(iter(groups.items()))
     assert python == sys.executable and ops == {"FusedAdamBuilder", "CPUAdamBuilder"}
     assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")
+
+
+def test_status_shows_gpus_time_and_step_share(tmp_path: Path) -> None:
+    from dstui.commands.status import time_lines
+
+    live = RunDir(tmp_path / "z1-r0")
+    live.path.mkdir()
+    live.update_status(state="running", gpu_slice=[2, 3], started=10.0)
+    t0 = 1000.0
+    marks = {"process_start": t0 + 1, "imports_done": t0 + 2, "engine_ready": t0 + 3, "last_step_done": t0 + 8}
+    done = _run_folder(tmp_path, marks, {"compile_time": 1.0, "step_time_sum": 3.0}, t0, t0 + 10)
+    done.update_status(phases=phases.of_run(done).as_dict())
+    lines = time_lines([done, live])
+    assert "  gpus  z1-r0: 2,3" in lines
+    assert any(line.startswith("  time  z0-r0: 10.0 s: launch 1.0") for line in lines)
+    assert lines[-1] == "  step share 30%: 3.0 s of optimizer steps in 10.0 s of wall time"
