@@ -130,11 +130,14 @@ def batch_step_share(statuses: list[dict[str, Any]]) -> tuple[float, float, floa
     Runs that share the box on disjoint GPUs overlap in time, so the share of
     a parallel batch can exceed what any one run reaches.
     """
-    finished = [
-        (st["started"], st["ended"], from_status(st))
-        for st in statuses
-        if isinstance(st.get("started"), (int, float)) and isinstance(st.get("ended"), (int, float))
-    ]  # runs still going (or never started) are left out of both sums
+    finished = []  # runs still going (or never started) are left out of both sums
+    for st in statuses:
+        start, end, b = st.get("started"), st.get("ended"), from_status(st)
+        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)):
+            continue
+        if b is not None and b.wall:
+            end = start + b.wall  # the wrapper saw the exit; the supervisor noticed it later
+        finished.append((start, end, b))
     starts = [s for s, _, _ in finished]
     ends = [e for _, e, _ in finished]
     sums = [b.step_time_sum for _, _, b in finished if b and b.step_time_sum]
