@@ -112,7 +112,8 @@ def test_breakdown_adds_up_to_the_wall_time(tmp_path: Path) -> None:
     assert stored == b
     st = [{"started": t0, "ended": t0 + 19, "phases": b.as_dict()},
           {"started": t0 + 1, "ended": t0 + 39, "phases": b.as_dict()}]  # fmt: skip
-    assert phases.batch_step_share(st) == pytest.approx((12.0 / 39.0, 12.0, 39.0))
+    # each run ends at start + its wall (t0+19, t0+20), not when the supervisor noticed (t0+39)
+    assert phases.batch_step_share(st) == pytest.approx((12.0 / 20.0, 12.0, 20.0))
 
 
 def test_breakdown_of_a_run_that_died_in_init(tmp_path: Path) -> None:
