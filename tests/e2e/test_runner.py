@@ -23,7 +23,8 @@ from dstui.execute.launch import free_port
 from dstui.spec import dsconfig
 from dstui.spec.models import Settings
 
-pytestmark = pytest.mark.e2e
+# ten launches of two ranks: more than the default 600 s on a loaded 2-core machine
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "runners" / "train.py"
