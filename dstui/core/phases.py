@@ -145,3 +145,11 @@ def batch_step_share(statuses: list[dict[str, Any]]) -> tuple[float, float, floa
         return None
     wall = max(ends) - min(starts)
     return sum(sums) / wall, sum(sums), wall
+
+
+def record(rd: RunDir) -> dict[str, Any]:
+    """Store the run's breakdown in its status.json (``phases``); return the status."""
+    times = of_run(rd)
+    if times is None:
+        return rd.status()
+    return rd.update_status(phases=times.as_dict())

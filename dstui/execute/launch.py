@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import paths, shm
+from dstui.core import names, paths, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.spec.models import RunSpec, Settings
@@ -281,7 +281,7 @@ def compile_cache_dirs(rev_env: str | None, *, python: str | None = None) -> dic
 
 def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:
     """Create the run folder with everything known before launch; state 'queued'."""
-    rd = RunDir(batch_path / run.name)
+    rd = RunDir(names.child_path(batch_path, run.name))
     rd.path.mkdir(parents=True, exist_ok=True)
     spec = run.model_dump(mode="json")
     spec.update(name=run.name, key=run.key, revision_info=revision or {})

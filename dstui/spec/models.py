@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dstui.core import names
 from dstui.core.errors import SpecError
 from dstui.spec import ulysses_rules
 
@@ -26,6 +27,14 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Kind = Literal["train", "verify", "command"]
 MetricsFormat = Literal["jsonl", "seed"]
 SpMode = Literal["eager", "compile", "deepcompile"]
+
+
+def _safe_name(v: str) -> str:
+    """Names become folders and MLflow names: one rule for all (see :mod:`dstui.core.names`)."""
+    why = names.problem(v)
+    if why:
+        raise ValueError(why)
+    return v
 
 
 class _Strict(BaseModel):
@@ -135,6 +144,8 @@ class Revision(_Strict):
     path: str | None = Field(None, description="A working tree used as it is now.")
     installed: bool = Field(False, description="The DeepSpeed of the current environment.")
 
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
+
     @model_validator(mode="after")
     def _one_source(self) -> Revision:
         sources = [self.pypi is not None, self.git is not None, self.path is not None, self.installed]
@@ -150,6 +161,8 @@ class Condition(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str
+
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
 
 
 class SlurmOptions(_Strict):
@@ -223,12 +236,7 @@ class ExperimentSpec(_Strict):
         None, gt=0, description="GPU memory to forecast against (default: GPU 0 of this machine)."
     )
 
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not v.strip() or "/" in v:
-            raise ValueError("must be a non-empty name without '/'")
-        return v
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
 
 
 class RunSpec(BaseModel):
@@ -287,13 +295,14 @@ _SHORT: dict[str, Any] = {
 
 
 def short_name(values: dict[str, Any]) -> str:
+    """A readable condition name from axis values, made safe as a folder name (see core.names)."""
     parts = []
     for field, value in values.items():
         fmt = _SHORT.get(field)
         text = fmt(value) if fmt else f"{field}{value}"
         if text:
             parts.append(str(text))
-    return "-".join(parts) or "base"
+    return names.make_safe("-".join(parts) or "base")
 
 
 # -- loading ----------------------------------------------------------------
@@ -307,7 +316,8 @@ def _raise_validation(e: ValidationError, *, file: str | None, condition: str | 
     first = e.errors()[0]
     field = _field_of(first)
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    raise SpecError(first["msg"] + more, file=file, condition=condition, field=field) from None
+    msg = first["msg"].removeprefix("Value error, ")
+    raise SpecError(msg + more, file=file, condition=condition, field=field) from None
 
 
 def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
@@ -332,13 +342,36 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError("no such spec file", file=str(path))
+    text = read_spec_text(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"invalid YAML{where}: {getattr(e, 'problem', e)}", file=str(path)) from None
+        what = str(getattr(e, "problem", None) or e).split("\n")[0]  # one line, whatever PyYAML says
+        raise SpecError(f"invalid YAML{where}: {' '.join(what.split())}", file=str(path)) from None
     return parse_spec(data, file=str(path))
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+def read_spec_text(path: Path) -> str:
+    """The spec's text: UTF-8, at most 1 MiB; anything else is one line naming the file."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(f"is {size / 2**20:.1f} MiB; a spec is at most {MAX_SPEC_BYTES >> 20} MiB", file=str(path))
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror or e}", file=str(path)) from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise SpecError("is UTF-16; save it as UTF-8", file=str(path))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SpecError(f"is not UTF-8 (byte 0x{raw[e.start]:02x} at line {line}); save it as UTF-8", file=str(path)) from None
 
 
 def dump_spec(spec: ExperimentSpec) -> str:
@@ -364,6 +397,10 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
     out: list[tuple[str, Settings]] = []
     varying = [a for a, vals in spec.axes.items() if len(vals) > 1]
     combos: list[dict[str, Any]] = []
+    size = 1
+    for vals in spec.axes.values():
+        size *= len(vals)
+    _check_size(size, file=file, field="axes")
     if spec.axes:
         names = list(spec.axes)
         for values in itertools.product(*(spec.axes[n] for n in names)):
@@ -378,6 +415,15 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
         name = short_name({k: combo[k] for k in varying}) if varying else "base"
         out.append((name, _settings(merged, file=file, condition=name, executor=spec.executor)))
 
+    explicit: dict[str, int] = {}
+    for i, cond in enumerate(spec.conditions):
+        if cond.name in explicit:
+            raise SpecError(
+                f"condition name {cond.name!r} is used twice (also conditions.{explicit[cond.name]}.name); names must be unique",
+                file=file,
+                field=f"conditions.{i}.name",
+            )
+        explicit[cond.name] = i
     for cond in spec.conditions:
         overrides = {k: v for k, v in cond.model_dump().items() if k != "name"}
         for key in overrides:
@@ -386,14 +432,19 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
         merged = {**spec.settings, **overrides}
         out.append((cond.name, _settings(merged, file=file, condition=cond.name, executor=spec.executor)))
 
-    seen: dict[str, int] = {}
+    # axis-derived names can repeat (e.g. two model paths with one basename): number them,
+    # never onto a name that is already taken
+    taken = {name for name, _ in out}
+    seen: set[str] = set()
     unique = []
     for name, settings in out:
         if name in seen:
-            seen[name] += 1
-            name = f"{name}-{seen[name]}"
-        else:
-            seen[name] = 0
+            n = 1
+            while f"{name}-{n}" in taken:
+                n += 1
+            name = f"{name}-{n}"
+            taken.add(name)
+        seen.add(name)
         unique.append((name, settings))
     if not unique:
         raise SpecError("the spec expands to no runs (everything excluded?)", file=file)
@@ -425,6 +476,7 @@ def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
     revisions = [r.name for r in spec.revisions] or ["installed"]
     if len(set(revisions)) != len(revisions):
         raise SpecError("revision names must be unique", file=file, field="revisions")
+    _check_size(len(conds) * len(revisions) * spec.repeats, file=file, field="repeats")
     runs: list[RunSpec] = []
     for repeat in range(spec.repeats):
         for name, settings in conds:
@@ -439,7 +491,34 @@ def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
                         order=len(runs),
                     )
                 )
+    _check_run_names(runs, file=file)
     return runs
+
+
+MAX_RUNS = 10_000
+
+
+def _check_size(n: int, *, file: str | None, field: str) -> None:
+    if n > MAX_RUNS:
+        raise SpecError(f"the spec expands to {n} runs; at most {MAX_RUNS} per batch", file=file, field=field)
+
+
+def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:
+    """Run names are folder and MLflow names: each must obey the rule and be unique."""
+    first: dict[str, RunSpec] = {}
+    for r in runs:
+        why = names.problem(r.name, max_len=2 * names.MAX_LEN + 20)
+        if why:
+            raise SpecError(f"run {why}", file=file, condition=r.condition)
+        if r.name in first:
+            other = first[r.name]
+            raise SpecError(
+                f"run name {r.name!r} is made twice (condition {other.condition!r} revision {other.revision!r} "
+                f"and condition {r.condition!r} revision {r.revision!r}); rename a condition or revision",
+                file=file,
+                condition=r.condition,
+            )
+        first[r.name] = r
 
 
 def expand_file(path: str | Path) -> tuple[ExperimentSpec, list[RunSpec]]:

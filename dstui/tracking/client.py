@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
+from dstui.core.rundir import CANCEL_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -197,7 +198,7 @@ def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str
         staged = Path(tmp) / folder.name
         staged.mkdir()
         for p in folder.iterdir():
-            if p.is_file() and not p.name.startswith(".") and p.name != "cancel.request":
+            if p.is_file() and not p.name.startswith(".") and p.name != CANCEL_FILE:
                 stage_file(p, staged / p.name)
         c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
 

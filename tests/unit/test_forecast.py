@@ -228,7 +228,7 @@ gpu_memory_gib: 32
 
 
 def test_list_and_dry_run_show_the_forecast(home) -> None:
-    from conftest import dstui
+    from helpers import dstui
 
     spec = home / "oom.yaml"
     spec.write_text(OOM_SPEC)
@@ -245,7 +245,7 @@ def test_list_and_dry_run_show_the_forecast(home) -> None:
 
 def test_skip_predicted_oom_launches_nothing_and_records_why(home) -> None:
     """Every run over the GPU is skipped: the supervisor ends them without starting DeepSpeed."""
-    from conftest import dstui, mlflow_client
+    from helpers import dstui, mlflow_client
 
     spec = home / "oom.yaml"
     spec.write_text(OOM_SPEC.replace("axes: {zero_stage: [0, 3]}", "skip_predicted_oom: true"))
