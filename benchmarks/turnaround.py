@@ -84,10 +84,12 @@ def main() -> int:
     p.add_argument("--spec", type=Path, default=REPO / "configs" / "experiments" / "smoke.yaml")
     p.add_argument("--rounds", type=int, default=2, help="old+new pairs, order alternating")
     p.add_argument("--only", nargs="*", default=[], help="run only these conditions (dstui run --only)")
+    p.add_argument("--first", choices=["old", "new"], default="old", help="the path round 1 starts with")
     a = p.parse_args()
     results: dict[str, list[dict]] = {"old": [], "new": []}
     for i in range(a.rounds):
-        for path in ("old", "new") if i % 2 == 0 else ("new", "old"):
+        order = ("old", "new") if a.first == "old" else ("new", "old")
+        for path in order if i % 2 == 0 else order[::-1]:
             res = run_batch(path, a.spec.resolve(), a.only)
             results[path].append(res)
             print(f"round {i + 1} {path}: {res['wall']:.1f} s", file=sys.stderr, flush=True)
