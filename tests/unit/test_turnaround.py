@@ -171,3 +171,24 @@ def test_status_shows_gpus_time_and_step_share(tmp_path: Path) -> None:
     assert "  gpus  z1-r0: 2,3" in lines
     assert any(line.startswith("  time  z0-r0: 10.0 s: launch 1.0") for line in lines)
     assert lines[-1] == "  step share 30%: 3.0 s of optimizer steps in 10.0 s of wall time"
+
+
+def test_phase_chart_and_table_from_mlflow_metrics(tmp_path: Path) -> None:
+    from dstui.analysis.phases import batch_step_share, time_table
+    from dstui.analysis.runs import RunData
+    from dstui.report.phases_chart import phase_bars
+
+    def run(name: str, start_ms: int, wall: float, steps: float) -> RunData:
+        metrics = {"time/launch": 1.0, "time/imports": 2.0, "time/init": 3.0, "time/compile": 0.5,
+                   "time/steps": wall - 7.0, "time/teardown": 0.5, "time/wall": wall,
+                   "time/step_share": steps / wall, "time/step_time_sum": steps}  # fmt: skip
+        return RunData(run_id=name, run_name=name, experiment_id="1", condition=name, revision="installed",
+                       repeat=0, kind="train", status="done", reason="", mlflow_status="FINISHED",
+                       start_time=start_ms, params={}, tags={}, metrics=metrics)  # fmt: skip
+
+    runs = [run("z0-r0", 0, 10.0, 2.0), run("z3-r0", 10_000, 20.0, 6.0)]
+    table = time_table(runs)
+    assert list(table.index) == ["z0-r0", "z3-r0"] and table.loc["z3-r0", "steps"] == 13.0
+    assert batch_step_share(runs) == pytest.approx((8.0 / 30.0, 8.0, 30.0))
+    png = phase_bars(table, tmp_path / "phases.png")
+    assert png.stat().st_size > 1000
