@@ -94,17 +94,23 @@ def model_config(name: str) -> Any:
         raise RunnerError(f"cannot load the config of model '{name}': {e}") from None
 
 
-def build_model(name: str, config: Any, *, load_weights: bool, attn_implementation: str) -> Any:
-    """A causal LM: random init from ``config`` (seeded by the caller), or pretrained weights."""
-    from transformers import AutoModelForCausalLM
+def is_seq2seq(config: Any) -> bool:
+    """An encoder-decoder model (T5, BART, ...) rather than a causal LM."""
+    return bool(getattr(config, "is_encoder_decoder", False))
 
+
+def build_model(name: str, config: Any, *, load_weights: bool, attn_implementation: str) -> Any:
+    """A causal or seq2seq LM: random init from ``config`` (seeded by the caller), or pretrained weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    auto = AutoModelForSeq2SeqLM if is_seq2seq(config) else AutoModelForCausalLM
     if load_weights:
         if is_preset(name):
             raise RunnerError(
                 f"--load-weights needs a hub id or a local path; '{name}' is a preset (config only)"
             )
-        return AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        return auto.from_pretrained(name, attn_implementation=attn_implementation)
+    return auto.from_config(config, attn_implementation=attn_implementation)
 
 
 def count_params(model: Any) -> int:

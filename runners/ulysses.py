@@ -58,6 +58,10 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int) -
 
     holder = _Loaded()
     holder.config = config  # type: ignore[attr-defined]
+    # DeepSpeed wraps whatever ALL_ATTENTION_FUNCTIONS holds under this name now.
+    ALL_ATTENTION_FUNCTIONS[_ATTN] = _saved_attention
+    if getattr(args, "sp_inject", "none") == "head-split":
+        ALL_ATTENTION_FUNCTIONS[_ATTN] = _rotated_value_heads(_saved_attention)
     return UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=holder,
         core_attn_implementation=_ATTN,
@@ -66,6 +70,19 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int) -
         seq_length=args.seq_length,
         seq_length_is_variable=False,
     )
+
+
+def _rotated_value_heads(attention: Any) -> Any:
+    """A deliberately wrong head split: each rank's value heads rotated by one after the all-to-all.
+
+    The bug a broken all-to-all makes (heads paired with another head's values);
+    for the tests that prove the sp-check catches one.
+    """
+
+    def broken(module: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        return attention(module, query, key, value.roll(1, dims=1), *args, **kwargs)
+
+    return broken
 
 
 def reset() -> None:

@@ -26,10 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parallel",
         type=int,
-        default=1,
+        default=0,
         metavar="N",
-        help="runs at a time (default 1: benchmarks need the machine to themselves); "
-        "on GPUs each run gets its own CUDA device slice",
+        help="runs at a time, each on its own GPUs (default 0 = auto: as many as fit on "
+        "disjoint GPUs of this box; one at a time without GPUs or when DeepSpeed's launcher "
+        "places the ranks; 1 = one after another)",
     )
     p.add_argument(
         "--resume",
@@ -69,8 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.parallel < 1:
-        print("dstui: error: --parallel must be >= 1", file=sys.stderr)
+    if args.parallel < 0:
+        print("dstui: error: --parallel must be 0 (auto) or more", file=sys.stderr)
         return 2
     # the memory forecast asks MLflow for history: an unreachable server must cost seconds, not minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from dstui.commands._common import batch_notes, runs_table
-from dstui.core import paths
+from dstui.core import paths, phases
 from dstui.core.errors import DstuiError
-from dstui.core.rundir import BatchDir, list_batches
+from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute import supervisor
 
 
@@ -47,5 +47,25 @@ def run(args: argparse.Namespace) -> int:
         for line in batch_notes(info, b.path):
             print(f"  ! {line}")
         print(runs_table(b))
+        for line in time_lines(b.runs()):
+            print(line)
         print()
     return 0
+
+
+def time_lines(runs: list[RunDir]) -> list[str]:
+    """Which GPUs each live run holds, where each finished run's time went, and the batch's step share."""
+    lines = []
+    statuses = [rd.status() for rd in runs]
+    for rd, st in zip(runs, statuses, strict=True):
+        if st.get("gpu_slice") and st.get("state") in ("starting", "running"):
+            lines.append(f"  gpus  {rd.name}: {','.join(str(g) for g in st['gpu_slice'])}")
+        times = phases.from_status(st)
+        if times is not None:
+            lines.append(f"  time  {rd.name}: {times.line()}")
+    share = phases.batch_step_share(statuses)
+    if share is not None:
+        lines.append(
+            f"  step share {share[0]:.0%}: {share[1]:.1f} s of optimizer steps in {share[2]:.1f} s of wall time"
+        )
+    return lines

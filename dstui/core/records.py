@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-HEADER, STEP, SUMMARY = "header", "step", "summary"
+HEADER, STEP, SUMMARY, PHASES = "header", "step", "summary", "phases"
 
 # Fields of a step record that are bookkeeping, not metrics.
 NON_METRIC_FIELDS = frozenset({"type", "time", "step", "epoch", "rank"})
@@ -72,7 +72,7 @@ def parse_json_line(line: str) -> dict[str, Any] | None:
         rec = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY):
+    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY, PHASES):
         return None
     if rec["type"] == STEP and not isinstance(rec.get("step"), int):
         return None

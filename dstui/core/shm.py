@@ -32,11 +32,12 @@ def remove_buffers(port: int | str | None, shm_dir: Path = SHM_DIR) -> list[str]
 
 
 def master_port_of(argv: list[str] | None) -> str | None:
-    """The --master_port value of a deepspeed launcher argv (None if absent)."""
+    """The master port of a deepspeed launcher argv (--master_port) or a dstui.execute.ranks one (--master-port)."""
     argv = argv or []
     for i, arg in enumerate(argv):
-        if arg == "--master_port" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--master_port="):
-            return arg.split("=", 1)[1]
+        for flag in ("--master_port", "--master-port"):
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
     return None

@@ -100,7 +100,7 @@ def new_batch_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> BatchDir:
+def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
     batch = _new_batch_dir(runs_root or paths.runs_dir(), p.spec.name)
     _write_info(batch, p, parallel, tracking_uri)
     for run in p.runs:
@@ -173,7 +173,7 @@ def resume(
     p: Plan,
     *,
     runs_root: Path | None = None,
-    parallel: int = 1,
+    parallel: int = 0,
     tracking_uri: str | None = None,
     partial: bool = False,
 ) -> tuple[BatchDir, dict[str, int]]:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import names, secrets, shm
+from dstui.core import names, paths, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import RunDir, read_json, write_json_atomic
 from dstui.spec.models import RunSpec, Settings
@@ -162,10 +162,13 @@ def build_argv(
                 "python": python,
             },
         )
+    runner = script_args(run, rd)
+    if starts_ranks_directly(s):
+        return [*direct_ranks_args(s, port=port, gpu_slice=gpu_slice), python, *runner]
     return [
         python, "-m", "deepspeed.launcher.runner",
         *launcher_args(s, port=port, gpu_slice=gpu_slice),
-        *script_args(run, rd),
+        *runner,
     ]  # fmt: skip
 
 
@@ -182,6 +185,41 @@ def script_args(run: RunSpec, rd: RunDir) -> list[str]:
     ]  # fmt: skip
 
 
+# DSTUI_RANK_LAUNCHER=deepspeed (in the environment or a condition's `env`) keeps
+# DeepSpeed's launcher for single-node runs too: the old path, for comparison.
+RANK_LAUNCHER_ENV = "DSTUI_RANK_LAUNCHER"
+_LOCAL_HOSTS = (None, "127.0.0.1", "localhost")
+
+
+def starts_ranks_directly(s: Settings) -> bool:
+    """Whether dstui starts the ranks itself (dstui.execute.ranks) instead of DeepSpeed's launcher.
+
+    Only where DeepSpeed's launcher would take its single-node path with
+    nothing but rank start-up to do: one node, no hostfile, no multi-node
+    backend, no host filters and no launcher arguments dstui cannot mirror.
+    """
+    lc = s.launcher
+    wanted = s.env.get(RANK_LAUNCHER_ENV) or os.environ.get(RANK_LAUNCHER_ENV) or "dstui"
+    return (
+        wanted != "deepspeed"
+        and s.nodes == 1
+        and not (lc.hostfile or lc.launcher or lc.include or lc.exclude or lc.extra_args)
+        and lc.master_addr in _LOCAL_HOSTS
+    )
+
+
+def direct_ranks_args(s: Settings, *, port: int, gpu_slice: list[int] | None) -> list[str]:
+    """``python -m dstui.execute.ranks`` with the rank count, port and devices; the rank command follows."""
+    devices = list(gpu_slice) if gpu_slice is not None else list(range(s.gpus))
+    return [
+        sys.executable, "-m", "dstui.execute.ranks",
+        "--nproc", str(len(devices)),
+        "--master-port", str(s.launcher.master_port or port),
+        "--devices", ",".join(str(d) for d in devices),
+        "--",
+    ]  # fmt: skip
+
+
 def build_env(
     run: RunSpec, rd: RunDir, base: dict[str, str] | None = None, revision: dict | None = None
 ) -> dict[str, str]:
@@ -190,6 +228,8 @@ def build_env(
     if rev_env:
         # each revision compiles its JIT ops into its own cache (see revisions.run_env)
         env["TORCH_EXTENSIONS_DIR"] = str(Path(rev_env) / "torch_extensions")
+    for name, folder in compile_cache_dirs(rev_env, python=(revision or {}).get("python")).items():
+        env.setdefault(name, folder)  # a user's own cache setting wins
     env.update(run.settings.env)
     env.update(
         {
@@ -201,6 +241,25 @@ def build_env(
         }
     )
     return env
+
+
+def compile_cache_dirs(rev_env: str | None, *, python: str | None = None) -> dict[str, str]:
+    """Persistent torch.compile caches for a run: Inductor/AOTAutograd (FX graph, autotuning) and Triton.
+
+    By default Inductor caches under /tmp/torchinductor_<user> (gone after a
+    reboot, shared by every torch and DeepSpeed build) and Triton under
+    ~/.triton. A folder per revision environment keeps a revision's compiled
+    kernels apart from another's and reusable by the next run or batch of the
+    same revision; runs without a revision share one folder per Python.
+    """
+    if rev_env:
+        root = Path(rev_env) / "compile_cache"
+    else:
+        import hashlib
+
+        tag = hashlib.sha1(str(Path(python or sys.executable).absolute()).encode()).hexdigest()[:12]
+        root = paths.cache_dir() / "compile_cache" / tag
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
 
 
 def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:

@@ -249,6 +249,9 @@ class MlflowSink:
                 tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
             tags.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
             tracking.set_tags(c, rid, tags)
+            if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
+                now_ms = int(time.time() * 1000)
+                tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
             tracking.log_artifacts(c, rid, rd.path)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
         except Exception as e:

@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dstui.core import phases
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import ingest, launch, liveness, slurm, sysmetrics
+from dstui.execute import gpu_share, ingest, launch, liveness, prebuild, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
@@ -66,7 +67,7 @@ class Supervisor:
         self.poll_s = poll_s
         self.system_interval_s = system_interval_s
         self.info = batch.info()
-        self.parallel = max(1, int(self.info.get("parallel", 1)))
+        self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
         self.lock = BatchLock(batch)
         self.sink = MlflowSink(batch, tracking_uri, flush_interval_s)
         self.tracked: dict[str, Tracked] = {}
@@ -83,6 +84,8 @@ class Supervisor:
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             self.sink.parent_run_id()
+            if self.slurm is None:  # JIT ops built once, before any run's clock starts
+                prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
             while True:
                 try:
                     self.step()
@@ -130,14 +133,30 @@ class Supervisor:
             if self._live(rd.status()) or rd.state in FINAL_STATES and not self._tracked(rd).finalized:
                 self.follow(rd)
         active = [r for r in runs if self._live(r.status())]
+        total_gpus = None
         for rd in runs:
-            if len(active) >= self.parallel:
-                break
             if rd.state == "queued" and not rd.status().get("job_id"):
                 if rd.cancel_file.exists():
                     rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
                     continue
-                self.launch(rd, busy=active)
+                if self.slurm is not None:  # Slurm places the job: only the count is ours
+                    if len(active) >= self.parallel:
+                        break
+                    self.launch(rd, None)
+                    active.append(rd)
+                    continue
+                if total_gpus is None:
+                    total_gpus = sysmetrics.gpu_count()
+                go, gpu_slice = gpu_share.choose(
+                    rd.spec().get("settings") or {},
+                    parallel=self.parallel,
+                    active=len(active),
+                    busy_slices=[b.status().get("gpu_slice") for b in active],
+                    total_gpus=total_gpus,
+                )
+                if not go:
+                    break  # runs start in their batch order
+                self.launch(rd, gpu_slice)
                 active.append(rd)
 
     def _resend_all(self, runs: list[RunDir]) -> None:
@@ -175,18 +194,7 @@ class Supervisor:
 
     # ---- launching ----
 
-    def _gpu_slice(self, rd: RunDir, busy: list[RunDir]) -> list[int] | None:
-        if self.parallel <= 1:
-            return None
-        total = sysmetrics.gpu_count()
-        if total == 0:
-            return None
-        used = {g for b in busy for g in (b.status().get("gpu_slice") or [])}
-        need = int((rd.spec().get("settings") or {}).get("gpus", 1))
-        free = [g for g in range(total) if g not in used]
-        return free[:need] if len(free) >= need else None
-
-    def launch(self, rd: RunDir, busy: list[RunDir]) -> None:
+    def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
         if self.slurm is not None:
             self._submit(rd)
             return
@@ -200,7 +208,7 @@ class Supervisor:
                 run,
                 rd,
                 python=rev.get("python"),
-                gpu_slice=self._gpu_slice(rd, busy),
+                gpu_slice=gpu_slice,
                 # Bundled runners start in the run folder: `python -m` puts the cwd first on
                 # sys.path, and a DeepSpeed clone there would shadow the revision's deepspeed.
                 cwd=self.info.get("cwd") if run.settings.kind == "command" else None,
@@ -305,6 +313,7 @@ class Supervisor:
                 return  # MLflow is down: try again on the next pass
             if (t.metrics.offset, t.system.offset) == before:
                 break
+        phases.record(t.rd)  # the run's time breakdown into status.json, for the sink and `dstui status`
         if not self.sink.finish_run(t):
             return
         t.finalized = True

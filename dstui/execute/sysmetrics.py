@@ -8,6 +8,7 @@ GPU readings use nvidia-ml-py and are skipped quietly when there is no GPU.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from typing import Any
@@ -32,7 +33,14 @@ def _nvml() -> Any:
     return _NVML
 
 
+GPU_COUNT_ENV = "DSTUI_GPU_COUNT"
+
+
 def gpu_count() -> int:
+    """GPUs on this host (NVML); $DSTUI_GPU_COUNT overrides it (use only the first N; tests fake it)."""
+    forced = os.environ.get(GPU_COUNT_ENV, "").strip()
+    if forced.isdigit():
+        return int(forced)
     nv = _nvml()
     if nv is None:
         return 0

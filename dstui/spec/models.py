@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dstui.core import names
 from dstui.core.errors import SpecError
+from dstui.spec import ulysses_rules
 
 Offload = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -462,6 +463,9 @@ def _settings(values: dict[str, Any], *, file: str | None, condition: str, execu
     except ValidationError as e:
         _raise_validation(e, file=file, condition=condition)
         raise AssertionError("unreachable") from None
+    refused = ulysses_rules.refusal(s)
+    if refused is not None:
+        raise SpecError(refused[1], file=file, condition=condition, field=refused[0])
     # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
     if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
         raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")

@@ -23,13 +23,15 @@ from dstui.execute.launch import free_port
 from dstui.spec import dsconfig
 from dstui.spec.models import Settings
 
-pytestmark = pytest.mark.e2e
+# ten launches of two ranks: more than the default 600 s on a loaded 2-core machine
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "runners" / "train.py"
 STEPS = 4
 STAGES = (0, 1, 2, 3)
 MAX_PARALLEL = 2
+DIRECT = {"z1", "z3"}  # started by dstui.execute.ranks; the others by DeepSpeed's launcher
 COMMON = [
     "--model",
     "tiny-llama",
@@ -59,22 +61,19 @@ class Result:
         return [r for r in self.records if r["type"] == kind]
 
 
-def _start(args: list[str], metrics: Path | None) -> tuple[subprocess.Popen, Path | None, float]:
+def _start(
+    args: list[str], metrics: Path | None, *, direct: bool = False
+) -> tuple[subprocess.Popen, Path | None, float]:
     env = {k: v for k, v in os.environ.items() if k != "DSTUI_METRICS_FILE"}
     # One intra-op thread per rank: several launches share two cores, and
     # oversubscribed OpenMP threads spin rather than work.
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        "2",
-        "--master_port",
-        str(free_port()),
-        str(TRAIN),
-        *args,
-    ]
+    port = str(free_port())
+    if direct:  # dstui's own rank starter (what dstui uses for single-node runs)
+        launcher = ["dstui.execute.ranks", "--nproc", "2", "--master-port", port, "--", sys.executable]
+    else:
+        launcher = ["deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port]
+    cmd = [sys.executable, "-m", *launcher, str(TRAIN), *args]
     if metrics is not None:
         cmd += ["--metrics-file", str(metrics)]
     proc = subprocess.Popen(
@@ -122,7 +121,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
         "--torch-adam",
     ]
     launches["ulysses"] = [*COMMON, "--zero-stage", "1", "--sequence-parallel", "2", "--sp-check"]
+    launches["ulysses_bug"] = [*launches["ulysses"], "--sp-inject", "head-split"]
     launches["bad_preset"] = ["--model", "tiny-lama", "--steps", "3"]
+    # Seq2seq (seed 004 profiled T5): the encoder-decoder path, ZeRO-3 partitions both halves.
+    launches["t5"] = [*COMMON, "--model", "tiny-t5", "--zero-stage", "3", "--torch-adam"]
 
     # Two launches at a time: overlapping start-up (imports) helps on 2 cores, but more
     # than two jobs of two ranks each only thrash (load 30 seen with all seven at once).
@@ -130,7 +132,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
     pending = list(launches.items())
     while pending:
         batch, pending = pending[:MAX_PARALLEL], pending[MAX_PARALLEL:]
-        started = {name: _start(args, tmp / f"{name}.jsonl") for name, args in batch}
+        started = {
+            name: _start(args, tmp / f"{name}.jsonl", direct=name in DIRECT) for name, args in batch
+        }
         for name, (proc, metrics, t0) in started.items():
             try:
                 out, _ = proc.communicate(timeout=540)
@@ -191,7 +195,7 @@ def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
         "mem_peak_max",
     ):
         assert _finite(summary[field]), field
-    assert r.records[0]["type"] == "header" and r.records[-1]["type"] == "summary"
+    assert r.records[0]["type"] == "header" and r.records[-1]["type"] == "phases"
 
 
 def test_zero_stages_same_loss(runs: dict[str, Result]) -> None:
@@ -238,6 +242,39 @@ def test_ulysses_sequence_parallel_matches_plain(runs: dict[str, Result]) -> Non
     assert header["tokens_per_step"] == 64  # one sequence shared by the two ranks
     assert len(r.of("step")) == STEPS and r.of("summary")[0]["status"] == "ok"
     assert "sp-check: losses match" in r.out, r.out[-3000:]
+
+
+def test_sp_check_derives_its_tolerance_and_catches_a_wrong_head_split(
+    runs: dict[str, Result],
+) -> None:
+    good, bad = runs["ulysses"], runs["ulysses_bug"]
+    assert "tolerance derived: max(4 x measured noise" in good.out and "margin" in good.out
+    (verdict,) = [s for s in good.of("summary") if s.get("check") == "sp-check"]
+    assert verdict["verdict"] == "PASS" and (verdict["margin"] is None or verdict["margin"] > 1)
+    assert bad.rc == 1, bad.out[-3000:]
+    assert "sp-check: losses DIFFER" in bad.out
+    (verdict,) = [s for s in bad.of("summary") if s.get("check") == "sp-check"]
+    assert verdict["verdict"] == "FAIL" and verdict["margin"] < 1
+
+
+def test_phases_record_orders_the_life_of_a_run(runs: dict[str, Result]) -> None:
+    for name in ("z0", "z1"):  # DeepSpeed's launcher and dstui's rank starter
+        (phases,) = runs[name].of("phases")
+        marks = [phases[m] for m in ("process_start", "imports_done", "group_up", "model_built",
+                                     "engine_ready", "first_step_done", "last_step_done", "exit")]  # fmt: skip
+        assert marks == sorted(marks), phases
+        assert runs[name].records[-1]["type"] == "phases"
+
+
+def test_seq2seq_t5_preset_trains(runs: dict[str, Result]) -> None:
+    r = runs["t5"]
+    _ok(r)
+    (header,) = r.of("header")
+    assert header["config"]["model"] == "tiny-t5" and header["params"] > 0
+    losses = [s["loss"] for s in r.of("step")]
+    assert len(losses) == STEPS and all(_finite(x) for x in losses)
+    assert losses[-1] < losses[0]  # it learns to reproduce its input
+    assert r.of("summary")[0]["status"] == "ok"
 
 
 def test_bad_preset_is_a_clear_error(runs: dict[str, Result]) -> None:

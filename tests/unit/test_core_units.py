@@ -79,8 +79,24 @@ def _run(settings: dict) -> tuple:
     return run, RunDir(Path("/tmp/runs/b") / run.name)
 
 
+def test_single_node_train_argv_starts_ranks_directly() -> None:
+    run, rd = _run({"zero_stage": 2, "gpus": 2, "micro_batch": 4})
+    argv = launch.build_argv(run, rd, python="/py", port=29555)
+    assert argv[1:3] == ["-m", "dstui.execute.ranks"]
+    assert argv[argv.index("--nproc") + 1] == "2" and argv[argv.index("--devices") + 1] == "0,1"
+    assert argv[argv.index("--master-port") + 1] == "29555" == shm.master_port_of(argv)
+    after = argv[argv.index("--") + 1 :]
+    assert after[:2] == ["/py", str(launch.RUNNER_SCRIPTS["train"])]
+    assert after[after.index("--zero-stage") + 1] == "2"
+    sliced = launch.build_argv(run, rd, python="/py", port=1, gpu_slice=[2, 3])
+    assert sliced[sliced.index("--devices") + 1] == "2,3"
+
+
 def test_train_argv_uses_deepspeed_launcher_and_forwards_settings() -> None:
-    run, rd = _run({"zero_stage": 2, "gpus": 2, "deepcompile": True, "micro_batch": 4})
+    run, rd = _run(
+        {"zero_stage": 2, "gpus": 2, "deepcompile": True, "micro_batch": 4,
+         "env": {launch.RANK_LAUNCHER_ENV: "deepspeed"}}
+    )  # fmt: skip
     argv = launch.build_argv(run, rd, python="/py", port=29555)
     assert argv[:3] == ["/py", "-m", "deepspeed.launcher.runner"]
     assert argv[argv.index("--master_port") + 1] == "29555"
@@ -106,7 +122,7 @@ def test_multinode_launcher_command() -> None:
 
 
 def test_gpu_slice_pins_with_include() -> None:
-    run, rd = _run({"gpus": 2})
+    run, rd = _run({"gpus": 2, "env": {launch.RANK_LAUNCHER_ENV: "deepspeed"}})
     argv = launch.build_argv(run, rd, port=1, gpu_slice=[2, 3])
     assert argv[argv.index("--include") + 1] == "localhost:2,3"
     assert "--num_gpus" not in argv  # DeepSpeed refuses both together

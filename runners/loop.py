@@ -1,0 +1,107 @@
+"""The measured loop of runners/train.py: steps, the records it writes, and the sp-check twin run."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+import common
+from phases import PhaseClock
+from trainer import Trainer
+
+from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line
+
+
+def train(
+    args: argparse.Namespace,
+    ds_config: dict[str, Any],
+    *,
+    use_sp: bool,
+    writer: MetricsWriter | None,
+    clock: PhaseClock | None = None,
+) -> list[float]:
+    """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run."""
+    tr = Trainer(args, ds_config, use_sp=use_sp, clock=clock)
+    rank0 = tr.rank == 0
+    if writer is not None:
+        writer.write(
+            HEADER,
+            config=vars(args),
+            ds_config=tr.ds_config,
+            versions=common.versions(),
+            deepspeed_git_sha=common.deepspeed_git_sha(),
+            device=tr.dev["device"],
+            gpu_name=tr.dev["gpu_name"],
+            gpu_count=tr.dev["gpu_count"],
+            world_size=tr.world,
+            hostname=common.hostname(),
+            tokens_per_step=tr.tokens_per_step,
+            params=tr.params,
+            flops_per_token=tr.flops_per_token,
+            peak_tflops=tr.peak,
+            data=tr.data_source,
+            sequence_parallel=tr.sp,
+            dp_world_size=tr.dp,
+        )
+
+    times: list[float] = []
+    losses: list[float] = []
+    mem_peak_max = 0
+    for step in range(1, args.steps + 1):
+        dt, total = tr.step()
+        times.append(dt)
+        if clock is not None and step == 1:
+            clock.mark("first_step_done")
+        if clock is not None and step == args.steps:
+            clock.mark("last_step_done")
+        if step % args.log_interval and step != args.steps:
+            continue
+        loss = tr.global_loss(total)  # the only extra sync: on logged steps
+        losses.append(loss)
+        if writer is None:
+            continue
+        alloc, peak = tr.memory()
+        mem_peak_max = max(mem_peak_max, peak)
+        rec: dict[str, Any] = {
+            "step": step,
+            "epoch": tr.epoch(),
+            "loss": loss,
+            "iter_time": dt,
+            "tokens_per_s": tr.tokens_per_step / dt,
+        }
+        rec["tflops_per_gpu"] = tr.tflops_per_gpu(dt)
+        if tr.peak:
+            rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
+        rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
+        writer.write(STEP, **rec)
+        if rank0:
+            print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)
+
+    if writer is not None:
+        # Statistics over every step after warm-up, logged or not: the timing
+        # sync happens on every step, so unlogged steps are measured too.
+        timed = times[args.warmup_steps :] or times
+        later = times[1:]
+        tflops = [tr.tflops_per_gpu(t) for t in timed]
+        summary: dict[str, Any] = {
+            "steps": args.steps,
+            "warmup_steps": args.warmup_steps,
+            "iter_time_mean": statistics.fmean(timed),
+            "iter_time_std": statistics.stdev(timed) if len(timed) > 1 else 0.0,
+            "tokens_per_s_mean": statistics.fmean(tr.tokens_per_step / t for t in timed),
+            "tflops_per_gpu_mean": statistics.fmean(tflops),
+            # The first step pays for compilation, autotuning and allocator warm-up.
+            "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+            "step_time_sum": sum(times),  # for the run's step share (dstui.core.phases)
+            "mem_peak_max": max(mem_peak_max, tr.memory()[1]),
+            "final_loss": losses[-1] if losses else None,
+            "status": "ok",
+        }
+        if tr.peak:
+            summary["mfu_mean"] = statistics.fmean(tflops) / tr.peak
+        writer.write(SUMMARY, **summary)
+    destroy = getattr(tr.engine, "destroy", None)
+    if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)
+        destroy()
+    return losses

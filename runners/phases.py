@@ -1,0 +1,55 @@
+"""Wall-clock marks of a runner's life, written as the ``phases`` record of metrics.jsonl.
+
+Short verification runs spend most of their wall time outside training steps
+(launcher, imports, process group, model, engine, compilation, teardown).
+These marks (unix times, seconds) say where; dstui.core.phases turns them,
+with the supervisor's launch and reap times, into the run's time breakdown.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+# The marks in the order a healthy run passes them (docs/ARCHITECTURE.md, "phases" record).
+MARKS = (
+    "process_start", "imports_done", "group_up", "model_built", "engine_ready",
+    "first_step_done", "last_step_done", "exit",
+)  # fmt: skip
+
+
+def process_start_time() -> float:
+    """When the kernel started this process (unix time), not when this module was imported.
+
+    /proc/self/stat field 22 is the start in clock ticks after boot; /proc/uptime
+    says how long ago boot was, to 10 ms (/proc/stat's btime is whole seconds:
+    too coarse for a launch that takes a fraction of one). Elsewhere: now (the
+    interpreter's start-up is then missed).
+    """
+    try:
+        with open("/proc/self/stat") as fh:
+            # the command name (field 2) may hold spaces: split after its closing parenthesis
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        now = time.time()
+        return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+class PhaseClock:
+    """Collects the marks (a mark given again takes the new time)."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {"process_start": process_start_time()}
+
+    def mark(self, name: str) -> None:
+        if name not in MARKS:
+            raise ValueError(f"unknown phase mark {name!r}; known: {', '.join(MARKS)}")
+        self.marks[name] = time.time()
+
+    def record(self) -> dict[str, Any]:
+        """The fields of the ``phases`` record: every mark reached so far, in order."""
+        return {name: self.marks[name] for name in MARKS if name in self.marks}
