@@ -162,7 +162,10 @@ def run(args: argparse.Namespace) -> int:
     """Train both sides for ``args.steps`` steps; return the exit code (0 PASS, 1 FAIL)."""
     if args.verbose_logging:
         torch._logging.set_logs(recompiles=True, guards=True, graph_breaks=True)
-    fault = parity_inject.from_env()  # a bad value fails before any process group exists
+    try:
+        fault = parity_inject.from_env()  # a bad value fails before any process group exists
+    except ValueError as e:
+        raise SystemExit(f"compare_loss.py: error: {e}") from None
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         # Started without a launcher: one rank, instead of DeepSpeed's MPI discovery.
         with socket.socket() as sock:
@@ -383,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     the process group's destructor, which blocks while the other rank waits in
     a collective, and the launcher would never see this rank die (the job
     hangs instead of failing). After ``_exit`` the launcher kills the peers.
-    A ``SystemExit("compare_loss: ...")`` is a refusal: its one line is printed
+    A ``SystemExit("compare_loss.py: error: ...")`` is a refusal: its one line is printed
     as the last error line (dstui's failure reason) and the exit code is 2.
     """
     args = parse_args(argv)

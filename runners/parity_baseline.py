@@ -11,7 +11,7 @@ recipes do, with nothing hidden:
   (``reduce="micro"``: ZeRO-2/3, which reduce-scatter in the backward hooks).
   The two orders are the same mathematics with different rounding; choosing
   DeepSpeed's order is what makes fp32 bit-exact.
-* **bf16/fp16 with fp32 master weights**: the module's parameters live in the
+* **bf16/fp16 with fp32 master weights**: the module's parameters (not its buffers) live in the
   low-precision dtype (forward and backward run there, like the engine's
   module), an fp32 master copy is what the optimizer updates, and the masters
   are cast back into the module after each step. fp16 uses the loss scale that
@@ -53,7 +53,9 @@ class Baseline:
         self.world = dist.get_world_size()
         self.named = [(n.removeprefix("_orig_mod."), p) for n, p in model.named_parameters()]
         if self.low is not None:
-            model.to(self.low)
+            # Parameters only, as DeepSpeed casts them: buffers (rotary inv_freq) stay fp32.
+            for _, p in self.named:
+                p.data = p.data.to(self.low)
             self.masters = [p.detach().float().clone().requires_grad_(True) for _, p in self.named]
         else:
             self.masters = [p for _, p in self.named]

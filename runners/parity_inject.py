@@ -141,5 +141,5 @@ def install(engine: Any, fault: Fault) -> None:
 
         opt.reduce_ipg_grads = flush12
     else:
-        raise SystemExit(f"compare_loss: {ENV}={fault.kind} needs ZeRO stage 1, 2 or 3 "
+        raise SystemExit(f"compare_loss.py: error: {ENV}={fault.kind} needs ZeRO stage 1, 2 or 3 "
                          f"(this engine's optimizer is {type(opt).__name__})")

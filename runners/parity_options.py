@@ -113,7 +113,7 @@ def ds_config_of(args: argparse.Namespace, world: int) -> dict[str, Any]:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "options"
-        raise SystemExit(f"compare_loss: {where}: {first['msg']}") from None
+        raise SystemExit(f"compare_loss.py: error: {where}: {first['msg']}") from None
     cfg = dsconfig.deep_merge(dsconfig.load_template("base.json"), dsconfig.from_settings(s))
     cfg["gradient_clipping"] = args.gradient_clipping
     cfg["steps_per_print"] = 10**9
@@ -167,7 +167,7 @@ def build_model(name: str) -> tuple[Any, Any]:
     try:
         config = common.model_config(name)
     except common.RunnerError as e:
-        raise SystemExit(f"compare_loss: {e}") from None
+        raise SystemExit(f"compare_loss.py: error: {e}") from None
     schedule = getattr(config, LAYER_SCHEDULE_KEY, None)
     model = AutoModelForCausalLM.from_config(config)
     if schedule:
@@ -175,7 +175,7 @@ def build_model(name: str) -> tuple[Any, Any]:
 
         layers = model.model.layers
         if max(schedule) >= len(layers) or min(schedule) < 0:
-            raise SystemExit(f"compare_loss: {name}: {LAYER_SCHEDULE_KEY} {schedule} names a layer "
+            raise SystemExit(f"compare_loss.py: error: {name}: {LAYER_SCHEDULE_KEY} {schedule} names a layer "
                              f"outside 0..{len(layers) - 1}")
         model.model.layers = torch.nn.ModuleList(layers[i] for i in schedule)
         config.num_hidden_layers = len(schedule)

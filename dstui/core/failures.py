@@ -18,6 +18,9 @@ KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"), "NCCL error"),
 )
 
+# A runner's own refusal, e.g. "compare_loss.py: error: ..." or "[rank 1] train.py: error: ...".
+_RUNNER_ERROR = re.compile(r"^(?:\[rank ?\d+\]:?\s*)?([\w.-]+\.py: error: .+)$")
+
 _EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
 
 
@@ -26,6 +29,16 @@ def last_exception(log_tail: str) -> str | None:
     found = None
     for line in log_tail.splitlines():
         m = _EXC_LINE.match(line.strip())
+        if m:
+            found = m.group(1)
+    return found
+
+
+def runner_error(log_tail: str) -> str | None:
+    """The last ``<runner>.py: error: ...`` line: the runner's own words for why it stopped."""
+    found = None
+    for line in log_tail.splitlines():
+        m = _RUNNER_ERROR.match(line.strip())
         if m:
             found = m.group(1)
     return found
@@ -42,6 +55,9 @@ def classify(log_tail: str, exit_code: int | None, sig: int | None = None) -> st
     for pattern, reason in KNOWN_CAUSES:
         if pattern.search(log_tail):
             return reason
+    own = runner_error(log_tail)
+    if own:
+        return own[:300]
     exc = last_exception(log_tail)
     if exc and "Traceback" in log_tail:
         return f"Python: {exc[:300]}"

@@ -343,10 +343,16 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
 
 def _settings(values: dict[str, Any], *, file: str | None, condition: str) -> Settings:
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
     except ValidationError as e:
         _raise_validation(e, file=file, condition=condition)
         raise AssertionError("unreachable") from None
+    from dstui.spec.capabilities import refusal  # what the runner of this kind can do
+
+    refused = refusal(settings)
+    if refused:
+        raise SpecError(refused.message, file=file, condition=condition, field=refused.field)
+    return settings
 
 
 def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
