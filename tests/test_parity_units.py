@@ -62,11 +62,11 @@ def test_measured_tolerance_scales_the_twin_noise_to_each_tensor() -> None:
     pol = parity_tolerance.choose("measured", rtol=0, atol=0, can_be_exact=True, why="")
     base = torch.tensor([1.0, -2.0])
     pol.noise.observe("grad", [(base + torch.tensor([0.0, 2e-3]), base)])  # 1e-3 of the scale 2
-    assert pol.noise.rel["grad"] == pytest.approx(1e-3, rel=1e-5)
-    assert pol.atol_for("grad", torch.tensor([0.0, 4.0])) == pytest.approx(parity_tolerance.SAFETY * 1e-3 * 4, rel=1e-5)
+    assert pol.noise.rel["grad"] == pytest.approx(1e-3, rel=1e-4)
+    assert pol.atol_for("grad", torch.tensor([0.0, 4.0])) == pytest.approx(parity_tolerance.SAFETY * 1e-3 * 4, rel=1e-4)
     # no noise seen: the floor, a few fp32 ulps of the tensor's scale, never zero
     assert pol.atol_for("param", base) == pytest.approx(parity_tolerance.FLOOR_REL * 2)
-    assert pol.tolerance() == pytest.approx(parity_tolerance.SAFETY * 1e-3 * 4, rel=1e-5)
+    assert pol.tolerance() == pytest.approx(parity_tolerance.SAFETY * 1e-3 * 4, rel=1e-4)
 
 
 def test_worst_lists_the_largest_differences_with_their_kind() -> None:
