@@ -24,24 +24,24 @@ _RUNNER_ERROR = re.compile(r"^(?:\[rank ?\d+\]:?\s*)?([\w.-]+\.py: error: .+)$")
 _EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
 
 
-def last_exception(log_tail: str) -> str | None:
-    """The last 'SomethingError: message' line of a Python traceback, if any."""
+def _last_match(pattern: re.Pattern[str], log_tail: str) -> str | None:
+    """Group 1 of the last line (stripped) that ``pattern`` matches."""
     found = None
     for line in log_tail.splitlines():
-        m = _EXC_LINE.match(line.strip())
+        m = pattern.match(line.strip())
         if m:
             found = m.group(1)
     return found
+
+
+def last_exception(log_tail: str) -> str | None:
+    """The last 'SomethingError: message' line of a Python traceback, if any."""
+    return _last_match(_EXC_LINE, log_tail)
 
 
 def runner_error(log_tail: str) -> str | None:
     """The last ``<runner>.py: error: ...`` line: the runner's own words for why it stopped."""
-    found = None
-    for line in log_tail.splitlines():
-        m = _RUNNER_ERROR.match(line.strip())
-        if m:
-            found = m.group(1)
-    return found
+    return _last_match(_RUNNER_ERROR, log_tail)
 
 
 def signal_name(sig: int) -> str:
