@@ -98,6 +98,8 @@ class Diff:
     count: int = 0
     #: (name, max |d|, elements out of tolerance, elements) of every tensor that is not close
     offenders: list[tuple[str, float, int, int]] = field(default_factory=list)
+    #: (name, max |d|) of every tensor, close or not
+    per_tensor: list[tuple[str, float]] = field(default_factory=list)
     _worst_abs: float = field(default=-1.0, repr=False)
 
     def add(self, name: str, ds: torch.Tensor, base: torch.Tensor, rtol: float, atol: float) -> None:
@@ -121,6 +123,7 @@ class Diff:
         rel = absdiff / b.abs().clamp_min(tiny)
         m_abs = float(absdiff.max())
         m_rel = float(rel.max())
+        self.per_tensor.append((name, m_abs))
         if m_abs > self._worst_abs:
             self._worst_abs = m_abs
             self.worst = name
@@ -136,6 +139,19 @@ def compare_named(
     for name, ds, base in pairs:
         diff.add(name, ds, base, rtol, atol)
     return diff
+
+
+def worst_tensors(diffs: dict[str, Diff], top: int = 5, *, offenders_only: bool = False) -> list[dict]:
+    """The ``top`` largest differences as ``{"name", "kind", "max_abs_diff"}`` (the summary's ``worst``).
+
+    ``offenders_only``: only tensors outside their tolerance (what a FAIL names).
+    """
+    rows = []
+    for kind, d in diffs.items():
+        pairs = [(o[0], o[1]) for o in d.offenders] if offenders_only else d.per_tensor
+        rows += [{"name": n, "kind": kind, "max_abs_diff": m} for n, m in pairs if m > 0 or offenders_only]
+    rows.sort(key=lambda r: -r["max_abs_diff"])
+    return rows[:top]
 
 
 def scalar_diff(ds: float, base: float, rtol: float, atol: float) -> tuple[float, bool]:

@@ -19,17 +19,30 @@ KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"No space left on device|ENOSPC"), "disk full (No space left on device)"),
 )
 
+# A runner's own refusal, e.g. "compare_loss.py: error: ..." or "[rank 1] train.py: error: ...".
+_RUNNER_ERROR = re.compile(r"^(?:\[rank ?\d+\]:?\s*)?([\w.-]+\.py: error: .+)$")
+
 _EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
+
+
+def _last_match(pattern: re.Pattern[str], log_tail: str) -> str | None:
+    """Group 1 of the last line (stripped) that ``pattern`` matches."""
+    found = None
+    for line in log_tail.splitlines():
+        m = pattern.match(line.strip())
+        if m:
+            found = m.group(1)
+    return found
 
 
 def last_exception(log_tail: str) -> str | None:
     """The last 'SomethingError: message' line of a Python traceback, if any."""
-    found = None
-    for line in log_tail.splitlines():
-        m = _EXC_LINE.match(line.strip())
-        if m:
-            found = m.group(1)
-    return found
+    return _last_match(_EXC_LINE, log_tail)
+
+
+def runner_error(log_tail: str) -> str | None:
+    """The last ``<runner>.py: error: ...`` line: the runner's own words for why it stopped."""
+    return _last_match(_RUNNER_ERROR, log_tail)
 
 
 def signal_name(sig: int) -> str:
@@ -115,6 +128,9 @@ def classify(log_tail: str, exit_code: int | None, sig: int | None = None) -> st
     death = signal_death(log_tail, exit_code, sig)
     if death:
         return death
+    own = runner_error(log_tail)
+    if own:
+        return own[:300]
     exc = last_exception(log_tail)
     if exc and "Traceback" in log_tail:
         return f"Python: {exc[:300]}"

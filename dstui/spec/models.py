@@ -466,6 +466,11 @@ def _settings(values: dict[str, Any], *, file: str | None, condition: str, execu
     refused = ulysses_rules.refusal(s)
     if refused is not None:
         raise SpecError(refused[1], file=file, condition=condition, field=refused[0])
+    from dstui.spec.capabilities import refusal  # what the runner of this kind can do
+
+    cannot = refusal(s)
+    if cannot:
+        raise SpecError(cannot.message, file=file, condition=condition, field=cannot.field)
     # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
     if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
         raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")

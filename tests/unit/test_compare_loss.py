@@ -64,7 +64,7 @@ TOL = ["--torch-adam", "--rtol", "1e-5", "--atol", "1e-8"]
 CASES: dict[str, list[str]] = {
     "z1": ["--zero-stage", "1", *EXACT],
     "z2": ["--zero-stage", "2", *EXACT],
-    "z3": ["--zero-stage", "3", *EXACT],
+    "z3": ["--zero-stage", "3", "--tolerance", "exact", *EXACT],
     "z3_mirror": ["--zero-stage", "3", "--mirror-zero3-hooks", *EXACT],
     # the seed's own spellings, on purpose
     "inject_lr": ["--zero_stage", "2", "--dtype", "torch.float32", "--steps", "2", "--inject", "lr",
@@ -72,6 +72,36 @@ CASES: dict[str, list[str]] = {
     "inject_grad": ["--zero-stage", "1", "--steps", "4", "--inject", "grad", "--inject-step", "3",
                     *TOL],
 }
+
+# Where ZeRO bugs live: accumulation 4, overlapped communication, many small buckets, a model
+# with tied embeddings and a layer applied twice per step (tiny-llama-shared).
+RECIPE = ["--model", "tiny-llama-shared", "--seq-length", "32", "--steps", "3", "--torch-adam"]
+
+
+def recipe_config(stage: int, **extra: object) -> dict:
+    """A ds_config like dstui generates for a verify condition with these ds_overrides."""
+    return {
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+        "steps_per_print": 10**9, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                              "reduce_bucket_size": 20000, "allgather_bucket_size": 20000,
+                              **({"stage3_prefetch_bucket_size": 20000,
+                                  "stage3_param_persistence_threshold": 100} if stage == 3 else {})},
+        **extra,
+    }  # fmt: skip
+
+
+#: name -> (ds_config, $DSTUI_PARITY_INJECT or None); argv is RECIPE (+ CASE_ARGS)
+RECIPES: dict[str, tuple[dict, str | None]] = {
+    "ga4_z2_clean": (recipe_config(2), None),
+    "ga4_z2_drop_bucket": (recipe_config(2), "drop_bucket:step=2:bucket=1"),
+    "ga4_z1_double_grad": (recipe_config(1), "double_grad:step=2"),
+    "ga4_z3_skip_gas": (recipe_config(3), "skip_gas_scaling:step=2"),
+    "ga4_z1_bf16_clip": (recipe_config(1, bf16={"enabled": True}, gradient_clipping=0.5), None),
+}
+CASE_ARGS = {"ga4_z3_skip_gas": ["--mirror-zero3-hooks"]}
+for _name in RECIPES:
+    CASES[_name] = [*RECIPE, *CASE_ARGS.get(_name, [])]
 MAX_PARALLEL = 2
 LAUNCH_TIMEOUT_S = 540
 
@@ -159,6 +189,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     returncode: int | None = None
     seconds: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def output(self) -> str:
@@ -192,7 +223,8 @@ def _run(job: Job, slots: threading.Semaphore) -> None:
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
                "--master_port", str(free_port()), str(RUNNER), *job.argv,
                "--metrics-file", str(job.metrics)]
-        env = {k: v for k, v in os.environ.items() if k != "DSTUI_METRICS_FILE"}
+        env = {k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_PARITY_INJECT")}
+        env.update(job.env)
         with open(job.log, "w") as log:
             try:
                 job.returncode = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -223,6 +255,11 @@ def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     out: dict[str, Job] = {}
     for name in _wanted(request.session):
         job = Job(name, CASES[name], base / f"{name}.jsonl", base / f"{name}.log")
+        if name in RECIPES:
+            cfg, fault = RECIPES[name]
+            (base / f"{name}.json").write_text(json.dumps(cfg))
+            job.argv = [*job.argv, "--ds-config", str(base / f"{name}.json")]
+            job.env = {"DSTUI_PARITY_INJECT": fault} if fault else {}
         out[name] = job
         threading.Thread(target=_run, args=(job, slots), daemon=True).start()
     return out
@@ -328,6 +365,72 @@ def test_header_records_versions_and_world(jobs: dict[str, Job]) -> None:
     assert header["ds_config"]["zero_optimization"]["stage"] == 1
     assert header["config"]["torch_adam"] is True
     assert "Epoch 1, Step 3, Loss:" in job.output  # the seed's line, for line followers
+
+
+# -- where ZeRO bugs live: accumulation 4, overlap_comm, many buckets, tied + reused modules ----
+
+
+def _injected_names(job: Job) -> set[str]:
+    """The parameters parity_inject says it touched (``parity_inject: <fault> ...: a, b``)."""
+    names: set[str] = set()
+    for line in job.output.splitlines():
+        if line.startswith("parity_inject:") and ": " in line[len("parity_inject:"):]:
+            names.update(n.strip() for n in line.rsplit(": ", 1)[1].split(","))
+    return names
+
+
+@pytest.mark.e2e
+@uses("ga4_z2_clean")
+def test_accumulation_overlap_many_buckets_tied_and_reused_modules_are_bit_exact(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "ga4_z2_clean")
+    _assert_exact(job)
+    summary = job.summary()
+    assert summary["tolerance"] == 0.0 and summary["tolerance_basis"].startswith("bit-exact")
+    assert summary["worst"] == []  # nothing differs at all
+    (header,) = job.records("header")
+    assert header["config"]["grad_accum"] == 4 and header["ds_config"]["zero_optimization"]["overlap_comm"]
+    for r in job.records("step"):
+        assert r["grad_norm"] == pytest.approx(r["grad_norm_baseline"], rel=1e-6) and r["grad_norm"] > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("case", "fault"),
+    [("ga4_z2_drop_bucket", "drop_bucket"), ("ga4_z1_double_grad", "double_grad"),
+     ("ga4_z3_skip_gas", "skip_gas_scaling")],
+)
+def test_injected_reduction_fault_fails_at_its_step_naming_the_parameters(
+    jobs: dict[str, Job], case: str, fault: str
+) -> None:
+    job = _finished(jobs, case)
+    summary = job.summary()
+    steps = {r["step"]: r for r in job.records("step")}
+    assert job.returncode == 1, job.output[-4000:]
+    assert summary["verdict"] == "FAIL" and summary["first_diverging_step"] == 2, job.output[-4000:]
+    assert steps[1]["within_tol"] == 1 and steps[2]["grad_within_tol"] == 0
+    assert f"parity_inject: {fault}" in job.output
+    worst = summary["worst"]
+    assert worst and {w["kind"] for w in worst} <= {"grad", "param"}
+    assert all(w["max_abs_diff"] > 0 for w in worst)
+    if fault != "skip_gas_scaling":  # a bucket fault touches named parameters only
+        touched = _injected_names(job)
+        assert touched and {w["name"] for w in worst} <= touched, (worst, touched)
+    assert "FAIL (first diverging step 2:" in job.output
+
+
+@pytest.mark.e2e
+@uses("ga4_z1_bf16_clip")
+def test_bf16_masters_with_clipping_pass_within_a_tolerance_measured_from_noise(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "ga4_z1_bf16_clip")
+    summary = job.summary()
+    steps = job.records("step")
+    assert job.returncode == 0 and summary["verdict"] == "PASS", job.output[-4000:]
+    assert summary["tolerance_basis"].startswith("measured") and "bf16" in summary["tolerance_basis"]
+    assert summary["tolerance"] > 0
+    assert all(r["noise_grad_rel"] > 0 for r in steps)
+    # the comparison is not vacuous: the sides do differ, and clipping was engaged
+    assert max(r["grad_max_abs_diff"] for r in steps) > 0
+    assert all(r["grad_norm"] > 0.5 for r in steps)
 
 
 # -- through the pipeline: `kind: verify` conditions, verdicts in MLflow ---------------------

@@ -1,0 +1,183 @@
+"""Options, DeepSpeed config and model of the parity runner (``runners/compare_loss.py``).
+
+Flags are named like dstui Settings (dash form) and accept the seed's
+spellings too. A config given with ``--ds-config`` (what dstui passes) is used
+as it is; without one the config is base.json + the flags, with
+``--gradient-clipping`` (default 0: no clipping) written over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import common
+from parity import canonical_dtype, option_names
+from pydantic import ValidationError
+
+from dstui.spec import dsconfig
+from dstui.spec.models import Settings
+
+# Keys of a model preset that only the parity runner understands (transformers ignores them).
+LAYER_SCHEDULE_KEY = "dstui_layer_schedule"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compare_loss.py",
+        description="DeepSpeed ZeRO vs plain PyTorch parity (loss, gradient norm, per-parameter "
+                    "gradients and parameters, step by step). Exit 0 PASS, 1 FAIL, 2 error.",
+    )
+    p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="Set by the launcher.")
+    p.add_argument(*option_names("model"), default="tiny-llama",
+                   help="Preset in configs/models/ (tiny-llama-shared: tied embeddings and a layer "
+                        "applied twice), a config .json or a local model folder.")
+    p.add_argument(*option_names("seq_length"), type=int, default=64)
+    p.add_argument(*option_names("micro_batch"), type=int, default=1)
+    p.add_argument(*option_names("grad_accum"), type=int, default=1,
+                   help="Micro-batches per optimizer step (flag-built config only; a --ds-config's "
+                        "gradient_accumulation_steps wins).")
+    p.add_argument(*option_names("steps"), type=int, default=5)
+    p.add_argument(*option_names("seed"), type=int, default=42)
+    p.add_argument(*option_names("lr"), type=float, default=1e-3,
+                   help="AdamW learning rate (large enough that an lr bug shows at step 1).")
+    p.add_argument(*option_names("dtype"), type=canonical_dtype, default="fp32",
+                   help="fp32, bf16, fp16 (or torch.float32, torch.bfloat16, torch.float16).")
+    p.add_argument(*option_names("zero_stage"), type=int, choices=[0, 1, 2, 3], default=1)
+    p.add_argument(*option_names("offload", "--offload_device", "--offload-device"),
+                   choices=["none", "cpu", "nvme"], default="none",
+                   help="Optimizer-state offload (ZeRO >= 1).")
+    p.add_argument(*option_names("offload_params"), choices=["none", "cpu", "nvme"],
+                   default="none", help="Parameter offload (ZeRO-3).")
+    p.add_argument(*option_names("nvme_path"), default="/tmp/dstui_nvme")
+    p.add_argument(*option_names("torch_adam", "--use_torch_adam", "--use-torch-adam"),
+                   action="store_true",
+                   help="torch.optim.AdamW on the DeepSpeed side too (the exact-parity setting).")
+    p.add_argument(*option_names("mirror_zero3_hooks"), action="store_true",
+                   help="Wrap the baseline's module inputs/outputs like ZeRO-3 does, so both sides "
+                        "sum gradients in the same order (isolates ZeRO-3's partitioning).")
+    p.add_argument(*option_names("rtol"), type=float, default=0.0,
+                   help="With --atol: a fixed tolerance instead of the automatic one.")
+    p.add_argument(*option_names("atol"), type=float, default=0.0)
+    p.add_argument("--tolerance", choices=["auto", "exact", "measured"], default="auto",
+                   help="auto: bit-exact where the arithmetic is the same, else measured from a twin "
+                        "baseline's noise (runners/parity_tolerance.py says when and how).")
+    p.add_argument("--gradient-clipping", "--gradient_clipping", type=float, default=0.0,
+                   help="Flag-built config only: clip at this global norm (0: no clipping).")
+    p.add_argument(*option_names("compile"), action="store_true",
+                   help="torch.compile both the engine and the baseline.")
+    p.add_argument(*option_names("deepcompile"), action="store_true",
+                   help="DeepSpeed DeepCompile (compile.deepcompile); implies --compile for the engine.")
+    p.add_argument(*option_names("verbose_logging"), action="store_true",
+                   help="torch._logging recompiles/guards/graph breaks.")
+    p.add_argument(*option_names("ds_config"), default=None,
+                   help="A generated DeepSpeed config, used as it is (else built from the flags).")
+    p.add_argument(*option_names("metrics_file"), default=os.environ.get("DSTUI_METRICS_FILE"),
+                   help="metrics.jsonl to append to (default: $DSTUI_METRICS_FILE).")
+    p.add_argument("--inject", choices=["none", "lr", "grad"], default="none",
+                   help="Deliberately break DeepSpeed's side in the runner (see also "
+                        "$DSTUI_PARITY_INJECT, runners/parity_inject.py, for faults inside the engine).")
+    p.add_argument("--inject-step", "--inject_step", type=int, default=3,
+                   help="Step whose gradient --inject grad perturbs (1-based).")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.deepcompile:
+        args.compile = True
+    return args
+
+
+def settings_of(args: argparse.Namespace, world: int) -> Settings:
+    """The dstui Settings these flags describe (validated: offload needs ZeRO, ...)."""
+    return Settings(
+        kind="verify", model=args.model, dataset="synthetic", seq_length=args.seq_length,
+        micro_batch=args.micro_batch, grad_accum=args.grad_accum, steps=args.steps, warmup_steps=0,
+        dtype=args.dtype, zero_stage=args.zero_stage, offload=args.offload,
+        offload_params=args.offload_params, nvme_path=args.nvme_path, deepcompile=args.deepcompile,
+        compile=args.compile, lr=args.lr, torch_adam=args.torch_adam, seed=args.seed, gpus=world,
+        rtol=args.rtol, atol=args.atol,
+    )
+
+
+def ds_config_of(args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """The DeepSpeed config: ``--ds-config`` as it is, else base.json + the flags."""
+    if args.ds_config:
+        return json.loads(Path(args.ds_config).read_text())
+    try:
+        s = settings_of(args, world)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "options"
+        raise SystemExit(f"compare_loss.py: error: {where}: {first['msg']}") from None
+    cfg = dsconfig.deep_merge(dsconfig.load_template("base.json"), dsconfig.from_settings(s))
+    cfg["gradient_clipping"] = args.gradient_clipping
+    cfg["steps_per_print"] = 10**9
+    return cfg
+
+
+def dtype_of(cfg: dict[str, Any]) -> str:
+    if cfg.get("bf16", {}).get("enabled"):
+        return "bf16"
+    return "fp16" if cfg.get("fp16", {}).get("enabled") else "fp32"
+
+
+def clipping_of(cfg: dict[str, Any]) -> float:
+    """An absent key is not "no clipping": DeepSpeed's default applies, and the baseline must match."""
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+
+    return float(cfg.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT) or 0.0)
+
+
+def adam_spec(cfg: dict[str, Any], lr: float) -> tuple[str, dict[str, Any]]:
+    """(class name, kwargs) of the torch optimizer equivalent to the config's.
+
+    DeepSpeed's "Adam" type means AdamW unless ``adam_w_mode`` is false; with no
+    optimizer block the runner hands DeepSpeed a torch AdamW itself.
+    """
+    opt = cfg.get("optimizer")
+    if not opt:
+        return "AdamW", {"lr": lr, "weight_decay": 0.0}
+    params = dict(opt.get("params", {}))
+    kind = str(opt.get("type", "AdamW")).lower()
+    adam_w = kind == "adamw" or bool(params.get("adam_w_mode", True))
+    kwargs = {k: params[k] for k in ("lr", "betas", "eps", "weight_decay") if k in params}
+    kwargs.setdefault("lr", lr)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if kind not in ("adam", "adamw"):
+        print(f"compare_loss: optimizer type '{opt.get('type')}' has no torch twin; "
+              "the baseline uses AdamW with the same lr", flush=True)
+    return ("AdamW" if adam_w else "Adam"), kwargs
+
+
+def build_model(name: str) -> tuple[Any, Any]:
+    """(model, config) with random init from the global RNG (seeded by the caller).
+
+    A preset's ``dstui_layer_schedule`` (e.g. ``[0, 1, 0]``) lists which
+    decoder layer runs at each depth: a layer named twice is one module applied
+    twice per step, its gradient the sum of both uses.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        config = common.model_config(name)
+    except common.RunnerError as e:
+        raise SystemExit(f"compare_loss.py: error: {e}") from None
+    schedule = getattr(config, LAYER_SCHEDULE_KEY, None)
+    model = AutoModelForCausalLM.from_config(config)
+    if schedule:
+        import torch
+
+        layers = model.model.layers
+        if max(schedule) >= len(layers) or min(schedule) < 0:
+            raise SystemExit(f"compare_loss.py: error: {name}: {LAYER_SCHEDULE_KEY} {schedule} names a layer "
+                             f"outside 0..{len(layers) - 1}")
+        model.model.layers = torch.nn.ModuleList(layers[i] for i in schedule)
+        config.num_hidden_layers = len(schedule)
+    model.train()
+    return model, config
