@@ -56,7 +56,7 @@ from dstui.spec.models import Revision
 
 __all__ = [
     "DIFF_NAME", "ENV_FORMAT", "MARKER", "PTH_NAME", "Progress", "ResolvedRevision", "RevisionBuildError",
-    "check_reported_version", "python_for", "resolve", "resolve_all", "run_env",
+    "check_reported_version", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
     "_BaseEnv", "_plan", "_sibling",
 ]
 
@@ -101,3 +101,11 @@ def resolve_all(
         base.require_pip()
     _check_pypi_versions([p for p in plans if p.kind == "pypi" and not _usable(p)], base)
     return {p.name: _materialise(p, base, progress) for p in plans}
+
+
+def is_cached(rev: Revision, *, cache_dir: Path | None = None) -> bool:
+    """Whether the revision's env is built and usable (so resolving it builds nothing)."""
+    if rev.installed:
+        return True
+    plan = _plan(rev, (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current())
+    return _usable(plan)
