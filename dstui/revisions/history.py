@@ -48,7 +48,10 @@ def first_parent_line(repo: str | Path, good: str, bad: str) -> tuple[Commit, li
         raise SpecError(f"--good {good} ({good_sha[:12]}) is not an ancestor of --bad {bad}", field="--good")
     log = _git(path, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}").stdout
     line = [Commit(*row.split("\0", 1)) for row in log.splitlines() if row]
-    if not line or line[-1].sha != bad_sha:
-        raise SpecError(f"--bad {bad} is not on a first-parent line from --good {good}", field="--bad")
+    parent = _git(path, "rev-parse", f"{line[0].sha}^1", check=False).stdout.strip() if line else ""
+    if not line or line[-1].sha != bad_sha or parent != good_sha:
+        raise SpecError(
+            f"--good {good} is not on the first-parent line of --bad {bad} (inside a merged branch?)", field="--good"
+        )
     subject = _git(path, "log", "-1", "--format=%s", good_sha).stdout.strip()
     return Commit(good_sha, subject), line

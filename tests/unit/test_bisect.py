@@ -148,6 +148,8 @@ def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixt
         first_parent_line(repo, "nope", "HEAD")
     with pytest.raises(SpecError, match="not an ancestor"):
         first_parent_line(repo, "HEAD", "HEAD~2")
+    with pytest.raises(SpecError, match="not on the first-parent line"):
+        first_parent_line(repo, "side", "HEAD")
     spec = home / "s.yaml"
     spec.write_text(json.dumps({"name": "b", "conditions": [{"name": "z0"}]}))
     base = ["bisect", str(spec), "--repo", str(repo), "--good", "HEAD~3", "--bad", "HEAD", "--no-validate"]
