@@ -160,3 +160,59 @@ def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         cli.main([*base, "--condition", "z0", "--metric", "loss", "--threshold", "lots"])
     assert "not a threshold" in capsys.readouterr().err
+
+
+class SyntheticMeasurer:
+    """Stands in for building and running (tests/e2e/test_bisect.py does those for real).
+
+    Iteration times are drawn around 1.0 s before the culprit and 1.2 s from it on;
+    ``noisy`` commits need more repeats before the interval excludes +5%.
+    """
+
+    def __init__(self, store: Store, shas: list[str], culprit: int, noisy: set[int]) -> None:
+        import numpy as np
+
+        from dstui.spec.models import ExperimentSpec
+
+        self.store, self.shas, self.culprit, self.noisy = store, shas, culprit, noisy
+        self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "z0", Path("/repo")
+        self.rng = np.random.default_rng(1)
+        self.calls: list[tuple[str, int]] = []
+
+    def measure(self, rec: CommitRecord, repeats: int) -> None:
+        i = self.shas.index(rec.sha)
+        self.calls.append((rec.sha, repeats))
+        while rec.runs_done() < repeats:
+            level = 1.2 if i >= self.culprit else 1.0
+            spread = 0.04 if i in self.noisy else 0.005
+            rec.batches.append(f"b{len(rec.batches)}")
+            rec.samples.append({"batch": rec.batches[-1], "usable": True, "mem_peak": 1.0, "loss": {"1": 2.0},
+                                "iter_time_mean": float(level + self.rng.normal(0, spread))})  # fmt: skip
+        self.store.save(rec)
+
+
+def test_iter_time_session_adds_repeats_and_is_replayed(tmp_path: Path) -> None:
+    from dstui.bisect.session import Bisect, Options
+    from dstui.revisions.history import Commit
+
+    shas = [f"{i:040x}" for i in range(9)]  # shas[0] is good
+    store = Store(tmp_path / "store")
+    m = SyntheticMeasurer(store, shas, culprit=6, noisy={5})
+    line = [Commit(s, f"commit {i}") for i, s in enumerate(shas) if i]
+    opts = Options("iter_time", 0.05, 1e-3, repeats=3, max_repeats=9)
+    lines: list[str] = []
+    out = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "s", say=lines.append).run()  # type: ignore[arg-type]
+    assert out.first_bad == line[5] and out.regression is True
+    assert out.answer().startswith(f"first bad commit: {shas[6][:12]} 'commit 6': +")
+    assert "95% CI" in out.answer()
+    tested = {line[i].sha: t for i, t in out.tested.items()}
+    assert len(tested) <= math.ceil(math.log2(len(line) + 1))
+    assert tested[shas[5]].record.runs_done() > 3, "the noisy commit needed more repeats"
+    assert any("undecided" in ln for ln in lines)
+    assert (tmp_path / "s" / "report.md").read_text().count("| `") == len(tested) + 1
+    # Started again: replayed from the records, nothing measured beyond asking for what is there.
+    m.calls.clear()
+    again = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "s", say=lines.append).run()  # type: ignore[arg-type]
+    assert again.first_bad == out.first_bad
+    assert all(store.commit(sha).runs_done() >= n for sha, n in m.calls)  # every call was already satisfied
+    assert json.loads((tmp_path / "s" / "progress.json").read_text())["state"] == "done"
