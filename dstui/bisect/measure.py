@@ -84,7 +84,7 @@ class Measurer:
         try:
             resolved = envs.resolve(rev, cache_dir=self.cache_dir, progress=self.say)
         except DstuiError as e:  # RevisionBuildError, or not a DeepSpeed tree at this commit
-            rec.build, rec.build_error = "failed", str(e).splitlines()[0]
+            rec.build, rec.build_error = "failed", str(e)[:4000]  # with the build log's tail
             rec.builds += 0 if cached else 1
             self.store.save(rec)
             return None

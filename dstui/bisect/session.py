@@ -22,6 +22,21 @@ from dstui.core.errors import DstuiError
 from dstui.revisions.history import Commit
 
 
+def build_summary(error: str) -> str:
+    """The first line of a build error, then the cause from the log's tail.
+
+    pip quotes a failing setup.py between "[N lines of output]" and "[end of
+    output]": its last line is the cause; otherwise the last line naming an error.
+    """
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    if not lines:
+        return "unknown error"
+    first = lines[0].split(" (Command ")[0]
+    ends = [i for i, ln in enumerate(lines) if ln == "[end of output]" and i > 1]
+    cause = lines[ends[-1] - 1] if ends else next((ln for ln in reversed(lines[1:]) if "error" in ln.lower()), "")
+    return f"{first}: {cause}"[:300] if cause else first[:300]
+
+
 @dataclass(frozen=True)
 class Options:
     metric: str
@@ -93,7 +108,7 @@ class Bisect:
     def decision(self, rec: CommitRecord) -> Decision | None:
         """The verdict the records support now; None when the commit still needs runs."""
         if rec.build == "failed":
-            return Decision(SKIP, f"does not build: {rec.build_error}")
+            return Decision(SKIP, f"does not build: {build_summary(rec.build_error)}")
         if not rec.samples or rec.runs_done() < self.o.repeats or self._in_flight(rec):
             return None
         d = decide(self.o.metric, self.base.run_samples(), rec.run_samples(),

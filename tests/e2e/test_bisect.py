@@ -230,7 +230,8 @@ def test_bisect_names_the_commit_skips_and_resumes(bench: dict) -> None:
     verdicts = {t["sha"]: t["verdict"] for t in progress["tested"]}
     assert verdicts == {shas["B"]: "good", c: "bad", shas["X"]: "skip"}
     report = (session / "report.md").read_text()
-    assert c[:12] in report and "skip (does not build" in report and SUBJECT_C in report
+    assert c[:12] in report and SUBJECT_C in report
+    assert "skip (does not build" in report and "DSTUI-BISECT-BROKEN: this commit cannot build" in report
 
     client = mlflow_client(bench["env"]["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("bisect-test")

@@ -216,3 +216,16 @@ def test_iter_time_session_adds_repeats_and_is_replayed(tmp_path: Path) -> None:
     assert again.first_bad == out.first_bad
     assert all(store.commit(sha).runs_done() >= n for sha, n in m.calls)  # every call was already satisfied
     assert json.loads((tmp_path / "s" / "progress.json").read_text())["state"] == "done"
+
+
+def test_build_summary_names_the_cause() -> None:
+    from dstui.bisect.session import build_summary
+
+    error = (
+        "revision 'abc': building its environment failed (Command '[...]' returned non-zero exit status 1.)\n"
+        "  build log: /c/envs/git-abc.build.log (last 40 lines below)\n"
+        "      ╰─> [1 lines of output]\n          SETUP-SAYS-NO: cannot build\n          [end of output]\n"
+        "      error: metadata-generation-failed\n"
+    )
+    assert build_summary(error) == "revision 'abc': building its environment failed: SETUP-SAYS-NO: cannot build"
+    assert build_summary("boom\n  error: x") == "boom: error: x"
