@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.bisect.store import CommitRecord, Store
+from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.records import read_records
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
@@ -125,7 +126,7 @@ class Measurer:
         self._wait_and_collect(rec, b)
 
     def _batch(self, bid: str) -> BatchDir:
-        root = self.runs_root or batch_mod.paths.runs_dir()
+        root = self.runs_root or paths.runs_dir()
         return BatchDir(root / bid)
 
     def _wait_and_collect(self, rec: CommitRecord, b: BatchDir) -> None:

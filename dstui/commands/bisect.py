@@ -23,6 +23,8 @@ Each tested commit gets a cached env (built once, never the user's own) and a no
 of the condition (see `dstui status`, the TUI, MLflow). A commit that does not build or whose
 runs crash is skipped, as `git bisect skip` does. Killed, the same command continues: no
 commit is built or run twice. Results: <runs>/bisect/<experiment>-<condition>-<key>/.
+The spec's own revisions and repeats are not used: the commits are the revisions, --repeats the repeats.
+Exit status: 0 with an answer (a first bad commit, or none), 1 when skips leave it ambiguous.
 
 example:
   dstui bisect configs/experiments/smoke.yaml --condition z1 --repo ~/DeepSpeed \\
