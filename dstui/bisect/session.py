@@ -162,7 +162,8 @@ class Bisect:
             self._test(self.m.store.commit(commit.sha, commit.subject))
             t = self.known().get(idx)
             if t is not None:
-                self.say(f"  -> {t.decision.verdict}: {t.decision.why}; {t.decision.change}")
+                change = f"; {t.decision.change}" if t.decision.change else ""
+                self.say(f"  -> {t.decision.verdict}: {t.decision.why}{change}")
                 if self.tag:
                     self.tag(t, self.session.name)
 
