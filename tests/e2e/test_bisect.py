@@ -179,6 +179,7 @@ def runs_by_sha(home: Path) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.timeout(3600)
 def test_bisect_names_the_commit_skips_and_resumes(bench: dict) -> None:
     shas, home = bench["shas"], bench["home"]
     argv = bisect_argv(bench, shas["A"], shas["D"])
@@ -239,6 +240,7 @@ def test_bisect_names_the_commit_skips_and_resumes(bench: dict) -> None:
     assert len(tagged) == 1 and tagged[0].data.tags["dstui.bisect.verdict"] == "bad"
 
 
+@pytest.mark.timeout(1800)
 def test_no_change_says_no_regression(bench: dict) -> None:
     """0.18.0 -> 0.18.1 trains identically; measurements of the first test are reused (nothing runs)."""
     shas, home = bench["shas"], bench["home"]
