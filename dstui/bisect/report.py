@@ -31,7 +31,7 @@ def markdown(b: Bisect, out: Outcome) -> str:
         f"- range: good `{b.good.short}` {b.good.subject!r} .. bad `{out.line[-1].short}` "
         f"{out.line[-1].subject!r}: {len(out.line)} first-parent commits after good",
         f"- decision: {_METHOD[o.metric]} (threshold {o.threshold * 100:g}%, loss tolerance {o.loss_tol:g}; "
-        f"{o.repeats} runs per commit, up to {o.max_repeats})",
+        f"runs per commit: {o.repeats}, up to {o.max_repeats})",
         f"- repository: `{b.m.repo}`; MLflow runs carry `dstui.revision.sha` and `dstui.bisect` tags",
         "",
         "| # | commit | subject | verdict | measured change vs good | runs | batch |",
@@ -40,7 +40,7 @@ def markdown(b: Bisect, out: Outcome) -> str:
         f"{', '.join(b.base.batches)} |",
     ]
     for i, t in sorted(out.tested.items()):
-        change = t.decision.change or t.decision.why
+        change = t.decision.change or "-"
         verdict = t.decision.verdict if t.decision.verdict != "skip" else f"skip ({t.decision.why})"
         lines.append(
             f"| {i + 1} | `{t.commit.short}` | {_cell(t.commit.subject)} | {_cell(verdict)} | {_cell(change)} | "
