@@ -72,6 +72,7 @@ class Measurer:
     cache_dir: Path | None = None
     runs_root: Path | None = None
     poll_s: float = 1.0
+    on_batch: Callable[[CommitRecord], None] | None = None
 
     def revision(self, sha: str) -> Revision:
         return Revision(name=sha[:12], git=str(self.repo), ref=sha)
@@ -122,6 +123,8 @@ class Measurer:
         b = batch_mod.create(plan, runs_root=self.runs_root)
         rec.batches.append(b.id)
         self.store.save(rec)  # before the supervisor starts: a restart must find this batch
+        if self.on_batch:
+            self.on_batch(rec)
         supervisor.spawn(b)
         self._wait_and_collect(rec, b)
 

@@ -102,6 +102,9 @@ class Bisect:
         self.m, self.good, self.line, self.o = measurer, good, line, options
         self.session, self.say, self.tag = session, say, tag
         self.base: CommitRecord = measurer.store.commit(good.sha, good.subject)
+        self._shown: tuple[tuple[int, Commit] | None, dict[int, Tested]] = (None, {})
+        # the progress file names the batch of the commit under test as soon as it exists
+        measurer.on_batch = lambda rec: self._progress("running", *self._shown)
 
     # -- verdicts from what is on disk ------------------------------------------------
 
@@ -140,7 +143,7 @@ class Bisect:
         self._progress("running", (-1, self.good), {})
         self.m.measure(self.base, self.o.repeats)
         if not any(s.get("usable") for s in self.base.samples):
-            why = self.base.build_error or "; ".join(sorted({str(s.get("reason")) for s in self.base.samples}))
+            why = build_summary(self.base.build_error) if self.base.build_error else "; ".join(sorted({str(s.get("reason")) for s in self.base.samples}))
             self._progress("failed", None, {}, answer=f"the good commit does not run: {why}")
             raise DstuiError(f"the good commit {self.good.short} does not give a baseline: {why or 'no runs'}")
         while True:
@@ -182,6 +185,7 @@ class Bisect:
             self.m.measure(self.base, want)
 
     def _progress(self, state: str, current: tuple[int, Commit] | None, tested: dict[int, Tested], **extra: Any) -> None:
+        self._shown = (current, tested)
         verdicts = {i: t.decision.verdict for i, t in tested.items()}
         c = conclude(len(self.line), verdicts)
         cur = None

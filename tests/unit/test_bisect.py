@@ -178,6 +178,8 @@ class SyntheticMeasurer:
         self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "z0", Path("/repo")
         self.rng = np.random.default_rng(1)
         self.calls: list[tuple[str, int]] = []
+        self.on_batch = None
+        self.progress_seen: list[tuple[str, str]] = []  # (commit under test, its batch) in progress.json
 
     def measure(self, rec: CommitRecord, repeats: int) -> None:
         i = self.shas.index(rec.sha)
@@ -186,6 +188,11 @@ class SyntheticMeasurer:
             level = 1.2 if i >= self.culprit else 1.0
             spread = 0.04 if i in self.noisy else 0.005
             rec.batches.append(f"b{len(rec.batches)}")
+            self.store.save(rec)
+            if self.on_batch:
+                self.on_batch(rec)
+                cur = json.loads((self.session / "progress.json").read_text())["current"]
+                self.progress_seen.append((cur["sha"], cur["batch"]))
             rec.samples.append({"batch": rec.batches[-1], "usable": True, "mem_peak": 1.0, "loss": {"1": 2.0},
                                 "iter_time_mean": float(level + self.rng.normal(0, spread))})  # fmt: skip
         self.store.save(rec)
@@ -198,6 +205,7 @@ def test_iter_time_session_adds_repeats_and_is_replayed(tmp_path: Path) -> None:
     shas = [f"{i:040x}" for i in range(9)]  # shas[0] is good
     store = Store(tmp_path / "store")
     m = SyntheticMeasurer(store, shas, culprit=6, noisy={5})
+    m.session = tmp_path / "s"
     line = [Commit(s, f"commit {i}") for i, s in enumerate(shas) if i]
     opts = Options("iter_time", 0.05, 1e-3, repeats=3, max_repeats=9)
     lines: list[str] = []
@@ -209,6 +217,7 @@ def test_iter_time_session_adds_repeats_and_is_replayed(tmp_path: Path) -> None:
     assert len(tested) <= math.ceil(math.log2(len(line) + 1))
     assert tested[shas[5]].record.runs_done() > 3, "the noisy commit needed more repeats"
     assert any("undecided" in ln for ln in lines)
+    assert (shas[5], "b0") in m.progress_seen and (shas[5], "b3") in m.progress_seen  # live batch ids
     assert (tmp_path / "s" / "report.md").read_text().count("| `") == len(tested) + 1
     # Started again: replayed from the records, nothing measured beyond asking for what is there.
     m.calls.clear()
