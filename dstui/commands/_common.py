@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dstui.core.rundir import RunDir
+from dstui.core.rundir import BatchDir, RunDir
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -54,11 +54,24 @@ def run_row(rd: RunDir) -> list[str]:
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or "")[:70],
+        (st.get("reason") or (st.get("diverged") or {}).get("message") or "")[:70],
     ]
 
 
 RUN_HEADER = ["run", "state", "step", "eta", "loss", "iter_s", "tok/s", "peak_mem", "reason"]
+
+
+def runs_table(b: BatchDir) -> str:
+    """The batch's runs; Slurm batches get the job id and nodes of each run."""
+    runs = b.runs()
+    if b.info().get("executor") != "slurm":
+        return table([run_row(rd) for rd in runs], RUN_HEADER)
+    rows = []
+    for rd in runs:
+        st = rd.status()
+        row = run_row(rd)
+        rows.append([*row[:-1], st.get("job_id") or "-", st.get("nodes") or "-", row[-1]])
+    return table(rows, [*RUN_HEADER[:-1], "job", "nodes", RUN_HEADER[-1]])
 
 
 def add_run_refs(p: Any) -> None:

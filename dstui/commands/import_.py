@@ -53,8 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Import and print what happened; 1 when nothing could be imported."""
+    from dstui.core import names
     from dstui.importer.seedlogs import import_dir
 
+    names.check(args.experiment, field="--experiment")  # an MLflow name: the rule of every name
     result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force)
     print(result.summary_text())
     return 0 if result.runs else 1

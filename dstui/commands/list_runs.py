@@ -6,9 +6,10 @@ import argparse
 import shlex
 from pathlib import Path
 
+from dstui.analysis import forecast
 from dstui.commands._common import table
 from dstui.core.rundir import RunDir
-from dstui.execute import batch, launch
+from dstui.execute import batch, launch, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,10 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--only", nargs="+", metavar="PATTERN", help="list only these runs or conditions (shell patterns)")
     p.add_argument("--commands", action="store_true", help="also print each run's exact argv")
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        help="forecast memory analytically only (skip reading earlier GPU runs from MLflow)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
+    forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
     rows = []
     for r in p.runs:
         s = r.settings
@@ -33,13 +40,14 @@ def run(args: argparse.Namespace) -> int:
                 s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}",
                 "dc" if s.deepcompile else ("tc" if s.compile else "-"), s.dtype,
                 str(s.micro_batch), str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes),
-                str(s.steps), r.key,
+                str(s.steps), forecast.column(forecasts.get(r.name), capacity), r.key,
             ]
         )  # fmt: skip
     header = ["#", "run", "revision", "kind", "model", "zero", "offload", "compile", "dtype",
-              "mb", "seq", "ga", "ranks", "steps", "key"]  # fmt: skip
+              "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "key"]  # fmt: skip
     print(table(rows, header))
     print(f"\n{len(p.runs)} runs ({p.spec.name}); validated: {not args.no_validate}")
+    print(forecast.capacity_note(capacity))
     if args.commands:
         for r in p.runs:
             rd = RunDir(Path("runs/<batch>") / r.name)

@@ -7,13 +7,15 @@ SSH connection) does not stop the batch; this command only follows it.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
 
-from dstui.commands._common import RUN_HEADER, run_row, table
-from dstui.core.rundir import FINAL_STATES, BatchDir
-from dstui.execute import batch, launch, supervisor
+from dstui.analysis import forecast
+from dstui.commands._common import run_row, runs_table
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.execute import batch, launch, slurm, slurm_script, supervisor, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +42,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run only these runs or conditions (names or shell patterns, e.g. z3-dc 'z1-*'); "
         "with --resume the batch keeps its other runs as they are",
     )
+    slurm = p.add_argument_group("Slurm (each run is one job; see docs/CLUSTERS.md)")
+    slurm.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        help="where runs start: this machine (default) or one Slurm job each; overrides the spec's 'executor'",
+    )
+    slurm.add_argument("--partition", help="sbatch --partition (spec: slurm.partition)")
+    slurm.add_argument("--account", help="sbatch --account (spec: slurm.account)")
+    slurm.add_argument("--time-limit", metavar="T", help="per job, e.g. 30m, 2h, 1-00:00:00 (spec: slurm.time_limit)")
+    slurm.add_argument(
+        "--max-jobs", type=int, metavar="N", help="at most N jobs pending or running at once (default: all; --parallel is for local runs)"
+    )
+    p.add_argument(
+        "--skip-predicted-oom",
+        action="store_true",
+        help="do not launch runs whose memory forecast exceeds the GPU's memory (or the spec's "
+        "gpu_memory_gib); they end as 'skipped: predicted OOM (X GiB > Y GiB)'. Same as "
+        "skip_predicted_oom: true in the spec",
+    )
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
@@ -49,13 +70,24 @@ def run(args: argparse.Namespace) -> int:
     if args.parallel < 1:
         print("dstui: error: --parallel must be >= 1", file=sys.stderr)
         return 2
-    plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only)
+    overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
+    plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
+    if plan.spec.executor == "slurm":
+        if args.dry_run:
+            return print_job_scripts(plan)
+        slurm.preflight(plan.runs, plan.spec.slurm, plan.revisions)  # before any folder or job exists
+    forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
+    skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
             python = (plan.revisions.get(r.revision) or {}).get("python")
-            print(f"# {r.name}  (key {r.key})")
+            fc = forecasts.get(r.name)
+            mem = f"  memory/GPU {forecast.column(fc, capacity)} ({fc.source})" if fc else ""
+            oom = forecast.oom_reason(fc, capacity) if skip else None
+            print(f"# {r.name}  (key {r.key}){mem}" + (f"  -> {oom}" if oom else ""))
             print(shlex.join(launch.build_argv(r, rd, python=python)))
+        print(f"# {forecast.capacity_note(capacity)}")
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return 0
     if args.resume:
@@ -64,11 +96,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         b = batch.create(plan, parallel=args.parallel)
         print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}")
+    if skip:
+        skip_predicted_oom(b, forecasts, capacity)
     supervisor.spawn(b)
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
         return 0
     return follow(b, quiet=args.quiet)
+
+
+def print_job_scripts(plan: batch.Plan) -> int:
+    """--dry-run under Slurm: each run's job script, as it would be written to its folder."""
+    root = batch.paths.runs_dir() / "<batch>"
+    for r in plan.runs:
+        rd = batch.RunDir(root / r.name)
+        rev = plan.revisions.get(r.revision) or {}
+        cwd = None if r.settings.kind != "command" else os.getcwd()
+        print(f"# ---- {rd.path / slurm_script.SCRIPT_NAME}  (key {r.key})")
+        print(slurm_script.job_script(r, rd, plan.spec.slurm, port=29500, python=rev.get("python"), revision=rev, cwd=cwd))
+    print(f"# {len(plan.runs)} Slurm jobs; nothing submitted (--dry-run); master ports are chosen free at submission")
+    return 0
+
+
+def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> None:
+    """Mark queued runs whose forecast exceeds the GPU as skipped, before the supervisor sees them."""
+    for name, fc in forecasts.items():
+        rd = RunDir(b.path / name)
+        reason = forecast.oom_reason(fc, capacity)
+        if reason and rd.state == "queued":
+            rd.update_status(state="skipped", reason=reason, ended=time.time())
+            print(f"{name}: {reason}", flush=True)
 
 
 def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
@@ -81,7 +138,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             now = time.time()
             for rd in runs:
                 st = rd.status()
-                key = (st.get("state"), st.get("reason"))
+                key = (st.get("state"), st.get("reason"), bool(st.get("diverged")))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if not quiet and (seen.get(rd.name) != key or step_due):
                     row = run_row(rd)
@@ -104,7 +161,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
         return 130
     runs = b.runs()
     print()
-    print(table([run_row(rd) for rd in runs], RUN_HEADER))
-    failed = [rd for rd in runs if rd.state != "done"]
+    print(runs_table(b))
+    failed = [rd for rd in runs if rd.state not in ("done", "skipped")]
     print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {b.info().get('tracking_uri')}")
     return 1 if failed else 0

@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from dstui.commands._common import RUN_HEADER, run_row, table
+from dstui.commands._common import runs_table
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, list_batches
@@ -44,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
             note = "supervisor restarted (took over)"
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.get("created", 0)))
         print(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}")
-        print(table([run_row(rd) for rd in b.runs()], RUN_HEADER))
+        print(runs_table(b))
         print()
     return 0

@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstui.core.names import is_safe
+
 ACTIVE_STATES = ("queued", "starting", "running")
-FINAL_STATES = ("done", "failed", "killed")
+FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
+
+# Names of the files in a run folder that processes outside this module write or skip.
+EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
+CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -80,11 +86,11 @@ class RunDir:
 
     @property
     def exit_file(self) -> Path:
-        return self.path / "exit.json"
+        return self.path / EXIT_FILE
 
     @property
     def cancel_file(self) -> Path:
-        return self.path / "cancel.request"
+        return self.path / CANCEL_FILE
 
     @property
     def name(self) -> str:
@@ -155,7 +161,8 @@ class BatchDir:
         """Runs in launch order (as recorded in batch.json; folders otherwise)."""
         order = self.info().get("runs")
         if order:
-            return [RunDir(self.path / name) for name in order if (self.path / name).is_dir()]
+            # names come from batch.json: only safe ones, so a tampered file cannot point outside
+            return [RunDir(self.path / name) for name in order if is_safe(name) and (self.path / name).is_dir()]
         try:
             return sorted(
                 (RunDir(p) for p in self.path.iterdir() if (p / "spec.json").exists()),

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui.core import paths
+from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import launch
+from dstui.execute import guard_watch, launch
+from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
-from dstui.spec.models import ExperimentSpec, RunSpec, expand_file
+from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
 
 
 @dataclass
@@ -41,10 +42,17 @@ def plan(
     resolve_revisions: bool = True,
     progress: Callable[[str], None] = print,
     only: list[str] | None = None,
+    executor: str | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> Plan:
+    """A validated spec; ``executor`` and ``slurm`` (set fields only) override the spec's (CLI flags)."""
     spec_path = Path(spec_path).resolve()
-    spec, runs = expand_file(spec_path)
     file = str(spec_path)
+    spec = load_spec(spec_path)
+    if executor or slurm:
+        spec = with_executor(spec, executor, slurm or {}, file=file)
+    runs = expand(spec, file=file)
+    guard_watch.check_spec(spec, runs, file=file)
     if only:
         runs = select(runs, only, file=file)
     if validate:
@@ -58,6 +66,17 @@ def plan(
         resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
         revisions = {name: _as_dict(r) for name, r in resolved.items()}
     return Plan(spec_path, spec, runs, configs, revisions)
+
+
+def with_executor(spec: ExperimentSpec, executor: str | None, slurm: dict[str, Any], *, file: str) -> ExperimentSpec:
+    """The spec with command-line executor options laid over its own, validated again."""
+    data = spec.model_dump(mode="json")
+    if executor:
+        data["executor"] = executor
+    data["slurm"] = {**data.get("slurm", {}), **{k: v for k, v in slurm.items() if v is not None}}
+    from dstui.spec.models import parse_spec
+
+    return parse_spec(data, file=file)
 
 
 def select(runs: list[RunSpec], patterns: list[str], *, file: str | None = None) -> list[RunSpec]:
@@ -80,17 +99,26 @@ def new_batch_id(name: str) -> str:
 
 
 def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 1, tracking_uri: str | None = None) -> BatchDir:
-    runs_root = runs_root or paths.runs_dir()
-    bid = new_batch_id(p.spec.name)
-    while (runs_root / bid).exists():  # two batches in the same second
-        time.sleep(1.0)
-        bid = new_batch_id(p.spec.name)
-    batch = BatchDir(runs_root / bid)
-    batch.path.mkdir(parents=True)
+    batch = _new_batch_dir(runs_root or paths.runs_dir(), p.spec.name)
     _write_info(batch, p, parallel, tracking_uri)
     for run in p.runs:
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
     return batch
+
+
+def _new_batch_dir(runs_root: Path, name: str) -> BatchDir:
+    """A fresh batch folder; mkdir is the claim, so two starts in the same second never share one."""
+    runs_root.mkdir(parents=True, exist_ok=True)
+    base = new_batch_id(name)
+    for n in range(1000):
+        bid = base if n == 0 else f"{base}-{n}"
+        try:
+            path = names.child_path(runs_root, bid)
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return BatchDir(path)
+    raise DstuiError(f"could not create a batch folder for {name!r} in {runs_root}")
 
 
 def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | None) -> None:
@@ -107,6 +135,8 @@ def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | Non
             "cwd": os.getcwd(),
             "tracking_uri": tracking_uri or paths.tracking_uri(),
             "revisions": p.revisions,
+            "executor": p.spec.executor,
+            "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
         },
     )
 
@@ -152,14 +182,14 @@ def resume(
     batch = latest_batch_for(p.spec.name, runs_root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
-    from dstui.execute.supervisor import is_supervised
+    from dstui.execute.control import is_supervised
 
     if is_supervised(batch):
         raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`")
     counts = {"kept": 0, "requeued": 0, "new": 0}
     info = batch.info()
     for run in p.runs:
-        rd = RunDir(batch.path / run.name)
+        rd = RunDir(names.child_path(batch.path, run.name))
         st = rd.status()
         if st.get("key") == run.key and st.get("state") == "done":
             counts["kept"] += 1
@@ -167,24 +197,40 @@ def resume(
         if rd.path.exists() and st.get("key") == run.key and st.get("state") in FINAL_STATES:
             reset_run(rd)
             counts["requeued"] += 1
+        elif rd.path.exists() and st.get("key") == run.key and st.get("state") in ("starting", "running"):
+            # its supervisor died (resume refuses supervised batches): a job that is gone
+            # crashed with it and runs again; one still running is followed by the next supervisor
+            if executor_for(st).alive(st):
+                counts["kept"] += 1
+            else:
+                reset_run(rd)
+                counts["requeued"] += 1
         elif st.get("key") != run.key or not rd.path.exists():
             if rd.path.exists():
-                shutil.rmtree(rd.path)
+                _remove_run_folder(batch, rd)
             counts["new"] += 1
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    names = [r.name for r in p.runs]
+    run_names = [r.name for r in p.runs]
     if partial:  # the batch's order stays; runs new to it go last
         old = list(info.get("runs", []))
-        names = old + [n for n in names if n not in old]
-    info.update(runs=names, parallel=parallel, finalized=False, resumed=time.time())
+        run_names = old + [n for n in run_names if n not in old]
+    info.update(runs=run_names, parallel=parallel, finalized=False, resumed=time.time(), executor=p.spec.executor,
+                slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None)  # fmt: skip
     write_json_atomic(batch.batch_file, info)
     return batch, counts
+
+
+def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
+    """Delete a stale run folder; only ever a real folder directly inside this batch."""
+    if rd.path.is_symlink() or not names.inside(batch.path, rd.path) or rd.path.resolve().parent != batch.path.resolve():
+        raise DstuiError(f"refusing to delete {rd.path}: not a run folder inside batch {batch.path}")
+    shutil.rmtree(rd.path)
 
 
 def retry(rd: RunDir) -> None:
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
-    from dstui.execute.supervisor import kick
+    from dstui.execute.control import kick
 
     batch = rd.batch
     reset_run(rd)

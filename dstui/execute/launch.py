@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import shm
+from dstui.core import names, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.spec.models import RunSpec, Settings
@@ -179,12 +179,19 @@ def build_argv(
                 "python": python,
             },
         )
-    script = RUNNER_SCRIPTS[s.kind]
-    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
     return [
         python, "-m", "deepspeed.launcher.runner",
         *launcher_args(s, port=port, gpu_slice=gpu_slice),
-        str(script),
+        *script_args(run, rd),
+    ]  # fmt: skip
+
+
+def script_args(run: RunSpec, rd: RunDir) -> list[str]:
+    """A bundled runner and its arguments: what every rank runs (after the python executable)."""
+    s = run.settings
+    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
+    return [
+        str(RUNNER_SCRIPTS[s.kind]),
         *runner_args(s, names),
         "--ds-config", str(rd.ds_config_file),
         "--metrics-file", str(rd.metrics_file),
@@ -215,7 +222,7 @@ def build_env(
 
 def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:
     """Create the run folder with everything known before launch; state 'queued'."""
-    rd = RunDir(batch_path / run.name)
+    rd = RunDir(names.child_path(batch_path, run.name))
     rd.path.mkdir(parents=True, exist_ok=True)
     spec = run.model_dump(mode="json")
     spec.update(name=run.name, key=run.key, revision_info=revision or {})

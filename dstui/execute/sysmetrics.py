@@ -42,6 +42,17 @@ def gpu_count() -> int:
         return 0
 
 
+def gpu_memory_total(index: int = 0) -> int | None:
+    """Total memory of one GPU in bytes (what a forecast is held against); None without one."""
+    nv = _nvml()
+    if nv is None or gpu_count() <= index:
+        return None
+    try:
+        return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).total)
+    except Exception:
+        return None
+
+
 def gpu_readings(indices: list[int] | None = None) -> dict[str, float]:
     nv = _nvml()
     out: dict[str, float] = {}

@@ -15,10 +15,26 @@ import subprocess
 import sys
 import time
 
+from dstui.core.rundir import EXIT_FILE
+
+USAGE = "usage: python -m dstui.execute.wrap RUN_DIR -- ARGV..."
+
+
+def parse_argv(argv: list[str]) -> tuple[str, list[str]]:
+    """RUN_DIR and the job's argv; ValueError (with the usage) for anything else."""
+    if len(argv) < 3 or argv[1] != "--" or not argv[0]:
+        raise ValueError(f"bad arguments {argv!r}; {USAGE}")
+    if not os.path.isdir(argv[0]):
+        raise ValueError(f"run folder {argv[0]!r} does not exist; {USAGE}")
+    return argv[0], argv[2:]
+
 
 def main(argv: list[str]) -> int:
-    run_dir, sep, cmd = argv[0], argv[1], argv[2:]
-    assert sep == "--" and cmd, "usage: _wrap RUN_DIR -- ARGV..."
+    try:
+        run_dir, cmd = parse_argv(argv)
+    except ValueError as e:
+        print(f"dstui.execute.wrap: {e}", file=sys.stderr, flush=True)
+        return 2
     try:
         child = subprocess.Popen(cmd)
     except OSError as e:
@@ -38,7 +54,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write(run_dir: str, data: dict) -> None:
-    path = os.path.join(run_dir, "exit.json")
+    path = os.path.join(run_dir, EXIT_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(data, fh)

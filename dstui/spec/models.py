@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dstui.core import names
 from dstui.core.errors import SpecError
 
 Offload = Literal["none", "cpu", "nvme"]
@@ -25,6 +26,14 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Kind = Literal["train", "verify", "command"]
 MetricsFormat = Literal["jsonl", "seed"]
 SpMode = Literal["eager", "compile", "deepcompile"]
+
+
+def _safe_name(v: str) -> str:
+    """Names become folders and MLflow names: one rule for all (see :mod:`dstui.core.names`)."""
+    why = names.problem(v)
+    if why:
+        raise ValueError(why)
+    return v
 
 
 class _Strict(BaseModel):
@@ -118,8 +127,6 @@ class Settings(_Strict):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})"
             )
-        if self.nodes > 1 and not self.launcher.hostfile:
-            raise ValueError("nodes > 1 needs launcher.hostfile")
         return self
 
 
@@ -135,6 +142,8 @@ class Revision(_Strict):
     ref: str | None = Field(None, description="Branch, tag or commit in 'git'.")
     path: str | None = Field(None, description="A working tree used as it is now.")
     installed: bool = Field(False, description="The DeepSpeed of the current environment.")
+
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
 
     @model_validator(mode="after")
     def _one_source(self) -> Revision:
@@ -152,6 +161,61 @@ class Condition(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
 
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
+
+
+class SlurmOptions(_Strict):
+    """How each run goes to Slurm with ``executor: slurm`` (see docs/CLUSTERS.md).
+
+    A run's ``nodes`` and ``gpus`` (ranks per node) give the job's nodes and tasks;
+    these say where and with what else the job asks for.
+    """
+
+    partition: str | None = Field(None, description="sbatch --partition; None = the cluster's default.")
+    account: str | None = Field(None, description="sbatch --account.")
+    time_limit: str | None = Field(None, description="Per job: '30m', '2h', '90' (minutes) or Slurm's '[D-]HH:MM:SS'.")
+    gpus_per_node: int | None = Field(None, ge=0, description="sbatch --gpus-per-node; None = as many as the run's ranks per node on a GPU run, none on CPU.")
+    cpus_per_task: int = Field(1, ge=1, description="sbatch --cpus-per-task (one task per rank).")
+    mem: str | None = Field(None, description="sbatch --mem per node, e.g. '64G'.")
+    extra_sbatch: list[str] = Field(default_factory=list, description="More sbatch options, one per item, e.g. '--qos=high'.")
+    max_jobs: int | None = Field(None, ge=1, description="At most this many of the batch's jobs pending or running at once; None = all.")
+    requeue: int = Field(1, ge=0, description="Resubmit a run whose job was PREEMPTED or hit NODE_FAIL this many times.")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        """Normalised to Slurm's [D-]HH:MM:SS; Slurm counts whole minutes."""
+        if v is None:
+            return v
+        text = str(v).strip().lower()
+        units = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+        num, unit = text.rstrip("smindh"), text[len(text.rstrip("smindh")):] or "m"
+        if num.replace(".", "", 1).isdigit() and unit in units:
+            secs = int(float(num) * units[unit])
+        else:
+            days, _, clock = text.rpartition("-")
+            parts = clock.split(":")
+            if not (days.isdigit() or not days) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+                raise ValueError("use '30m', '2h', '90' (minutes) or '[D-]HH:MM:SS'")
+            h, m, s_ = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
+            secs = int(days or 0) * 86400 + h * 3600 + m * 60 + s_
+        if secs <= 0:
+            raise ValueError("must be positive")
+        d, rest = divmod(max(60, -(-secs // 60) * 60), 86400)
+        clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:00"
+        return f"{d}-{clock}" if d else clock
+
+
+class Guard(_Strict):
+    """Live divergence/NaN guard (dstui/execute/guard.py): flag, and optionally stop, runs that go wrong."""
+
+    baseline: str | None = Field(None, description="Condition whose loss the others follow; default: the spec's baseline.")
+    rtol: float | None = Field(None, ge=0, description="Relative loss tolerance; with atol unset too, divergence is not checked.")
+    atol: float | None = Field(None, ge=0, description="Absolute loss tolerance.")
+    stop_on: list[Literal["nan", "divergence"]] = Field(
+        default_factory=list, description="End a flagged run early (state killed) on these."
+    )
+
 
 class ExperimentSpec(_Strict):
     name: str = Field(description="Experiment name; also the MLflow experiment.")
@@ -163,13 +227,15 @@ class ExperimentSpec(_Strict):
     repeats: int = Field(1, ge=1, description="Runs per condition and revision.")
     revisions: list[Revision] = Field(default_factory=list, description="DeepSpeed revisions.")
     baseline: str | None = Field(None, description="Condition that reports compare against.")
+    executor: Literal["local", "slurm"] = Field("local", description="Where runs start: this machine, or one Slurm job each.")
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm job options (executor: slurm).")
+    guard: Guard = Field(default_factory=Guard, description="Live NaN/divergence guard.")
+    skip_predicted_oom: bool = Field(False, description="Skip runs whose memory forecast exceeds the GPU's memory.")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="GPU memory to forecast against (default: GPU 0 of this machine)."
+    )
 
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not v.strip() or "/" in v:
-            raise ValueError("must be a non-empty name without '/'")
-        return v
+    _name_ok = field_validator("name")(classmethod(lambda cls, v: _safe_name(v)))
 
 
 class RunSpec(BaseModel):
@@ -228,13 +294,14 @@ _SHORT: dict[str, Any] = {
 
 
 def short_name(values: dict[str, Any]) -> str:
+    """A readable condition name from axis values, made safe as a folder name (see core.names)."""
     parts = []
     for field, value in values.items():
         fmt = _SHORT.get(field)
         text = fmt(value) if fmt else f"{field}{value}"
         if text:
             parts.append(str(text))
-    return "-".join(parts) or "base"
+    return names.make_safe("-".join(parts) or "base")
 
 
 # -- loading ----------------------------------------------------------------
@@ -248,7 +315,8 @@ def _raise_validation(e: ValidationError, *, file: str | None, condition: str | 
     first = e.errors()[0]
     field = _field_of(first)
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    raise SpecError(first["msg"] + more, file=file, condition=condition, field=field) from None
+    msg = first["msg"].removeprefix("Value error, ")
+    raise SpecError(msg + more, file=file, condition=condition, field=field) from None
 
 
 def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
@@ -273,13 +341,36 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError("no such spec file", file=str(path))
+    text = read_spec_text(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"invalid YAML{where}: {getattr(e, 'problem', e)}", file=str(path)) from None
+        what = str(getattr(e, "problem", None) or e).split("\n")[0]  # one line, whatever PyYAML says
+        raise SpecError(f"invalid YAML{where}: {' '.join(what.split())}", file=str(path)) from None
     return parse_spec(data, file=str(path))
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+def read_spec_text(path: Path) -> str:
+    """The spec's text: UTF-8, at most 1 MiB; anything else is one line naming the file."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(f"is {size / 2**20:.1f} MiB; a spec is at most {MAX_SPEC_BYTES >> 20} MiB", file=str(path))
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror or e}", file=str(path)) from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise SpecError("is UTF-16; save it as UTF-8", file=str(path))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SpecError(f"is not UTF-8 (byte 0x{raw[e.start]:02x} at line {line}); save it as UTF-8", file=str(path)) from None
 
 
 def dump_spec(spec: ExperimentSpec) -> str:
@@ -305,6 +396,10 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
     out: list[tuple[str, Settings]] = []
     varying = [a for a, vals in spec.axes.items() if len(vals) > 1]
     combos: list[dict[str, Any]] = []
+    size = 1
+    for vals in spec.axes.values():
+        size *= len(vals)
+    _check_size(size, file=file, field="axes")
     if spec.axes:
         names = list(spec.axes)
         for values in itertools.product(*(spec.axes[n] for n in names)):
@@ -317,36 +412,54 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
         if any(_matches(merged, pat) for pat in spec.exclude):
             continue
         name = short_name({k: combo[k] for k in varying}) if varying else "base"
-        out.append((name, _settings(merged, file=file, condition=name)))
+        out.append((name, _settings(merged, file=file, condition=name, executor=spec.executor)))
 
+    explicit: dict[str, int] = {}
+    for i, cond in enumerate(spec.conditions):
+        if cond.name in explicit:
+            raise SpecError(
+                f"condition name {cond.name!r} is used twice (also conditions.{explicit[cond.name]}.name); names must be unique",
+                file=file,
+                field=f"conditions.{i}.name",
+            )
+        explicit[cond.name] = i
     for cond in spec.conditions:
         overrides = {k: v for k, v in cond.model_dump().items() if k != "name"}
         for key in overrides:
             if key not in SETTING_NAMES:
                 raise SpecError(f"unknown setting '{key}'", file=file, condition=cond.name, field=key)
         merged = {**spec.settings, **overrides}
-        out.append((cond.name, _settings(merged, file=file, condition=cond.name)))
+        out.append((cond.name, _settings(merged, file=file, condition=cond.name, executor=spec.executor)))
 
-    seen: dict[str, int] = {}
+    # axis-derived names can repeat (e.g. two model paths with one basename): number them,
+    # never onto a name that is already taken
+    taken = {name for name, _ in out}
+    seen: set[str] = set()
     unique = []
     for name, settings in out:
         if name in seen:
-            seen[name] += 1
-            name = f"{name}-{seen[name]}"
-        else:
-            seen[name] = 0
+            n = 1
+            while f"{name}-{n}" in taken:
+                n += 1
+            name = f"{name}-{n}"
+            taken.add(name)
+        seen.add(name)
         unique.append((name, settings))
     if not unique:
         raise SpecError("the spec expands to no runs (everything excluded?)", file=file)
     return unique
 
 
-def _settings(values: dict[str, Any], *, file: str | None, condition: str) -> Settings:
+def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = "local") -> Settings:
     try:
-        return Settings.model_validate(values)
+        s = Settings.model_validate(values)
     except ValidationError as e:
         _raise_validation(e, file=file, condition=condition)
         raise AssertionError("unreachable") from None
+    # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
+    if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
+        raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")
+    return s
 
 
 def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
@@ -359,6 +472,7 @@ def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
     revisions = [r.name for r in spec.revisions] or ["installed"]
     if len(set(revisions)) != len(revisions):
         raise SpecError("revision names must be unique", file=file, field="revisions")
+    _check_size(len(conds) * len(revisions) * spec.repeats, file=file, field="repeats")
     runs: list[RunSpec] = []
     for repeat in range(spec.repeats):
         for name, settings in conds:
@@ -373,7 +487,34 @@ def expand(spec: ExperimentSpec, *, file: str | None = None) -> list[RunSpec]:
                         order=len(runs),
                     )
                 )
+    _check_run_names(runs, file=file)
     return runs
+
+
+MAX_RUNS = 10_000
+
+
+def _check_size(n: int, *, file: str | None, field: str) -> None:
+    if n > MAX_RUNS:
+        raise SpecError(f"the spec expands to {n} runs; at most {MAX_RUNS} per batch", file=file, field=field)
+
+
+def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:
+    """Run names are folder and MLflow names: each must obey the rule and be unique."""
+    first: dict[str, RunSpec] = {}
+    for r in runs:
+        why = names.problem(r.name, max_len=2 * names.MAX_LEN + 20)
+        if why:
+            raise SpecError(f"run {why}", file=file, condition=r.condition)
+        if r.name in first:
+            other = first[r.name]
+            raise SpecError(
+                f"run name {r.name!r} is made twice (condition {other.condition!r} revision {other.revision!r} "
+                f"and condition {r.condition!r} revision {r.revision!r}); rename a condition or revision",
+                file=file,
+                condition=r.condition,
+            )
+        first[r.name] = r
 
 
 def expand_file(path: str | Path) -> tuple[ExperimentSpec, list[RunSpec]]:

@@ -10,6 +10,7 @@ mlflow is imported lazily: the TUI must start without it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
+from dstui.core.rundir import CANCEL_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -119,6 +121,20 @@ def find_run(c: MlflowClient, experiment_id: str, tags: dict[str, Any]) -> Any |
     return found[0] if found else None
 
 
+def value_text(v: Any) -> str:
+    """One spelling for every param and tag value: strings as they are, everything else as JSON.
+
+    So a boolean is ``true`` wherever it comes from (settings, ds_config, imported logs), and a
+    filter or a report comparing params never meets ``True`` next to ``true``.
+    """
+    if isinstance(v, str):
+        return v
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
 def create_run(
     c: MlflowClient,
     experiment_id: str,
@@ -127,7 +143,7 @@ def create_run(
     tags: dict[str, str],
     parent_id: str | None = None,
 ) -> str:
-    tags = {k: str(v) for k, v in tags.items() if v is not None}
+    tags = {k: value_text(v) for k, v in tags.items() if v is not None}
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     run = c.create_run(experiment_id, run_name=name, tags=tags)
@@ -138,7 +154,7 @@ def log_params(c: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
     from mlflow.entities import Param
 
     items = [
-        Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items()) if v is not None
+        Param(k, value_text(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items()) if v is not None
     ]
     for i in range(0, len(items), MAX_PARAMS_PER_CALL):
         c.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_CALL])
@@ -147,7 +163,7 @@ def log_params(c: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
 def set_tags(c: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
     from mlflow.entities import RunTag
 
-    items = [RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items() if v is not None]
+    items = [RunTag(k, value_text(v)[:MAX_PARAM_LEN]) for k, v in tags.items() if v is not None]
     for i in range(0, len(items), MAX_PARAMS_PER_CALL):
         c.log_batch(run_id, tags=items[i : i + MAX_PARAMS_PER_CALL])
 
@@ -182,7 +198,7 @@ def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str
         staged = Path(tmp) / folder.name
         staged.mkdir()
         for p in folder.iterdir():
-            if p.is_file() and not p.name.startswith(".") and p.name != "cancel.request":
+            if p.is_file() and not p.name.startswith(".") and p.name != CANCEL_FILE:
                 stage_file(p, staged / p.name)
         c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
 

@@ -81,3 +81,26 @@ def test_fuzzed_specs_through_the_cli_launch_nothing(tmp_path_factory, data: dic
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode in (0, 2)
     assert not (home / "runs").exists() and not Path(home / "m.db").exists()
+
+
+raw_specs = st.one_of(
+    st.binary(max_size=200),
+    st.builds(lambda t: ("name: " + t + "\n").encode("utf-16"), st.text(max_size=10)),
+    st.builds(lambda b: b"name: x\nconditions: [{name: " + b + b"}]\n", st.binary(max_size=20)),
+    st.sampled_from([b"name: x\nrepeats: 100000000\n", b"name: ../../x\n", b"name: x\nconditions: [{name: a}, {name: a}]\n"]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(raw=raw_specs)
+def test_raw_bytes_and_hostile_names_are_runs_or_one_line(tmp_path_factory, raw: bytes) -> None:
+    path = tmp_path_factory.mktemp("raw") / "spec.yaml"
+    path.write_bytes(raw)
+    try:
+        p = batch.plan(path, validate=False, resolve_revisions=False)
+    except DstuiError as e:
+        assert str(e).strip() and "\n" not in str(e)
+        return
+    from dstui.core.names import problem
+
+    assert all(problem(r.name, max_len=220) is None for r in p.runs)

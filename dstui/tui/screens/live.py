@@ -237,8 +237,11 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
                 (f"■ {s.name} ", f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"),
                 (f"{st.get('state', '?')} {st.get('steps_done') or 0}/{st.get('steps_total') or '?'}", "dim"),
                 f" loss {fmt_num(loss)} mem {fmt_bytes(mem)}{sys_text}",
-                "   ",
             ]
+            diverged = (st.get("diverged") or {}).get("message")
+            if diverged:  # the guard flagged this run (dstui/execute/guard.py): say so in red
+                parts.append((f" {diverged}", "bold red"))
+            parts.append("   ")
         self.query_one("#legend", Static).update(Text.assemble(*parts))
 
     # -- keys ------------------------------------------------------------------

@@ -27,6 +27,7 @@ STATE_STYLE = {
     "done": "green",
     "failed": "bold red",
     "killed": "magenta",
+    "skipped": "dim",
 }
 MAX_BATCHES = 30
 TAKEOVER_GRACE_S = 30.0
@@ -39,9 +40,11 @@ def run_cells(st: dict, marked: bool) -> tuple:
     state = st.get("state", "?")
     label = state + (f" {st['verdict']}" if st.get("verdict") else "")
     total = st.get("steps_total") or "?"
+    diverged = (st.get("diverged") or {}).get("message")  # the guard's flag: the row turns red
+    name = Text(st.get("name", "?"), style="bold red") if diverged else st.get("name", "?")
     return (
         "✓" if marked else " ",
-        st.get("name", "?"),
+        name,
         Text(label, style=STATE_STYLE.get(state, "")),
         f"{st.get('steps_done') or 0}/{total}",
         eta(st),
@@ -49,7 +52,7 @@ def run_cells(st: dict, marked: bool) -> tuple:
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or "")[:60],
+        Text((st.get("reason") or diverged)[:60], style="red") if diverged else (st.get("reason") or "")[:60],
     )
 
 

@@ -1,0 +1,204 @@
+"""Memory per GPU from a model's shape, before anything is launched.
+
+Three parts, each in bytes per GPU:
+
+* **model states** (parameters, gradients, optimizer states): DeepSpeed's own
+  estimators, the functions its ``estimate_zero{2,3}_model_states_mem_needs_all_cold``
+  tables are printed from. "Cold" needs only parameter counts, which come from
+  the model preset's config (``configs/models/``) without building the model.
+* **activations**: an analytic transformer estimate (what backward keeps per
+  token; see :func:`analytic_activations`). :mod:`dstui.analysis.forecast`
+  replaces it with a least-squares fit when MLflow holds earlier GPU runs.
+* **framework overhead**: DeepSpeed's communication buckets and ZeRO-3's
+  live-parameter budget, read from the run's ds_config (defaults as DeepSpeed's).
+
+Nothing here imports torch; DeepSpeed is imported inside :func:`model_states`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dstui.core.paths import CONFIGS_DIR
+
+MODELS_DIR = CONFIGS_DIR / "models"
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# DeepSpeed's defaults (deepspeed.runtime.zero.config) for the buffers we count
+DEFAULT_REDUCE_BUCKET = 500_000_000
+DEFAULT_PREFETCH_BUCKET = 50_000_000
+DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+# cuBLAS workspaces, the loss's scalars, allocator rounding: a fixed allowance
+FIXED_OVERHEAD = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on: sizes of a decoder-only transformer."""
+
+    family: str  # model_type, e.g. "llama"
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    positions: int
+    tied: bool
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden // self.heads * self.kv_heads
+
+    @property
+    def layer_params(self) -> int:
+        h, i = self.hidden, self.intermediate
+        if self.family == "gpt2":  # biases, two LayerNorms, a 4h MLP
+            return (h * 3 * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * i + 2 * h  # Llama: q,o,k,v, SwiGLU, 2 RMSNorms
+
+    @property
+    def params(self) -> int:
+        h = self.hidden
+        embed = self.vocab * h
+        if self.family == "gpt2":
+            extra = self.positions * h + 2 * h  # position embeddings, final LayerNorm
+        else:
+            extra = h  # final RMSNorm
+        head = 0 if self.tied else self.vocab * h
+        return embed + head + extra + self.layers * self.layer_params
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The biggest single module's own parameters: what ZeRO-3 gathers at once.
+
+        As DeepSpeed's ``model_to_params`` counts it (a module's parameters, not its
+        children's): the token embedding, usually; GPT-2's position embedding or
+        fused qkv projection can be larger for tiny vocabularies.
+        """
+        h, i = self.hidden, self.intermediate
+        if self.family == "gpt2":
+            return max(self.vocab * h, self.positions * h, h * 3 * h + 3 * h, h * i + i)
+        return max(self.vocab * h, h * i, h * h)
+
+
+def model_config(model: str) -> dict[str, Any] | None:
+    """The HF config of a preset or a local folder; None for a hub id (no network here)."""
+    for path in (MODELS_DIR / f"{model}.json", Path(model) / "config.json", Path(model)):
+        if path.is_file() and path.suffix == ".json":
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                return None
+    return None
+
+
+def model_shape(model: str) -> ModelShape | None:
+    """The shape of a preset (or local config); None when it cannot be known offline."""
+    cfg = model_config(model)
+    if not cfg:
+        return None
+
+    def get(*names: str, default: Any = None) -> Any:
+        return next((cfg[n] for n in names if cfg.get(n) is not None), default)
+
+    hidden = get("hidden_size", "n_embd", "d_model")
+    layers = get("num_hidden_layers", "n_layer")
+    heads = get("num_attention_heads", "n_head")
+    vocab = get("vocab_size")
+    if not all(isinstance(x, int) for x in (hidden, layers, heads, vocab)):
+        return None
+    family = str(cfg.get("model_type", "llama"))
+    return ModelShape(
+        family=family,
+        vocab=vocab,
+        hidden=hidden,
+        intermediate=get("intermediate_size", "n_inner", default=4 * hidden),
+        layers=layers,
+        heads=heads,
+        kv_heads=get("num_key_value_heads", default=heads),
+        positions=get("max_position_embeddings", "n_positions", default=0),
+        tied=bool(get("tie_word_embeddings", default=family == "gpt2")),
+    )
+
+
+def model_states(
+    shape: ModelShape, *, zero_stage: int, offload: str, offload_params: str, dtype: str, gpus: int, nodes: int
+) -> int:
+    """Parameters + gradients + optimizer states per GPU, from DeepSpeed's estimators.
+
+    DeepSpeed's formulas assume 16-bit training (2-byte parameters and
+    gradients, fp32 master copy and Adam moments). ZeRO-1 has no estimator of
+    its own and keeps what ZeRO-2's formula counts, so it uses that one.
+    ZeRO-0 has none either: its FP16_Optimizer (bf16 too) holds 16-bit weights
+    and gradients, the fp32 master and the Adam moments, 2 + 2 + 4 + 8 bytes per
+    parameter, DeepSpeed's own terms without partitioning; the fp32 gradient
+    copy it makes inside ``step()`` exists only once the activations are freed.
+    fp32 training adds the difference of the 16-bit terms; fp32 without ZeRO
+    is plain PyTorch (4 + 4 + 8 bytes per parameter): 16 bytes as well.
+    """
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    p = shape.params
+    total = gpus * nodes
+    cpu_offload = offload != "none" or offload_params != "none"
+    if zero_stage == 0:
+        return 16 * p
+    if zero_stage in (1, 2):
+        gpu = estimate_zero2_model_states_mem_needs(p, gpus, nodes, cpu_offload=cpu_offload)[1]
+        if dtype == "fp32":  # 4-byte instead of 2-byte parameters, and gradients when on the GPU
+            gpu += 2 * p if cpu_offload else 2 * p + 2 * p // total
+        return gpu
+    gpu = estimate_zero3_model_states_mem_needs(
+        p,
+        shape.largest_layer_params,
+        gpus,
+        nodes,
+        cpu_offload=cpu_offload,
+        cpu_offload_params=offload_params != "none",
+    )[1]
+    if dtype == "fp32" and offload_params == "none":
+        gpu += 2 * p // total
+    return gpu
+
+
+def analytic_activations(
+    shape: ModelShape, *, seq_length: int, micro_batch: int, dtype: str, checkpointing: bool, sequence_parallel: int = 1
+) -> int:
+    """What backward keeps from forward, per GPU, in bytes (a by-hand transformer count).
+
+    Per layer and token, in the training dtype: the attention input, q/k/v,
+    the attention output and the o-projection input (``6h + 2 kv``), and the
+    MLP's gate, up, activation and product (``4i``); plus the two norms' fp32
+    inputs (``8h``). Attention scores are not kept (SDPA/flash attention).
+    With checkpointing only each layer's input stays, plus one layer being
+    recomputed. The logits are kept in the dtype, in fp32 for the loss and as
+    the loss's fp32 gradient (``V (e + 8)``). Ulysses splits the sequence.
+    """
+    e = DTYPE_BYTES.get(dtype, 4)
+    tokens = seq_length * micro_batch
+    local = tokens // max(1, sequence_parallel)
+    h, i = shape.hidden, shape.intermediate
+    per_layer = local * (e * (6 * h + 2 * shape.kv_dim + 4 * i) + 8 * h)
+    layers = local * e * h * shape.layers + per_layer if checkpointing else per_layer * shape.layers
+    logits = tokens * shape.vocab * (e + 8)
+    return layers + logits
+
+
+def framework_overhead(shape: ModelShape, *, zero_stage: int, dtype: str, ds_config: dict[str, Any] | None) -> int:
+    """DeepSpeed's own buffers: gradient buckets, and ZeRO-3's prefetch and live parameters."""
+    e = DTYPE_BYTES.get(dtype, 4)
+    zero = (ds_config or {}).get("zero_optimization") or {}
+    p = shape.params
+    if zero_stage == 0:
+        return FIXED_OVERHEAD
+    bucket = min(int(zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET)), p) * e
+    if zero_stage in (1, 2):
+        return FIXED_OVERHEAD + bucket
+    live = min(int(zero.get("stage3_max_live_parameters", DEFAULT_MAX_LIVE_PARAMETERS)), p)
+    prefetch = min(int(zero.get("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET)), p)
+    return FIXED_OVERHEAD + bucket + (live + prefetch) * e

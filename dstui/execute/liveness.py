@@ -1,0 +1,106 @@
+"""Is a run still alive, stuck, or over; and when it is over, what became of it.
+
+:func:`check` runs on every supervisor pass for a live run: it honours cancel
+requests, kills a run that stopped writing, and once the job ended settles the
+run's final state and reason (:func:`outcome`, a pure function of what the run
+left behind, so each reason can be tested without a process).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from dstui.core import failures
+from dstui.core.rundir import RunDir, read_json
+from dstui.execute.executor import Executor
+from dstui.execute.ingest import Tracked
+
+log = logging.getLogger("dstui.execute.supervisor")
+
+
+def check(t: Tracked, st: dict, executor: Executor) -> None:
+    """One look at a live run: cancel, hang, or end."""
+    rd = t.rd
+    if rd.cancel_file.exists() and executor.alive(st):
+        executor.kill(st)
+    if not executor.ended(rd, st, t.proc):
+        if hung(rd, st):
+            executor.kill(st)
+        return
+    # the job is over: wait for the group to drain (ranks may outlive the leader)
+    if executor.alive(st):
+        executor.kill(st, grace_s=2.0)
+    executor.reap(t.proc)
+    settle(rd, read_json(rd.exit_file) or {})
+
+
+def hung(rd: RunDir, st: dict) -> bool:
+    """No new output for hung_after_s: marks the run hung (the caller kills its job)."""
+    hung_after = float((rd.spec().get("settings") or {}).get("hung_after_s", 600))
+    last = max(
+        (p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()),
+        default=st.get("started") or time.time(),
+    )
+    if time.time() - last <= hung_after:
+        return False
+    log.warning("%s: no output for %.0f s, killing it", rd.name, hung_after)
+    rd.update_status(hung=True)
+    return True
+
+
+def settle(rd: RunDir, exit_info: dict) -> None:
+    """Record how a finished job ended; clean up what its ranks could not."""
+    st = rd.status()
+    fields = outcome(
+        st,
+        exit_info,
+        rd.spec().get("settings") or {},
+        cancelled=rd.cancel_file.exists(),
+        log_tail=lambda: rd.log_tail(16384),
+    )
+    fields["ended"] = time.time()
+    rd.update_status(**fields)
+    log.info("%s ended: %s %s", rd.name, fields["state"], fields.get("reason") or "")
+    # killed or crashed ranks never unlink DeepSpeed's /dev/shm buffers: do it for them
+    from dstui.core import shm
+
+    removed = shm.remove_buffers(shm.master_port_of(st.get("argv")))
+    if removed:
+        log.info("%s: removed %d stale /dev/shm all-reduce buffers", rd.name, len(removed))
+
+
+def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_tail: Any) -> dict[str, Any]:
+    """Final state and reason of a run from its status, exit record and log tail.
+
+    ``log_tail`` is a callable, read only when the reason depends on it.
+    """
+    code = exit_info.get("exit_code")
+    sig = exit_info.get("signal")
+    summary = st.get("summary") or {}
+    fields: dict[str, Any] = {"exit_code": code, "signal": sig}
+    if cancelled:
+        fields.update(state="killed", reason="cancelled")
+    elif st.get("guard_stop"):
+        fields.update(state="killed", reason=st["diverged"]["message"])
+    elif st.get("hung"):
+        hung_after = settings.get("hung_after_s")
+        fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
+    elif st.get("revision_mismatch"):
+        fields.update(state="failed")
+    elif code == 0 and not st.get("steps_done") and not summary:
+        fmt = settings.get("metrics_format", "jsonl")
+        expected = "metrics.jsonl records" if fmt == "jsonl" else "'Epoch .., Step .., Loss: ..' lines"
+        fields.update(state="failed", reason=f"exited 0 but wrote no metrics (expected {expected})")
+    elif code == 0:
+        fields.update(state="done", reason=None)
+    elif summary.get("verdict") == "FAIL":
+        if summary.get("check"):
+            fields.update(state="failed", reason=f"{summary['check']} FAIL")
+        else:
+            step = summary.get("first_diverging_step")
+            fields.update(state="failed", reason=f"verify FAIL (first diverging step {step})")
+    else:
+        fields.update(state="failed", reason=failures.classify(log_tail(), code, sig))
+    return fields

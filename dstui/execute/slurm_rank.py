@@ -1,0 +1,43 @@
+"""One rank of a Slurm job: Slurm's task variables in the names DeepSpeed reads, then exec.
+
+``srun`` starts one task per rank and numbers them in ``SLURM_PROCID`` /
+``SLURM_LOCALID``; ``deepspeed.init_distributed`` reads ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the job
+script exports the last two). Stdlib only: it starts once per rank.
+Usage: srun python -m dstui.execute.slurm_rank -- ARGV...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def rank_env(env: dict[str, str]) -> dict[str, str]:
+    """The torch.distributed variables of this task, from Slurm's."""
+    nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    world = int(env.get("SLURM_NTASKS") or 1)
+    return {
+        "RANK": env.get("SLURM_PROCID", "0"),
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "WORLD_SIZE": str(world),
+        "LOCAL_SIZE": str(world // max(nodes, 1)),
+        "CROSS_RANK": env.get("SLURM_NODEID", "0"),
+        "CROSS_SIZE": str(nodes),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "--":
+        print("usage: python -m dstui.execute.slurm_rank -- ARGV...", file=sys.stderr)
+        return 2
+    os.environ.update(rank_env(dict(os.environ)))
+    try:
+        os.execvp(argv[1], argv[1:])
+    except OSError as e:
+        print(f"dstui: cannot start {argv[1]!r} on {os.uname().nodename}: {e}", file=sys.stderr, flush=True)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

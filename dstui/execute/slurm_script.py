@@ -1,0 +1,92 @@
+"""The Slurm job script of one run: sbatch options from the spec, ranks through srun.
+
+A run becomes one job: ``nodes`` nodes with ``gpus`` tasks each (one task per
+rank), started by ``srun`` inside the batch script. The script is written to
+the run folder (``job.sh``) before it is submitted, so what ran can be read
+and re-submitted by hand. Every value from the spec is shell-quoted; sbatch
+option values must not hold a line break (it would end the ``#SBATCH`` line
+and start a shell command).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from dstui.core.errors import SpecError
+from dstui.core.rundir import RunDir
+from dstui.execute import launch
+from dstui.spec.models import RunSpec, SlurmOptions
+
+SCRIPT_NAME = "job.sh"
+
+
+def sbatch_options(run: RunSpec, rd: RunDir, opts: SlurmOptions, *, cwd: str) -> list[str]:
+    """The ``#SBATCH`` options of a run's job, in the order they are written."""
+    s = run.settings
+    out = [
+        f"--job-name=dstui-{rd.name}",
+        f"--output={rd.log_file}",
+        "--open-mode=append",
+        f"--chdir={cwd}",
+        f"--nodes={s.nodes}",
+        f"--ntasks-per-node={s.gpus}",
+        f"--cpus-per-task={opts.cpus_per_task}",
+        # dstui resubmits PREEMPTED / NODE_FAIL runs itself (a fresh attempt, a fresh MLflow run)
+        "--no-requeue",
+    ]
+    if opts.gpus_per_node:
+        out.append(f"--gpus-per-node={opts.gpus_per_node}")
+    for flag, value in (("mem", opts.mem), ("time", opts.time_limit), ("partition", opts.partition), ("account", opts.account)):
+        if value:
+            out.append(f"--{flag}={value}")
+    out += list(opts.extra_sbatch)
+    for o in out:
+        if "\n" in o or "\r" in o or not o.startswith("-"):
+            raise SpecError(f"sbatch option {o!r} must be one '--name=value' without a line break", field="slurm")
+    return out
+
+
+def rank_argv(run: RunSpec, rd: RunDir, *, python: str, port: int) -> list[str]:
+    """What each rank runs: a bundled runner directly (no deepspeed launcher: srun is the launcher)."""
+    if run.settings.kind == "command":
+        return launch.build_argv(run, rd, python=python, port=port)
+    return [python, "-u", *launch.script_args(run, rd)]
+
+
+def job_script(
+    run: RunSpec,
+    rd: RunDir,
+    opts: SlurmOptions,
+    *,
+    port: int,
+    python: str | None = None,
+    revision: dict | None = None,
+    cwd: str | None = None,
+    batch_id: str = "",
+) -> str:
+    """The whole job script. ``python`` runs the ranks (a revision's env); dstui's own runs the helpers."""
+    python = python or sys.executable
+    argv = rank_argv(run, rd, python=python, port=port)
+    env = launch.build_env(run, rd, base={}, revision=revision)
+    # secrets are not written into the run folder (it becomes an MLflow artifact):
+    # they reach the job through sbatch's environment (--export=ALL, Slurm's default)
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if not launch.is_secret(k)]
+    me = shlex.quote(sys.executable)
+    lines = [
+        "#!/bin/bash",
+        f"# dstui: run {rd.name}{' of batch ' + batch_id if batch_id else ''}, key {run.key}. Written by dstui; submit with sbatch.",
+        *(f"#SBATCH {o}" for o in sbatch_options(run, rd, opts, cwd=cwd or str(rd.path))),
+        "",
+        *exports,
+        "# rendezvous: rank 0 lives on the job's first node",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        f"export MASTER_ADDR MASTER_PORT={port}",
+        'echo "dstui: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+        "# dstui.execute.wrap records the exit status in exit.json; srun starts one task per rank",
+        f"exec {me} -m dstui.execute.wrap {shlex.quote(str(rd.path))} -- \\",
+        f"  srun --kill-on-bad-exit=1 --ntasks-per-node={run.settings.gpus} --cpus-per-task={opts.cpus_per_task} {me} -m dstui.execute.slurm_rank -- \\",
+        "  " + shlex.join(argv),
+        "",
+    ]
+    return "\n".join(lines)
