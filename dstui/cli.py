@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("dstui.commands.report", "export a markdown report with charts from MLflow"),
     "import": ("dstui.commands.import_", "import seed-format logs into MLflow"),
     "compare": ("dstui.commands.compare", "compare DeepSpeed revisions against a baseline"),
+    "bisect": ("dstui.commands.bisect", "find the DeepSpeed commit that changed a metric"),
     "ui": ("dstui.commands.ui", "print (or start) the `mlflow ui` command for these runs"),
     "supervise": ("dstui.commands.supervise", argparse.SUPPRESS),
 }

@@ -18,6 +18,7 @@ from dstui.core import paths
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
 from dstui.tui.screens.confirm import ConfirmScreen
+from dstui.tui.widgets.bisect_progress import BisectProgress
 
 STATE_STYLE = {
     "queued": "dim",
@@ -125,6 +126,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
         yield Header()
         with Vertical(id="runs-body"):
             yield Static(id="spec-line")
+            yield BisectProgress(id="bisect")
             yield DataTable(id="batches", cursor_type="row", zebra_stripes=False)
             yield DataTable(id="runs", cursor_type="row")
         yield Footer()
@@ -166,6 +168,7 @@ Runs go on when you quit; start dstui again to watch them. Launch uses the spec 
     # -- reading the folders -------------------------------------------------
 
     def _tick(self) -> None:
+        self.query_one(BisectProgress).refresh_from(paths.runs_dir())
         self.refresh_batches()
         self.refresh_runs()
         now = time.monotonic()

@@ -1,0 +1,240 @@
+"""dstui bisect without DeepSpeed: the search's bounds, decisions against scipy, the store, CLI errors.
+
+The real thing (envs built from DeepSpeed releases, runs, kill + resume) is
+tests/e2e/test_bisect.py; here the parts are checked exhaustively and fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dstui.analysis.revision_compare import RunSample
+from dstui.bisect import decide as D
+from dstui.bisect.search import BAD, GOOD, SKIP, conclude, next_index
+from dstui.bisect.store import CommitRecord, Store, list_progress, write_progress
+from dstui.spec.models import Settings
+
+
+def search(n: int, truth: int, skipped: frozenset[int] = frozenset()) -> tuple[list[int], object]:
+    """Run the search against an oracle: commits at index >= truth are bad."""
+    verdicts: dict[int, str] = {}
+    order = []
+    while (i := next_index(n, verdicts)) is not None:
+        order.append(i)
+        verdicts[i] = SKIP if i in skipped else (BAD if i >= truth else GOOD)
+    return order, conclude(n, verdicts)
+
+
+@pytest.mark.parametrize("n", range(1, 34))
+def test_search_is_exact_within_log2_of_outcomes(n: int) -> None:
+    for truth in range(n + 1):  # truth == n: no regression
+        order, c = search(n, truth)
+        assert c.first_bad == truth, (n, truth, order)
+        # with the good commit's own env: ceil(log2(N)) + 1 envs, N = commits including good
+        assert len(order) <= math.ceil(math.log2(n + 1)), (n, truth, order)
+        assert len(set(order)) == len(order)
+
+
+def test_skips_are_stepped_around() -> None:
+    # the e2e history: [B, C, X, D], X does not build, C is the culprit
+    order, c = search(4, truth=1, skipped=frozenset({2}))
+    assert order == [2, 1, 0] and c.first_bad == 1
+    for n in range(2, 20):
+        for truth in range(n + 1):
+            for skip in range(n):
+                order, c = search(n, truth, frozenset({skip}))
+                if c.first_bad is not None:
+                    assert c.first_bad == truth, (n, truth, skip)
+                else:  # only when the skipped commit sits right before the culprit (or is it)
+                    assert truth in c.suspects or truth == n, (n, truth, skip, c)
+                    assert skip in c.suspects
+
+
+def test_search_trusts_the_newest_good_mark() -> None:
+    c = conclude(5, {3: GOOD, 1: BAD})
+    assert (c.lo, c.hi, c.done) == (4, 5, False)
+
+
+def _runs(means: list[float], *, loss: dict[int, float] | None = None, mem: float = 1e9) -> list[RunSample]:
+    return [RunSample("c", "r", m, mem, dict(loss or {1: 2.0, 2: 1.9}), True) for m in means]
+
+
+def test_iter_time_decisions_follow_welch() -> None:
+    from scipy import stats
+
+    base = [1.00, 1.01, 0.99, 1.005]
+    slow = [1.20, 1.21, 1.19, 1.195]
+    d = D.decide("iter_time", _runs(base), _runs(slow), threshold=0.05, loss_tol=1e-3)
+    p = stats.ttest_ind(slow, base, equal_var=False).pvalue
+    assert d.verdict == BAD and f"p={p:.2g}" in d.change and d.change.startswith("+19.")
+    assert "95% CI" in d.change
+    same = [1.002, 0.998, 1.006, 0.999]
+    assert D.decide("iter_time", _runs(base), _runs(same), threshold=0.05, loss_tol=1e-3).verdict == GOOD
+    noisy = [0.9, 1.3, 1.0, 1.2]  # the interval reaches +5%: more runs needed
+    assert D.decide("iter_time", _runs(base), _runs(noisy), threshold=0.05, loss_tol=1e-3).verdict == D.UNDECIDED
+    one = D.decide("iter_time", _runs(base), _runs([1.3]), threshold=0.05, loss_tol=1e-3)
+    assert one.verdict == D.UNDECIDED and "fewer than 2" in one.why
+
+
+def test_loss_memory_and_crashes() -> None:
+    base = _runs([1.0], loss={1: 2.0, 2: 1.9, 3: 1.8})
+    moved = _runs([1.0], loss={1: 2.0, 2: 1.95, 3: 1.8})
+    d = D.decide("loss", base, moved, threshold=0.05, loss_tol=1e-3)
+    assert d.verdict == BAD and "0.05 at step 2" in d.change
+    assert D.decide("loss", base, base, threshold=0.05, loss_tol=1e-3).verdict == GOOD
+    nan = _runs([1.0], loss={1: 2.0, 2: float("nan"), 3: 1.8})
+    assert D.decide("loss", base, nan, threshold=0.05, loss_tol=1e-3).verdict == BAD  # NaN is never parity
+    crashed = [RunSample("c", "r", None, None, {}, False)]
+    assert D.decide("loss", base, crashed, threshold=0.05, loss_tol=1e-3).verdict == SKIP
+    grown = D.decide("mem_peak", _runs([1.0], mem=2**30), _runs([1.0], mem=1.25 * 2**30), threshold=0.1, loss_tol=1e-3)
+    assert grown.verdict == BAD and grown.change == "+25.0% peak memory (+0.250 GiB)"
+    assert D.decide("mem_peak", _runs([1.0], mem=2**30), _runs([1.0], mem=1.05 * 2**30), threshold=0.1,
+                    loss_tol=1e-3).verdict == GOOD  # fmt: skip
+
+
+def test_store_round_trip_and_progress(tmp_path: Path) -> None:
+    s = Settings(model="tiny-llama")
+    store = Store.for_condition(tmp_path, "exp", "z0", s)
+    assert store.root.parent == tmp_path / "bisect" and store.root.name.startswith("exp-z0-")
+    assert Store.for_condition(tmp_path, "exp", "z0", Settings(model="tiny-llama", steps=3)).root != store.root
+    rec = store.commit("a" * 40, "subject")
+    assert (rec.build, rec.samples) == ("", [])
+    rec.build, rec.builds, rec.batches = "ok", 1, ["b1"]
+    rec.samples.append({"batch": "b1", "usable": True, "iter_time_mean": 0.5, "mem_peak": 10.0, "loss": {"1": 2.5}})
+    store.save(rec)
+    again = store.commit("a" * 40)
+    assert again == rec
+    assert again.run_samples() == [RunSample("c", "a" * 40, 0.5, 10.0, {1: 2.5}, True)]
+    session = store.session_dir("a" * 40, "b" * 40, "loss")
+    write_progress(session, {"state": "running", "left": 3})
+    found = list_progress(tmp_path)
+    assert len(found) == 1 and found[0]["left"] == 3 and found[0]["folder"] == str(session)
+    assert isinstance(CommitRecord("x").run_samples(), list)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x"}  # fmt: skip
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dstui import cli
+    from dstui.core.errors import SpecError
+    from dstui.revisions.history import first_parent_line
+
+    repo = home / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for i in range(4):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        _git(repo, "commit", "-q", "-m", f"c{i}")
+    _git(repo, "checkout", "-q", "-b", "side", "HEAD~2")
+    (repo / "g").write_text("side")
+    _git(repo, "add", "g")
+    _git(repo, "commit", "-q", "-m", "side work")
+    _git(repo, "checkout", "-q", "main")
+    _git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    good, line = first_parent_line(repo, "HEAD~3", "HEAD")
+    assert good.subject == "c1" and [c.subject for c in line] == ["c2", "c3", "merge side"]
+    with pytest.raises(SpecError, match="unknown git ref 'nope'"):
+        first_parent_line(repo, "nope", "HEAD")
+    with pytest.raises(SpecError, match="not an ancestor"):
+        first_parent_line(repo, "HEAD", "HEAD~2")
+    with pytest.raises(SpecError, match="not on the first-parent line"):
+        first_parent_line(repo, "side", "HEAD")
+    spec = home / "s.yaml"
+    spec.write_text(json.dumps({"name": "b", "conditions": [{"name": "z0"}]}))
+    base = ["bisect", str(spec), "--repo", str(repo), "--good", "HEAD~3", "--bad", "HEAD", "--no-validate"]
+    assert cli.main([*base, "--condition", "zz", "--metric", "loss"]) == 2
+    assert "zz" in capsys.readouterr().err
+    assert cli.main([*base, "--condition", "z0", "--metric", "iter_time", "--repeats", "1"]) == 2
+    assert "--repeats" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--condition", "z0", "--metric", "loss", "--threshold", "lots"])
+    assert "not a threshold" in capsys.readouterr().err
+
+
+class SyntheticMeasurer:
+    """Stands in for building and running (tests/e2e/test_bisect.py does those for real).
+
+    Iteration times are drawn around 1.0 s before the culprit and 1.2 s from it on;
+    ``noisy`` commits need more repeats before the interval excludes +5%.
+    """
+
+    def __init__(self, store: Store, shas: list[str], culprit: int, noisy: set[int]) -> None:
+        import numpy as np
+
+        from dstui.spec.models import ExperimentSpec
+
+        self.store, self.shas, self.culprit, self.noisy = store, shas, culprit, noisy
+        self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "z0", Path("/repo")
+        self.rng = np.random.default_rng(1)
+        self.calls: list[tuple[str, int]] = []
+        self.on_batch = None
+        self.progress_seen: list[tuple[str, str]] = []  # (commit under test, its batch) in progress.json
+
+    def measure(self, rec: CommitRecord, repeats: int) -> None:
+        i = self.shas.index(rec.sha)
+        self.calls.append((rec.sha, repeats))
+        while rec.runs_done() < repeats:
+            level = 1.2 if i >= self.culprit else 1.0
+            spread = 0.04 if i in self.noisy else 0.005
+            rec.batches.append(f"b{len(rec.batches)}")
+            self.store.save(rec)
+            if self.on_batch:
+                self.on_batch(rec)
+                cur = json.loads((self.session / "progress.json").read_text())["current"]
+                self.progress_seen.append((cur["sha"], cur["batch"]))
+            rec.samples.append({"batch": rec.batches[-1], "usable": True, "mem_peak": 1.0, "loss": {"1": 2.0},
+                                "iter_time_mean": float(level + self.rng.normal(0, spread))})  # fmt: skip
+        self.store.save(rec)
+
+
+def test_iter_time_session_adds_repeats_and_is_replayed(tmp_path: Path) -> None:
+    from dstui.bisect.session import Bisect, Options
+    from dstui.revisions.history import Commit
+
+    shas = [f"{i:040x}" for i in range(9)]  # shas[0] is good
+    store = Store(tmp_path / "store")
+    m = SyntheticMeasurer(store, shas, culprit=6, noisy={5})
+    m.session = tmp_path / "s"
+    line = [Commit(s, f"commit {i}") for i, s in enumerate(shas) if i]
+    opts = Options("iter_time", 0.05, 1e-3, repeats=3, max_repeats=9)
+    lines: list[str] = []
+    out = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "s", say=lines.append).run()  # type: ignore[arg-type]
+    assert out.first_bad == line[5] and out.regression is True
+    assert out.answer().startswith(f"first bad commit: {shas[6][:12]} 'commit 6': +")
+    assert "95% CI" in out.answer()
+    tested = {line[i].sha: t for i, t in out.tested.items()}
+    assert len(tested) <= math.ceil(math.log2(len(line) + 1))
+    assert tested[shas[5]].record.runs_done() > 3, "the noisy commit needed more repeats"
+    assert any("undecided" in ln for ln in lines)
+    assert (shas[5], "b0") in m.progress_seen and (shas[5], "b3") in m.progress_seen  # live batch ids
+    assert (tmp_path / "s" / "report.md").read_text().count("| `") == len(tested) + 1
+    # Started again: replayed from the records, nothing measured beyond asking for what is there.
+    m.calls.clear()
+    again = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "s", say=lines.append).run()  # type: ignore[arg-type]
+    assert again.first_bad == out.first_bad
+    assert all(store.commit(sha).runs_done() >= n for sha, n in m.calls)  # every call was already satisfied
+    assert json.loads((tmp_path / "s" / "progress.json").read_text())["state"] == "done"
+
+
+def test_build_summary_names_the_cause() -> None:
+    from dstui.bisect.session import build_summary
+
+    error = (
+        "revision 'abc': building its environment failed (Command '[...]' returned non-zero exit status 1.)\n"
+        "  build log: /c/envs/git-abc.build.log (last 40 lines below)\n"
+        "      ╰─> [1 lines of output]\n          SETUP-SAYS-NO: cannot build\n          [end of output]\n"
+        "      error: metadata-generation-failed\n"
+    )
+    assert build_summary(error) == "revision 'abc': building its environment failed: SETUP-SAYS-NO: cannot build"
+    assert build_summary("boom\n  error: x") == "boom: error: x"
