@@ -13,7 +13,7 @@ from dstui.core.errors import SpecError
 from dstui.spec import capabilities
 from dstui.spec.models import Settings, expand, parse_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
 
 import parity  # noqa: E402
