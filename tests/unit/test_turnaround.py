@@ -142,8 +142,12 @@ def test_ops_a_run_needs_built_before_the_batch(settings, on_gpu, expected) -> N
     assert prebuild.ops_needed(settings, on_gpu=on_gpu) == expected
 
 
-def test_prebuild_plan_groups_ops_by_python_and_op_cache(tmp_path: Path) -> None:
+def test_prebuild_plan_groups_ops_by_python_and_op_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dstui.execute import batch, prebuild
+
+    # a user's own cache dirs win; this checks dstui's default (other tests import runners that set them)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
 
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nsettings: {gpus: 2, steps: 3, warmup_steps: 1}\n"
