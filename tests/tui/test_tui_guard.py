@@ -52,7 +52,7 @@ conditions:
   - {name: lr2x, lr: 0.002}                    # a wrong learning rate
   - {name: nan, lr: 1.0e+30, steps: 300}       # blows up to NaN, then would run on for 300 steps
   # verify's own view of a doubled learning rate, for the step it reports (loss_within_tol)
-  - {name: vfy, kind: verify, extra_args: ["--inject", "lr"], atol: 1.0e-6}
+  - {name: vfy, kind: verify, dataset: synthetic, extra_args: ["--inject", "lr"], atol: 1.0e-6}
 baseline: base
 guard: {atol: 1.0e-6, stop_on: [nan]}
 """
