@@ -96,7 +96,6 @@ class Tracked:
 def read_points(
     t: Tracked,
     on_header: Callable[[dict], None],
-    on_step: Callable[[dict], None] | None = None,
     *,
     update_status: bool = True,
 ) -> list[Point]:

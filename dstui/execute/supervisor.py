@@ -26,7 +26,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from dstui.core import phases
 from dstui.core.errors import LockHeld
@@ -277,12 +276,12 @@ class Supervisor:
             rd.update_status(**verdict)
         liveness.settle(rd, exit_info)
 
-    def _read(self, t: Tracked, on_step: Any = None) -> list[ingest.Point]:
+    def _read(self, t: Tracked) -> list[ingest.Point]:
         """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
         so the same lines are read again later instead of being skipped."""
         mark = t.mark()
         try:
-            return ingest.read_points(t, lambda rec: self._on_header(t, rec), on_step=on_step)
+            return ingest.read_points(t, lambda rec: self._on_header(t, rec))
         except OSError:
             t.restore(mark)
             raise
