@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dstui.analysis import runs as an
 from dstui.analysis.runs import GB, ConditionStats, Parity, RunData
+from dstui.core.secrets import strip_credentials
 
 if TYPE_CHECKING:  # pragma: no cover
     from dstui.report.context import ReportContext
@@ -128,7 +129,7 @@ def write_json(path: Path, ctx: ReportContext) -> None:
         "experiment_id": ctx.exp.experiment_id,
         "batch": ctx.batch,
         "batches": ctx.batches,
-        "tracking_uri": redact(ctx.uri),
+        "tracking_uri": strip_credentials(ctx.uri),
         "generated": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "definitions": {
             "iteration": "one optimizer step (grad_accum micro-batches)",
@@ -179,17 +180,3 @@ def _csv(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return " ".join(str(x) for x in v)
     return v
-
-
-def redact(uri: str) -> str:
-    """Never print a password embedded in a tracking URI."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(uri)
-        if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        pass
-    return uri

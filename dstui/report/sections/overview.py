@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from dstui.analysis import runs as an
 from dstui.analysis.runs import RunData
+from dstui.core.secrets import strip_credentials
 from dstui.report import charts
 from dstui.report.context import ReportContext
-from dstui.report.files import redact
 from dstui.report.mdformat import IDENTITY_PARAMS, fnum, pm, table
 
 _IDENTITY_PARAMS = IDENTITY_PARAMS
@@ -25,7 +25,7 @@ def title(ctx: ReportContext) -> str:
         f"# dstui report: {ctx.experiment}\n\n"
         f"Experiment `{ctx.experiment}` (MLflow id {ctx.exp.experiment_id}), {what}, "
         f"{len(ctx.runs)} runs. Generated {now} on {platform.node() or 'unknown host'} "
-        f"from `{redact(ctx.uri)}`.\n"
+        f"from `{strip_credentials(ctx.uri)}`.\n"
     )
 
 
