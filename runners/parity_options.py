@@ -1,9 +1,10 @@
 """Options, DeepSpeed config and model of the parity runner (``runners/compare_loss.py``).
 
-Flags are named like dstui Settings (dash form) and accept the seed's
-spellings too. A config given with ``--ds-config`` (what dstui passes) is used
-as it is; without one the config is base.json + the flags, with
-``--gradient-clipping`` (default 0: no clipping) written over it.
+The setting flags are derived from dstui's Settings model (dstui.spec.flags:
+names, types, help; a few defaults of its own) and accept the seed's spellings
+too. A config given with ``--ds-config`` (what dstui passes) is used as it is;
+without one the config is base.json + the flags, with ``--gradient-clipping``
+(default 0: no clipping) written over it.
 """
 
 from __future__ import annotations
@@ -18,59 +19,50 @@ import common
 from parity import canonical_dtype, option_names
 from pydantic import ValidationError
 
-from dstui.spec import dsconfig
+from dstui.spec import dsconfig, flags
 from dstui.spec.models import Settings
 
 # Keys of a model preset that only the parity runner understands (transformers ignores them).
 LAYER_SCHEDULE_KEY = "dstui_layer_schedule"
 
+# Where the parity runner departs from the Settings model: its own standalone defaults
+# (short runs, an lr large enough that an lr bug shows at step 1), the seed's dtype
+# spellings and the stages it can compare.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "seq_length": {"default": 64},
+    "steps": {"default": 5},
+    "lr": {"default": 1e-3},
+    "dtype": {"type": canonical_dtype},
+    "zero_stage": {"type": int, "choices": [0, 1, 2, 3], "default": 1},
+}
+# The seed's spellings of two options, accepted beside the dash and underscore forms.
+ALIASES = {"offload": ("--offload_device", "--offload-device"), "torch_adam": ("--use_torch_adam", "--use-torch-adam")}
+NOTES = {
+    "model": "also tiny-llama-shared (tied embeddings and a layer applied twice) or a config .json",
+    "grad_accum": "flag-built config only (a --ds-config's gradient_accumulation_steps wins)",
+    "lr": "large enough that an lr bug shows at step 1",
+    "dtype": "torch.float32, torch.bfloat16, torch.float16 accepted too",
+    "torch_adam": "the exact-parity setting",
+    "compile": "here the baseline is compiled too",
+    "deepcompile": "implies --compile for the engine",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
+    """The Settings flags of kind verify (dash and underscore forms), then the runner's own."""
     p = argparse.ArgumentParser(
         prog="compare_loss.py",
         description="DeepSpeed ZeRO vs plain PyTorch parity (loss, gradient norm, per-parameter "
                     "gradients and parameters, step by step). Exit 0 PASS, 1 FAIL, 2 error.",
     )
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="Set by the launcher.")
-    p.add_argument(*option_names("model"), default="tiny-llama",
-                   help="Preset in configs/models/ (tiny-llama-shared: tied embeddings and a layer "
-                        "applied twice), a config .json or a local model folder.")
-    p.add_argument(*option_names("seq_length"), type=int, default=64)
-    p.add_argument(*option_names("micro_batch"), type=int, default=1)
-    p.add_argument(*option_names("grad_accum"), type=int, default=1,
-                   help="Micro-batches per optimizer step (flag-built config only; a --ds-config's "
-                        "gradient_accumulation_steps wins).")
-    p.add_argument(*option_names("steps"), type=int, default=5)
-    p.add_argument(*option_names("seed"), type=int, default=42)
-    p.add_argument(*option_names("lr"), type=float, default=1e-3,
-                   help="AdamW learning rate (large enough that an lr bug shows at step 1).")
-    p.add_argument(*option_names("dtype"), type=canonical_dtype, default="fp32",
-                   help="fp32, bf16, fp16 (or torch.float32, torch.bfloat16, torch.float16).")
-    p.add_argument(*option_names("zero_stage"), type=int, choices=[0, 1, 2, 3], default=1)
-    p.add_argument(*option_names("offload", "--offload_device", "--offload-device"),
-                   choices=["none", "cpu", "nvme"], default="none",
-                   help="Optimizer-state offload (ZeRO >= 1).")
-    p.add_argument(*option_names("offload_params"), choices=["none", "cpu", "nvme"],
-                   default="none", help="Parameter offload (ZeRO-3).")
-    p.add_argument(*option_names("nvme_path"), default="/tmp/dstui_nvme")
-    p.add_argument(*option_names("torch_adam", "--use_torch_adam", "--use-torch-adam"),
-                   action="store_true",
-                   help="torch.optim.AdamW on the DeepSpeed side too (the exact-parity setting).")
-    p.add_argument(*option_names("mirror_zero3_hooks"), action="store_true",
-                   help="Wrap the baseline's module inputs/outputs like ZeRO-3 does, so both sides "
-                        "sum gradients in the same order (isolates ZeRO-3's partitioning).")
-    p.add_argument(*option_names("rtol"), type=float, default=0.0,
-                   help="With --atol: a fixed tolerance instead of the automatic one.")
-    p.add_argument(*option_names("atol"), type=float, default=0.0)
+    flags.add_setting_flags(p, "verify", spell=lambda name: option_names(name, *ALIASES.get(name, ())),
+                            overrides=OVERRIDES, notes=NOTES)
     p.add_argument("--tolerance", choices=["auto", "exact", "measured"], default="auto",
                    help="auto: bit-exact where the arithmetic is the same, else measured from a twin "
                         "baseline's noise (runners/parity_tolerance.py says when and how).")
     p.add_argument("--gradient-clipping", "--gradient_clipping", type=float, default=0.0,
                    help="Flag-built config only: clip at this global norm (0: no clipping).")
-    p.add_argument(*option_names("compile"), action="store_true",
-                   help="torch.compile both the engine and the baseline.")
-    p.add_argument(*option_names("deepcompile"), action="store_true",
-                   help="DeepSpeed DeepCompile (compile.deepcompile); implies --compile for the engine.")
     p.add_argument(*option_names("verbose_logging"), action="store_true",
                    help="torch._logging recompiles/guards/graph breaks.")
     p.add_argument(*option_names("ds_config"), default=None,
@@ -94,14 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def settings_of(args: argparse.Namespace, world: int) -> Settings:
     """The dstui Settings these flags describe (validated: offload needs ZeRO, ...)."""
-    return Settings(
-        kind="verify", model=args.model, dataset="synthetic", seq_length=args.seq_length,
-        micro_batch=args.micro_batch, grad_accum=args.grad_accum, steps=args.steps, warmup_steps=0,
-        dtype=args.dtype, zero_stage=args.zero_stage, offload=args.offload,
-        offload_params=args.offload_params, nvme_path=args.nvme_path, deepcompile=args.deepcompile,
-        compile=args.compile, lr=args.lr, torch_adam=args.torch_adam, seed=args.seed, gpus=world,
-        rtol=args.rtol, atol=args.atol,
-    )
+    given = {name: getattr(args, name) for name in flags.runner_settings("verify")}
+    return Settings(kind="verify", dataset="synthetic", warmup_steps=0, gpus=world, **given)
 
 
 def ds_config_of(args: argparse.Namespace, world: int) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""Command line of runners/train.py: flags named after dstui's Settings, and the ds_config they imply.
+"""Command line of runners/train.py: flags derived from dstui's Settings, and the ds_config they imply.
 
 Apart from the training code so that ``--help`` and argument errors answer
 without torch being imported, and so that tools (benchmarks/gpu/sync_profile.py)
-can build the same arguments.
+can build the same arguments. The setting flags (names, types, defaults, help)
+come from the Settings model through :mod:`dstui.spec.flags`; only the runner's
+own options are written here.
 """
 
 from __future__ import annotations
@@ -15,18 +17,12 @@ from typing import Any
 import common
 from common import RunnerError
 
-from dstui.spec import dsconfig
+from dstui.spec import dsconfig, flags
 from dstui.spec.models import Settings
-
-_D = Settings.model_fields
-
-
-def _default(name: str) -> Any:
-    return _D[name].default
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags named after the Settings fields; defaults come from Settings so the two never drift."""
+    """The Settings flags of kind train, then the runner's own (sp-check tolerances, files, rank)."""
     p = argparse.ArgumentParser(
         prog="runners/train.py",
         description=(
@@ -36,112 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    flags.add_setting_flags(p, "train", notes={"model": f"presets: {', '.join(common.presets())}"})
     a = p.add_argument
-    a(
-        "--model",
-        default=_default("model"),
-        help=f"model preset in configs/models/ ({', '.join(common.presets())}), a hub id or a local path; "
-        "presets are random-initialised from their config",
-    )
-    a(
-        "--load-weights",
-        action="store_true",
-        help="load pretrained weights of a hub/local model (default: its config only, random init)",
-    )
-    a(
-        "--dataset",
-        default=_default("dataset"),
-        help="'tiny-corpus' (shipped text, byte tokens), 'synthetic' (seeded random tokens) "
-        "or a Hugging Face dataset name (needs the hub or its cache)",
-    )
-    a(
-        "--dataset-config",
-        default=_default("dataset_config"),
-        help="HF dataset config name, e.g. wikitext-2-raw-v1",
-    )
-    a(
-        "--dataset-percent",
-        type=float,
-        default=_default("dataset_percent"),
-        help="percentage of the train split (or of tiny-corpus) to use",
-    )
-    a("--seq-length", type=int, default=_default("seq_length"), help="tokens per sample")
-    a(
-        "--micro-batch",
-        type=int,
-        default=_default("micro_batch"),
-        help="samples per rank per micro step (train_micro_batch_size_per_gpu)",
-    )
-    a(
-        "--grad-accum",
-        type=int,
-        default=_default("grad_accum"),
-        help="micro steps per optimizer step (gradient_accumulation_steps)",
-    )
-    a("--steps", type=int, default=_default("steps"), help="optimizer steps to run")
-    a(
-        "--warmup-steps",
-        type=int,
-        default=_default("warmup_steps"),
-        help="leading steps left out of the timing statistics of the summary",
-    )
-    a(
-        "--log-interval",
-        type=int,
-        default=_default("log_interval"),
-        help="write a step record every N optimizer steps (the last step is always logged)",
-    )
-    a(
-        "--dtype",
-        choices=["fp32", "bf16", "fp16"],
-        default=_default("dtype"),
-        help="training precision",
-    )
-    a("--zero-stage", type=int, default=_default("zero_stage"), help="ZeRO stage 0-3")
-    a(
-        "--offload",
-        choices=["none", "cpu", "nvme"],
-        default=_default("offload"),
-        help="offload optimizer state (ZeRO >= 1; cpu needs DeepSpeedCPUAdam, JIT-built)",
-    )
-    a(
-        "--offload-params",
-        choices=["none", "cpu", "nvme"],
-        default=_default("offload_params"),
-        help="offload parameters (ZeRO-3 only)",
-    )
-    a("--nvme-path", default=_default("nvme_path"), help="swap folder for nvme offload")
-    a(
-        "--deepcompile",
-        action="store_true",
-        help="DeepSpeed DeepCompile: compile.deepcompile=true and engine.compile()",
-    )
-    a("--compile", action="store_true", help="torch.compile the engine (engine.compile())")
-    a(
-        "--activation-checkpointing",
-        action="store_true",
-        help="HF gradient checkpointing (recompute activations in backward)",
-    )
-    a(
-        "--sequence-parallel",
-        type=int,
-        default=_default("sequence_parallel"),
-        help="Ulysses sequence-parallel degree (ranks that share one sequence); 1 = off",
-    )
-    a(
-        "--sp-mode",
-        choices=["eager", "compile", "deepcompile"],
-        default=_default("sp_mode"),
-        help="how the Ulysses model runs: eager, torch.compile, or DeepCompile",
-    )
-    a(
-        "--sp-check",
-        action="store_true",
-        help="after the sequence-parallel run, train the same steps on the same samples without "
-        "sequence parallelism and compare the losses (exit 1 when they differ beyond the "
-        "tolerance: derived from the dtype and a measured noise run unless --sp-rtol/--sp-atol "
-        "are given; see runners/sp_check.py)",
-    )
     a("--sp-rtol", type=float, default=None, help="relative tolerance of --sp-check (fixed)")
     a("--sp-atol", type=float, default=None, help="absolute tolerance of --sp-check (fixed)")
     a(
@@ -150,18 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="break the Ulysses attention on purpose (head-split: each rank's value heads "
         "rotated after the all-to-all) to prove --sp-check catches it",
-    )
-    a("--lr", type=float, default=_default("lr"), help="AdamW learning rate (constant)")
-    a(
-        "--torch-adam",
-        action="store_true",
-        help="use torch.optim.AdamW as a client optimizer instead of DeepSpeed's AdamW",
-    )
-    a("--seed", type=int, default=_default("seed"), help="seed of init, data order and dropout")
-    a(
-        "--deterministic",
-        action="store_true",
-        help="torch.use_deterministic_algorithms(True) (slower; sets CUBLAS_WORKSPACE_CONFIG)",
     )
     a(
         "--ds-config",
@@ -190,7 +70,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
     from pydantic import ValidationError
 
     # --ds-config is a path to a finished config, not Settings.ds_config (a template name).
-    fields = {k: v for k, v in vars(args).items() if k in _D and k != "ds_config"}
+    fields = {k: getattr(args, k) for k in flags.runner_settings("train")}
     try:
         return Settings(**fields)
     except ValidationError as e:

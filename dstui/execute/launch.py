@@ -21,20 +21,11 @@ from pathlib import Path
 from dstui.core import names, paths, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import RunDir, read_json, write_json_atomic
+from dstui.spec import flags
 from dstui.spec.models import RunSpec, Settings
 
-# Settings forwarded to the bundled runners, as --dash-form flags.
-TRAIN_ARGS = (
-    "model", "load_weights", "dataset", "dataset_config", "dataset_percent", "seq_length",
-    "micro_batch", "grad_accum", "steps", "warmup_steps", "log_interval", "dtype", "zero_stage",
-    "offload", "offload_params", "nvme_path", "deepcompile", "compile", "activation_checkpointing",
-    "sequence_parallel", "sp_mode", "sp_check", "lr", "torch_adam", "seed", "deterministic",
-)  # fmt: skip
-VERIFY_ARGS = (
-    "model", "seq_length", "micro_batch", "steps", "seed", "lr", "dtype", "zero_stage", "offload",
-    "offload_params", "nvme_path", "torch_adam", "rtol", "atol", "compile", "deepcompile",
-    "mirror_zero3_hooks",
-)  # fmt: skip
+# The settings a bundled runner takes (as --dash-form flags) are declared on the Settings
+# model; dstui.spec.flags turns them into its argv.
 RUNNER_SCRIPTS = {"train": RUNNERS_DIR / "train.py", "verify": RUNNERS_DIR / "compare_loss.py"}
 
 # Kept here for callers that import them from launch; the rule lives in core.secrets.
@@ -87,19 +78,6 @@ def free_port(rng: random.Random | None = None) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: any free port
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def runner_args(s: Settings, names: tuple[str, ...]) -> list[str]:
-    args: list[str] = []
-    for name in names:
-        value = getattr(s, name)
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                args.append(flag)
-        elif value is not None:
-            args += [flag, str(value)]
-    return args
 
 
 def launcher_args(s: Settings, *, port: int, gpu_slice: list[int] | None = None) -> list[str]:
@@ -175,10 +153,9 @@ def build_argv(
 def script_args(run: RunSpec, rd: RunDir) -> list[str]:
     """A bundled runner and its arguments: what every rank runs (after the python executable)."""
     s = run.settings
-    names = TRAIN_ARGS if s.kind == "train" else VERIFY_ARGS
     return [
         str(RUNNER_SCRIPTS[s.kind]),
-        *runner_args(s, names),
+        *flags.argv_of(s, s.kind),
         "--ds-config", str(rd.ds_config_file),
         "--metrics-file", str(rd.metrics_file),
         *s.extra_args,

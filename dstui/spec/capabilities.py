@@ -3,7 +3,7 @@
 A setting that a bundled runner cannot honour must be refused before any
 revision environment is built or any process launched: by ``dstui list``,
 ``dstui run`` and the TUI's compose screen alike, since all of them expand the
-spec through :func:`dstui.spec.models.conditions`, which calls
+spec through :func:`dstui.spec.expand.conditions`, which calls
 :func:`refusal` for every condition. The answer is one line that names the
 condition (the caller adds the file, condition and field) and says why.
 
@@ -19,11 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dstui.spec import flags
+
 RUNNER_OF = {"train": "runners/train.py", "verify": "runners/compare_loss.py"}
 
 # DeepSpeed optimizer types whose update the parity baseline reproduces with torch.optim.
 VERIFY_OPTIMIZERS = ("adam", "adamw")
-VERIFY_ONLY = ("mirror_zero3_hooks", "rtol", "atol")
+VERIFY_ONLY = flags.only_for("verify")  # mirror_zero3_hooks, rtol, atol
 
 
 @dataclass(frozen=True)
