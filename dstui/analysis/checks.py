@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.analysis.rundata import RunData
+from dstui.tracking import tags as tag_keys
 
 DIFF_KEYS = ("loss_abs_diff", "grad_max_abs_diff", "param_max_abs_diff", "grad_max_rel_diff", "param_max_rel_diff")
 
@@ -62,13 +63,13 @@ def check_of(run: RunData) -> CheckResult:
     """The run's check as recorded (verify runs and sp-check runs)."""
     m = run.metrics
     summary: dict[str, Any] = {}
-    tag_worst = run.tags.get("dstui.worst", "")
+    tag_worst = run.tags.get(tag_keys.WORST, "")
     needs_artifact = not tag_worst and (run.kind == "verify" or run.param("sp_check"))
     if needs_artifact:
         for rec in _summary_records(run):
             summary.update({k: v for k, v in rec.items() if v is not None})
     check = "sp-check" if (summary.get("check") == "sp-check" or run.param("sp_check")) and run.kind != "verify" else "verify"
-    res = CheckResult(run=run, check=check, verdict=run.tags.get("dstui.verdict") or str(summary.get("verdict") or "n/a"))
+    res = CheckResult(run=run, check=check, verdict=run.tags.get(tag_keys.VERDICT) or str(summary.get("verdict") or "n/a"))
     first = _num(m.get("summary.first_diverging_step"))
     if first is None:
         first = _num(summary.get("first_diverging_step"))
@@ -83,7 +84,7 @@ def check_of(run: RunData) -> CheckResult:
     tol = summary.get("tolerance")
     if isinstance(tol, dict):
         res.rtol, res.atol = _num(tol.get("rtol")) or res.rtol, _num(tol.get("atol")) or res.atol
-    res.tolerance_basis = str(summary.get("tolerance_basis") or run.tags.get("dstui.tolerance_basis", ""))
+    res.tolerance_basis = str(summary.get("tolerance_basis") or run.tags.get(tag_keys.TOLERANCE_BASIS, ""))
     for k in DIFF_KEYS:
         v = _num(m.get(f"summary.{k}_max"))
         if v is None and k in run.history and len(run.history[k][1]):

@@ -20,6 +20,7 @@ from dstui.analysis.rundata import (
     run_from_mlflow,
 )
 from dstui.tracking import client as tracking
+from dstui.tracking import tags as tag_keys
 
 
 def fetch_runs(
@@ -46,12 +47,12 @@ def fetch_runs(
             except Exception as e:  # MlflowException: unknown id
                 raise ReportError(f"no MLflow run '{rid}': {e}") from None
     else:
-        filt = "tags.`dstui.role` = 'run'"
+        filt = tag_keys.RUN_FILTER
         if batch:
             lit = tracking.literal(batch)
             if lit is None:
                 raise ReportError(f"batch id {batch!r} holds both kinds of quote; MLflow cannot filter on it")
-            filt += f" and tags.`dstui.batch` = {lit}"
+            filt += f" and {tag_keys.search(tag_keys.BATCH)} = {lit}"
         token = None
         while True:
             page = client.search_runs(
@@ -72,14 +73,14 @@ def fetch_runs(
 def _order_of(run: RunData) -> int:
     """Launch order when recorded (tag dstui.order), else repeat: keeps conditions in spec order."""
     try:
-        return int(run.tags.get("dstui.order", ""))
+        return int(run.tags.get(tag_keys.ORDER, ""))
     except ValueError:
         return run.repeat
 
 
 def find_batch_parent(client: Any, experiment_id: str, batch: str) -> Any | None:
     """The batch's parent run (tags dstui.role=batch, dstui.batch=ID), if any."""
-    return tracking.find_run(client, experiment_id, {"dstui.role": "batch", "dstui.batch": batch})
+    return tracking.find_run(client, experiment_id, {tag_keys.ROLE: tag_keys.ROLE_BATCH, tag_keys.BATCH: batch})
 
 
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")

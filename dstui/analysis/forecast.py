@@ -29,6 +29,7 @@ from dstui.analysis.forecast_model import (
     model_states,
 )
 from dstui.spec.models import Settings
+from dstui.tracking import tags as tag_keys
 
 # a fit needs at least this many distinct (seq, micro batch, dtype) points, and one more than
 # its free coefficients
@@ -212,12 +213,12 @@ def history_fit(client: Any, models: Iterable[str]) -> ActivationFit:
     exps = [e.experiment_id for e in client.search_experiments()]
     for model in sorted(set(models)):
         lit = model.replace("'", "")
-        filt = f"tags.`dstui.role` = 'run' and tags.`dstui.device` = 'cuda' and params.model = '{lit}'"
+        filt = f"{tag_keys.RUN_FILTER} and {tag_keys.search(tag_keys.DEVICE)} = 'cuda' and params.model = '{lit}'"
         for run in client.search_runs(exps, filter_string=filt, max_results=5000) if exps else []:
             metrics = run.data.metrics
             peak = metrics.get("summary.mem_peak_max") or metrics.get("mem_peak")
             settings = settings_of(dict(run.data.params))
-            if settings is None or not peak or run.data.tags.get("dstui.status") not in (None, "done"):
+            if settings is None or not peak or run.data.tags.get(tag_keys.STATUS) not in (None, "done"):
                 continue
             observe(fit, settings, peak, _ds_config_of(run.data.params))
     return fit
@@ -320,7 +321,7 @@ def forecast_vs_measured(runs: Sequence[Any]) -> Any:
 
     rows: dict[str, dict[str, Any]] = {}
     for run in runs:
-        if run.tags.get("dstui.device") != "cuda":
+        if run.tags.get(tag_keys.DEVICE) != "cuda":
             continue
         settings = settings_of(run.params)
         fc = forecast(settings, ds_config=_ds_config_of(run.params)) if settings else None

@@ -14,6 +14,7 @@ from typing import Any
 
 from dstui.core.errors import DstuiError
 from dstui.core.failures import is_oom
+from dstui.tracking import tags as tag_keys
 
 OUTLIER_FACTOR = 3.0
 GB = 1024**3  # GiB: every memory figure is bytes / 2**30
@@ -79,7 +80,7 @@ class RunData:
 
     @property
     def batch(self) -> str:
-        return self.tags.get("dstui.batch", "")
+        return self.tags.get(tag_keys.BATCH, "")
 
     @property
     def known_params(self) -> dict[str, str]:
@@ -118,7 +119,7 @@ _MLFLOW_TO_STATE = {"FINISHED": "done", "FAILED": "failed", "KILLED": "killed", 
 
 
 def _state_of(tags: dict[str, str], mlflow_status: str) -> str:
-    state = tags.get("dstui.status", "").strip().lower()
+    state = tags.get(tag_keys.STATUS, "").strip().lower()
     if state:
         # The supervisor writes status.json states; be lenient with synonyms.
         return {"ok": "done", "finished": "done", "success": "done", "error": "failed"}.get(state, state)
@@ -130,23 +131,23 @@ def run_from_mlflow(run: Any) -> RunData:
     tags = dict(run.data.tags)
     params = dict(run.data.params)
     status = _state_of(tags, run.info.status)
-    reason = tags.get("dstui.reason", "")
+    reason = tags.get(tag_keys.REASON, "")
     if not reason and status in FAILED_STATES:
         reason = "no reason recorded"
-    repeat_text = tags.get("dstui.repeat", "0")
+    repeat_text = tags.get(tag_keys.REPEAT, "0")
     try:
         repeat = int(repeat_text)
     except ValueError:
         repeat = 0
-    condition = tags.get("dstui.condition") or run.info.run_name or run.info.run_id[:8]
+    condition = tags.get(tag_keys.CONDITION) or run.info.run_name or run.info.run_id[:8]
     return RunData(
         run_id=run.info.run_id,
         run_name=run.info.run_name or run.info.run_id[:8],
         experiment_id=run.info.experiment_id,
         condition=condition,
-        revision=tags.get("dstui.revision", "installed") or "installed",
+        revision=tags.get(tag_keys.REVISION, "installed") or "installed",
         repeat=repeat,
-        kind=tags.get("dstui.kind", "train") or "train",
+        kind=tags.get(tag_keys.KIND, "train") or "train",
         status=status,
         reason=reason,
         mlflow_status=run.info.status,

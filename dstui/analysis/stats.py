@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.analysis.rundata import FAILED_STATES, GB, OUTLIER_FACTOR, RunData, parse_value
+from dstui.tracking import tags as tag_keys
 
 
 def warmup_of(run: RunData) -> int:
@@ -43,7 +44,7 @@ def tokens_per_step(run: RunData) -> float | None:
     """
     for value in (
         run.param("tokens_per_step"),
-        parse_value(run.tags.get("dstui.tokens_per_step", "")) if run.tags.get("dstui.tokens_per_step") else None,
+        parse_value(run.tags.get(tag_keys.TOKENS_PER_STEP, "")) if run.tags.get(tag_keys.TOKENS_PER_STEP) else None,
     ):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return float(value)

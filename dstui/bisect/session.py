@@ -216,9 +216,10 @@ def tag_mlflow(t: Tested, session_id: str, say: Callable[[str], None] = print) -
     if not runs:
         return
     from dstui.tracking import client as tracking
+    from dstui.tracking import tags as tag_keys
 
-    tags = {"dstui.bisect": session_id, "dstui.bisect.commit": t.commit.sha,
-            "dstui.bisect.verdict": t.decision.verdict, "dstui.bisect.change": t.decision.change}  # fmt: skip
+    tags = {tag_keys.BISECT: session_id, tag_keys.BISECT_COMMIT: t.commit.sha,
+            tag_keys.BISECT_VERDICT: t.decision.verdict, tag_keys.BISECT_CHANGE: t.decision.change}  # fmt: skip
     try:
         c = tracking.client()
         for rid in runs:

@@ -27,6 +27,7 @@ from dstui.core.records import STEP, Follower, parse_json_line, parse_seed_line
 from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig
 from dstui.spec.models import ExperimentSpec, RunSpec
+from dstui.tracking import tags as tag_keys
 
 
 def check_spec(spec: ExperimentSpec, runs: list[RunSpec], *, file: str | None = None) -> None:
@@ -62,7 +63,7 @@ class _Curve:
 
     @classmethod
     def of(cls, rd: RunDir) -> _Curve:
-        seed = (rd.spec().get("settings") or {}).get("metrics_format") == "seed"
+        seed = rd.settings().get("metrics_format") == "seed"
         return cls(Follower(rd.log_file if seed else rd.metrics_file), seed)
 
     def read_new(self) -> dict[int, float]:
@@ -80,7 +81,7 @@ class _Curve:
 def tags_of(st: dict[str, Any]) -> dict[str, str]:
     """The MLflow tag of a flagged run, from its status: ``dstui.diverged = "step N (Δ=…)"``."""
     flag = st.get("diverged")
-    return {"dstui.diverged": flag["message"].removeprefix("diverged at ")} if flag else {}
+    return {tag_keys.DIVERGED: flag["message"].removeprefix("diverged at ")} if flag else {}
 
 
 def stopped_outcome(st: dict[str, Any]) -> dict[str, Any] | None:
@@ -91,7 +92,7 @@ def stopped_outcome(st: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _kind(rd: RunDir) -> str:
-    return str((rd.spec().get("settings") or {}).get("kind", "train"))
+    return str(rd.settings().get("kind", "train"))
 
 
 class BatchGuard:

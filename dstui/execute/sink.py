@@ -23,6 +23,7 @@ from dstui.execute import guard_watch
 from dstui.execute.ingest import Tracked
 from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
+from dstui.tracking import tags as tag_keys
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -107,18 +108,18 @@ class MlflowSink:
         if c is None:
             return None
         try:
-            found = tracking.find_run(c, self.experiment_id, {"dstui.batch": self.batch.id, "dstui.role": "batch"})
+            found = tracking.find_run(c, self.experiment_id, {tag_keys.BATCH: self.batch.id, tag_keys.ROLE: tag_keys.ROLE_BATCH})
             if found:
                 pid = found.info.run_id
             else:
-                tags = {
-                    "dstui.role": "batch",
-                    "dstui.batch": self.batch.id,
-                    "dstui.spec": self.info.get("spec_path"),
-                    "dstui.runs": len(self.info.get("runs", [])),
+                batch_tags = {
+                    tag_keys.ROLE: tag_keys.ROLE_BATCH,
+                    tag_keys.BATCH: self.batch.id,
+                    tag_keys.SPEC: self.info.get("spec_path"),
+                    tag_keys.RUNS: len(self.info.get("runs", [])),
                     **tracking.host_tags(),
                 }
-                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=tags)
+                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags)
             self.info = self.batch.update_info(mlflow_parent_run_id=pid)
             return pid
         except Exception as e:
@@ -137,7 +138,7 @@ class MlflowSink:
             # the folder plus the attempt identifies this child, so a supervisor that died
             # between creating it and saving its id finds it again instead of making a twin
             ref = f"{rd.path}#{st.get('attempt', 1)}"
-            found = tracking.find_run(c, self.experiment_id, {"dstui.run_dir": ref})
+            found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: ref})
             rid = found.info.run_id if found else self._create_child(c, rd, st, ref, parent)
             rd.update_status(mlflow_run_id=rid)
             return rid
@@ -146,28 +147,27 @@ class MlflowSink:
             return None
 
     def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
-
         spec = rd.spec()
-        settings = spec.get("settings", {})
-        tags = {
-            "dstui.role": "run",
-            "dstui.batch": self.batch.id,
-            "dstui.condition": spec.get("condition"),
-            "dstui.revision": spec.get("revision"),
-            "dstui.repeat": spec.get("repeat"),
-            "dstui.order": spec.get("order"),
-            "dstui.run_key": spec.get("key"),
-            "dstui.kind": settings.get("kind"),
-            "dstui.run_dir": ref,
-            "dstui.status": st.get("state"),
+        settings = rd.settings()
+        run_tags = {
+            tag_keys.ROLE: tag_keys.ROLE_RUN,
+            tag_keys.BATCH: self.batch.id,
+            tag_keys.CONDITION: spec.get("condition"),
+            tag_keys.REVISION: spec.get("revision"),
+            tag_keys.REPEAT: spec.get("repeat"),
+            tag_keys.ORDER: spec.get("order"),
+            tag_keys.RUN_KEY: spec.get("key"),
+            tag_keys.KIND: settings.get("kind"),
+            tag_keys.RUN_DIR: ref,
+            tag_keys.STATUS: st.get("state"),
             **tracking.host_tags(),
         }
         rev = spec.get("revision_info") or {}
         if rev:
             from dstui.revisions.envs import ResolvedRevision
 
-            tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
-        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=tags, parent_id=parent)
+            run_tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
+        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent)
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
@@ -179,14 +179,14 @@ class MlflowSink:
         tracking.log_params(c, rid, params)
         return rid
 
-    def tag(self, rd: RunDir, tags: dict[str, Any]) -> None:
+    def tag(self, rd: RunDir, values: dict[str, Any]) -> None:
         """Tags on a run's MLflow child now (live state); a store that is down only loses this copy."""
         c = self.client()
         rid = self.child_run_id(rd)
         if c is None or rid is None:
             return
         try:
-            tracking.set_tags(c, rid, tags)
+            tracking.set_tags(c, rid, values)
         except Exception as e:
             self.down(e)
 
@@ -237,18 +237,18 @@ class MlflowSink:
             return False
         st = rd.status()
         try:
-            tags = {
-                "dstui.status": st.get("state"),
-                "dstui.reason": st.get("reason") or "",
-                "dstui.exit_code": st.get("exit_code"),
-                "dstui.bad_metric_lines": t.metrics.bad_lines,
+            final = {
+                tag_keys.STATUS: st.get("state"),
+                tag_keys.REASON: st.get("reason") or "",
+                tag_keys.EXIT_CODE: st.get("exit_code"),
+                tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines,
             }
             if st.get("verdict"):
-                tags["dstui.verdict"] = st["verdict"]
+                final[tag_keys.VERDICT] = st["verdict"]
             if st.get("job_id"):
-                tags.update({"dstui.slurm_job": st["job_id"], "dstui.slurm_state": st.get("slurm_state"), "dstui.nodes": st.get("nodes") or ""})
-            tags.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
-            tracking.set_tags(c, rid, tags)
+                final.update({tag_keys.SLURM_JOB: st["job_id"], tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""})
+            final.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
+            tracking.set_tags(c, rid, final)
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
                 now_ms = int(time.time() * 1000)
                 tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
@@ -265,7 +265,7 @@ class MlflowSink:
         if c is None or not pid:
             return
         with contextlib.suppress(Exception):
-            tracking.set_tags(c, pid, {f"dstui.runs_{s}": states.count(s) for s in FINAL_STATES})
+            tracking.set_tags(c, pid, {tag_keys.runs_in(s): states.count(s) for s in FINAL_STATES})
             tracking.log_file_artifact(c, pid, self.batch.batch_file)
             tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
 

@@ -50,6 +50,7 @@ from dstui.importer.parse import (
     parse_namespace,
     parse_summary_line,
 )
+from dstui.tracking import tags as tag_keys
 
 __all__ = [
     "ImportError_", "ImportResult", "ImportedRun", "ParsedLog", "Segment", "import_dir", "parse_kv_line",
@@ -178,13 +179,13 @@ def import_dir(
     metadata = _load_metadata(folder)
     conditions_meta = metadata.get("conditions") if isinstance(metadata.get("conditions"), dict) else {}
     parent_tags = {
-        "dstui.role": "batch",
-        "dstui.batch": batch,
-        "dstui.imported_from": str(root),
-        "dstui.spec": "",
+        tag_keys.ROLE: tag_keys.ROLE_BATCH,
+        tag_keys.BATCH: batch,
+        tag_keys.IMPORTED_FROM: str(root),
+        tag_keys.SPEC: "",
     }
     if metadata.get("experiment_date"):
-        parent_tags["dstui.experiment_date"] = str(metadata["experiment_date"])
+        parent_tags[tag_keys.EXPERIMENT_DATE] = str(metadata["experiment_date"])
     parent = client.create_run(exp_id, run_name=batch, tags=parent_tags)
     result = ImportResult(experiment=experiment, batch=batch, parent_run_id=parent.info.run_id)
     if (folder / "metadata.json").is_file():
@@ -236,18 +237,18 @@ def import_dir(
 
 def _batch_id(client: Any, exp_id: str, base: str, source: str, force: bool) -> str:
     """``import-<folder>``; refuses a second import of the same path unless forced."""
-    filt = f"tags.`dstui.role` = 'batch' and tags.`dstui.batch` LIKE '{base.replace(chr(39), '')}%'"
+    filt = f"{tag_keys.BATCH_FILTER} and {tag_keys.search(tag_keys.BATCH)} LIKE '{base.replace(chr(39), '')}%'"
     existing = client.search_runs([exp_id], filter_string=filt, max_results=1000)
-    taken = {r.data.tags.get("dstui.batch") for r in existing}
+    taken = {r.data.tags.get(tag_keys.BATCH) for r in existing}
     for r in existing:
-        if r.data.tags.get("dstui.imported_from") == source:
+        if r.data.tags.get(tag_keys.IMPORTED_FROM) == source:
             if not force:
                 raise ImportError_(
-                    f"{source} was already imported as batch '{r.data.tags.get('dstui.batch')}' "
+                    f"{source} was already imported as batch '{r.data.tags.get(tag_keys.BATCH)}' "
                     f"(parent run {r.info.run_id}); use --force to replace it"
                 )
             _delete_batch(client, exp_id, r)
-            taken.discard(r.data.tags.get("dstui.batch"))
+            taken.discard(r.data.tags.get(tag_keys.BATCH))
     batch, n = base, 1
     while batch in taken:
         n += 1
@@ -339,33 +340,33 @@ def _log_segment(
     rev_match = _RUNDIR.match(f.parent.name) if f.parent != folder else None
     tags = {
         "mlflow.parentRunId": parent_id,
-        "dstui.role": "run",
-        "dstui.batch": batch,
-        "dstui.condition": condition,
-        "dstui.revision": rev_match.group("rev") if rev_match else "installed",
-        "dstui.repeat": str(int(rev_match.group("n")) - 1) if rev_match else "0",
-        "dstui.kind": "train",
-        "dstui.status": status,
-        "dstui.reason": reason,
-        "dstui.imported_from": str(f),
-        "dstui.malformed_lines": str(parsed.malformed),
+        tag_keys.ROLE: tag_keys.ROLE_RUN,
+        tag_keys.BATCH: batch,
+        tag_keys.CONDITION: condition,
+        tag_keys.REVISION: rev_match.group("rev") if rev_match else "installed",
+        tag_keys.REPEAT: str(int(rev_match.group("n")) - 1) if rev_match else "0",
+        tag_keys.KIND: "train",
+        tag_keys.STATUS: status,
+        tag_keys.REASON: reason,
+        tag_keys.IMPORTED_FROM: str(f),
+        tag_keys.MALFORMED_LINES: str(parsed.malformed),
     }
     if not seg.summary:
-        tags["dstui.note"] = "no closing summary line in the log"
+        tags[tag_keys.NOTE] = "no closing summary line in the log"
     if meta.get("command"):
-        tags["dstui.cmd"] = str(meta["command"])
+        tags[tag_keys.CMD] = str(meta["command"])
     if meta.get("wandb_run") and meta.get("wandb_run") != "unknown":
-        tags["dstui.wandb_run"] = str(meta["wandb_run"])
+        tags[tag_keys.WANDB_RUN] = str(meta["wandb_run"])
     for k, v in parsed.versions.items():
-        tags["dstui.deepspeed_git_sha" if k == "deepspeed_git_sha" else f"dstui.version.{k}"] = v
+        tags[tag_keys.DEEPSPEED_GIT_SHA if k == "deepspeed_git_sha" else tag_keys.version(k)] = v
     jh = parsed.jsonl_header
     if jh:
         for k in ("hostname", "gpu_name", "gpu_count", "device", "deepspeed_git_sha"):
             if jh.get(k) is not None:
-                tags[f"dstui.{k}"] = str(jh[k])
+                tags[tag_keys.of(k)] = str(jh[k])
         for k, v in (jh.get("versions") or {}).items():
-            tags[f"dstui.version.{k}"] = str(v)
-    run_name = condition if tags["dstui.revision"] == "installed" else f"{condition}-{tags['dstui.revision']}-r{tags['dstui.repeat']}"
+            tags[tag_keys.version(k)] = str(v)
+    run_name = condition if tags[tag_keys.REVISION] == "installed" else f"{condition}-{tags[tag_keys.REVISION]}-r{tags[tag_keys.REPEAT]}"
     start = int(f.stat().st_mtime * 1000)
     run = client.create_run(exp_id, run_name=run_name, tags=tags, start_time=start)
     rid = run.info.run_id
@@ -381,7 +382,7 @@ def _log_segment(
     tracking.log_metrics(client, rid, metrics)
     if f.stat().st_size <= MAX_ARTIFACT_BYTES:
         client.log_artifact(rid, str(f), artifact_path="run")
-    tracking.set_tags(client, rid, {"dstui.imported_steps": len(seg.steps)})
+    tracking.set_tags(client, rid, {tag_keys.IMPORTED_STEPS: len(seg.steps)})
     client.set_terminated(rid, "FINISHED" if status == "done" else "FAILED", end_time=start)
     try:
         rel = str(f.relative_to(folder))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
 from dstui.core.rundir import PRIVATE_FILES
+from dstui.tracking import tags as tag_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -235,10 +236,10 @@ def versions_tags(header: dict[str, Any]) -> dict[str, Any]:
     """Tags from a runner's header record: versions and hardware."""
     tags: dict[str, Any] = {}
     for name, version in (header.get("versions") or {}).items():
-        tags[f"dstui.version.{name}"] = version
+        tags[tag_keys.version(name)] = version
     for key in ("hostname", "device", "gpu_name", "gpu_count", "world_size", "deepspeed_git_sha"):
         if header.get(key) is not None:
-            tags[f"dstui.{key}"] = header[key]
+            tags[tag_keys.of(key)] = header[key]
     return tags
 
 
@@ -246,9 +247,9 @@ def host_tags() -> dict[str, str]:
     import dstui
 
     return {
-        "dstui.version.dstui": dstui.__version__,
-        "dstui.version.python": platform.python_version(),
-        "dstui.hostname": platform.node(),
+        tag_keys.version("dstui"): dstui.__version__,
+        tag_keys.version("python"): platform.python_version(),
+        tag_keys.HOSTNAME: platform.node(),
     }
 
 
