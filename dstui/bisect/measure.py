@@ -38,7 +38,7 @@ def run_sample(rd: RunDir, batch_id: str) -> dict[str, Any]:
     step, the rule of :func:`dstui.analysis.runs.post_warmup_mask`.
     """
     steps = [r for r in read_records(rd.metrics_file) if r.get("type") == "step" and "step" in r]
-    warmup = int((rd.spec().get("settings") or {}).get("warmup_steps", 0))
+    warmup = int(rd.settings().get("warmup_steps", 0))
     first = min((int(r["step"]) for r in steps), default=1)
     timed = [float(r["iter_time"]) for r in steps if int(r["step"]) >= first + warmup and r.get("iter_time") is not None]
     if not timed:

@@ -126,6 +126,14 @@ class RunDir:
     def spec(self) -> dict[str, Any]:
         return read_json(self.spec_file, {}) or {}
 
+    def settings(self) -> dict[str, Any]:
+        """The run's resolved settings from spec.json (``{}`` when absent): what it was launched with.
+
+        A plain dict, not :class:`dstui.spec.settings.Settings`: the core imports no
+        stage, and readers of old or foreign run folders must not fail on them.
+        """
+        return self.spec().get("settings") or {}
+
     def log_tail(self, n_bytes: int = 8192) -> str:
         try:
             with open(self.log_file, "rb") as fh:

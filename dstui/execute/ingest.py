@@ -29,7 +29,7 @@ Point = tuple[str, float, int, int]  # (key, value, timestamp ms, step)
 
 
 def metrics_format(rd: RunDir) -> str:
-    return (rd.spec().get("settings") or {}).get("metrics_format", "jsonl")
+    return rd.settings().get("metrics_format", "jsonl")
 
 
 @dataclass

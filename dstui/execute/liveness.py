@@ -55,7 +55,7 @@ def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, st
 
 def hung(rd: RunDir, st: dict) -> bool:
     """Stuck by any measure (no output, no new step, too long): marks the run; the caller kills its job."""
-    stuck = why_stuck(rd, st, rd.spec().get("settings") or {}, time.time())
+    stuck = why_stuck(rd, st, rd.settings(), time.time())
     if stuck is None:
         return False
     flag, message = stuck
@@ -70,7 +70,7 @@ def settle(rd: RunDir, exit_info: dict) -> None:
     fields = outcome(
         st,
         exit_info,
-        rd.spec().get("settings") or {},
+        rd.settings(),
         cancelled=rd.cancel_file.exists(),
         log_tail=lambda: rd.log_tail(16384),
     )

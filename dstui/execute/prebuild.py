@@ -45,11 +45,10 @@ def plan(batch: BatchDir, *, on_gpu: bool) -> dict[tuple[str, str], tuple[dict[s
     for rd in batch.runs():
         if rd.state != "queued":
             continue
-        spec = rd.spec()
-        ops = ops_needed(spec.get("settings") or {}, on_gpu=on_gpu)
+        ops = ops_needed(rd.settings(), on_gpu=on_gpu)
         if not ops:
             continue
-        rev = spec.get("revision_info") or {}
+        rev = rd.spec().get("revision_info") or {}
         run = launch.load_runspec(rd)
         env = launch.build_env(run, rd, revision=rev)
         python = rev.get("python") or sys.executable

@@ -43,6 +43,7 @@ from dstui.execute.executor import KILL_GRACE_S, executor_for, group_alive, kill
 from dstui.execute.guard_watch import BatchGuard
 from dstui.execute.ingest import Tracked
 from dstui.execute.sink import MlflowSink
+from dstui.tracking import tags as tag_keys
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -147,7 +148,7 @@ class Supervisor:
                 if total_gpus is None:
                     total_gpus = sysmetrics.gpu_count()
                 go, gpu_slice = gpu_share.choose(
-                    rd.spec().get("settings") or {},
+                    rd.settings(),
                     parallel=self.parallel,
                     active=len(active),
                     busy_slices=[b.status().get("gpu_slice") for b in active],
@@ -180,9 +181,9 @@ class Supervisor:
             return
         for rd in changed:  # Slurm's state and pending reason, visible in MLflow while it waits
             st = rd.status()
-            self.sink.tag(rd, {"dstui.status": st.get("state"), "dstui.reason": st.get("reason") or "",
-                               "dstui.slurm_job": st.get("job_id"), "dstui.slurm_state": st.get("slurm_state"),
-                               "dstui.nodes": st.get("nodes") or ""})  # fmt: skip
+            self.sink.tag(rd, {tag_keys.STATUS: st.get("state"), tag_keys.REASON: st.get("reason") or "",
+                               tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"),
+                               tag_keys.NODES: st.get("nodes") or ""})  # fmt: skip
 
     def _tracked(self, rd: RunDir) -> Tracked:
         t = self.tracked.get(rd.name)
@@ -250,7 +251,7 @@ class Supervisor:
     def _guard(self, rd: RunDir) -> None:
         """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
         flag = self.guards.after_ingest(
-            rd, kill=lambda st: executor_for(st).kill(st, grace_s=1.0), tag=lambda tags: self.sink.tag(rd, tags)
+            rd, kill=lambda st: executor_for(st).kill(st, grace_s=1.0), tag=lambda values: self.sink.tag(rd, values)
         )
         if flag is not None:
             log.warning("%s: %s", rd.name, flag.message)
@@ -290,7 +291,7 @@ class Supervisor:
         rd = t.rd
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
         rev = rd.spec().get("revision_info") or {}
-        if rev and (rd.spec().get("settings") or {}).get("kind") != "command":
+        if rev and rd.settings().get("kind") != "command":
             from dstui.revisions.envs import ResolvedRevision, check_reported_version
 
             mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
