@@ -57,7 +57,7 @@ def argv_of(s: Settings, kind: str) -> list[str]:
     return args
 
 
-def _base_type(annotation: Any) -> Any:
+def base_type(annotation: Any) -> Any:
     """``str | None`` -> ``str``; anything else as it is."""
     if get_origin(annotation) in (Union, types.UnionType):
         (base,) = (a for a in get_args(annotation) if a is not type(None))
@@ -68,7 +68,7 @@ def _base_type(annotation: Any) -> Any:
 def argparse_kwargs(name: str) -> dict[str, Any]:
     """``add_argument`` keywords of one setting: its type (choices of a Literal), default and help."""
     field = Settings.model_fields[name]
-    base = _base_type(field.annotation)
+    base = base_type(field.annotation)
     kwargs: dict[str, Any] = {"dest": name, "help": (field.description or "").replace("%", "%%")}
     if base is bool:
         if field.default is not False:
