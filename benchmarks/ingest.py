@@ -6,7 +6,7 @@ slow each other down:
 1. naive: one ``MlflowClient.log_metric`` call per value (on a sample: it is slow);
 2. direct: MLflow's own ``log_batch`` fed with pre-built ``Metric`` objects in
    chunks of 1000 -- the practical limit of the store;
-3. dstui: the supervisor's real ingestion path (``Supervisor.follow`` on a run
+3. dstui: the supervisor's real ingestion path (``RunFollower.follow`` on a run
    folder: follow the file, parse, batch, send, persist offsets, finalize).
 
 Goal: dstui >= 80% of direct, and >= 30x naive.
@@ -92,11 +92,11 @@ def bench_dstui(tmp: Path, steps: int) -> tuple[float, int]:
     write_json_atomic(batch.batch_file, {"id": batch.id, "experiment": "bench", "runs": ["r0"],
                                          "tracking_uri": uri})  # fmt: skip
     sup = Supervisor(batch, tracking_uri=uri)
-    sup.parent_run_id()
-    sup.child_run_id(rd)
+    sup.sink.parent_run_id()
+    sup.sink.child_run_id(rd)
     t = time.perf_counter()
-    while not sup._tracked(rd).finalized:
-        sup.follow(rd)
+    while not sup.follower.tracked_of(rd).finalized:
+        sup.follower.follow(rd)
     elapsed = time.perf_counter() - t
     hist = MlflowClient(uri).get_metric_history(rd.status()["mlflow_run_id"], "loss")
     return steps * len(METRICS) / elapsed, len(hist)

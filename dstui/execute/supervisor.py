@@ -12,6 +12,7 @@ The work is split by responsibility; this module is only the loop that ties it:
 - :mod:`~dstui.execute.control`: the batch lock, starting a supervisor, cancel;
 - :mod:`~dstui.execute.executor`: starting / checking / killing a run's job
   (local process group today; other executors plug in there);
+- :mod:`~dstui.execute.follow`: one pass over a run (read, guard, check, send, finalize);
 - :mod:`~dstui.execute.ingest`: reading new records of a run into points;
 - :mod:`~dstui.execute.sink`: MLflow runs, sending points exactly once;
 - :mod:`~dstui.execute.liveness`: cancel, hang and end checks, the final reason.
@@ -27,10 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import phases
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import gpu_share, ingest, launch, liveness, prebuild, slurm, sysmetrics
+from dstui.execute import gpu_share, launch, prebuild, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
@@ -40,15 +40,12 @@ from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     spawn,
 )
 from dstui.execute.executor import KILL_GRACE_S, executor_for, group_alive, kill_group  # noqa: F401
-from dstui.execute.guard_watch import BatchGuard
-from dstui.execute.ingest import Tracked
+from dstui.execute.follow import LIVE_STATES, RunFollower  # noqa: F401
 from dstui.execute.sink import MlflowSink
-from dstui.tracking import tags as tag_keys
 
 log = logging.getLogger("dstui.execute.supervisor")
 
 TROUBLE_WAIT_S = 5.0
-LIVE_STATES = ("running", "starting")
 
 
 class Supervisor:
@@ -65,18 +62,14 @@ class Supervisor:
     ) -> None:
         self.batch = batch
         self.poll_s = poll_s
-        self.system_interval_s = system_interval_s
         self.info = batch.info()
         self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
         self.lock = BatchLock(batch)
         self.sink = MlflowSink(batch, tracking_uri, flush_interval_s)
-        self.tracked: dict[str, Tracked] = {}
-        # Slurm jobs are followed batch-wide (one squeue a pass), so that executor lives here
         self.slurm = slurm.SlurmExecutor(self.info) if self.info.get("executor") == "slurm" else None
         if self.slurm is not None:
             self.parallel = self.slurm.max_active
-        self._jobs_known = True
-        self.guards = BatchGuard(batch)
+        self.follower = RunFollower(batch, self.sink, self.slurm, system_interval_s)
         self._problem: str | None = None
 
     def run(self) -> int:
@@ -119,80 +112,54 @@ class Supervisor:
 
     def done(self) -> bool:
         runs = self.batch.runs()
-        return all(r.state in FINAL_STATES for r in runs) and all(self._tracked(r).finalized for r in runs)
+        return all(r.state in FINAL_STATES for r in runs) and all(self.follower.tracked_of(r).finalized for r in runs)
 
     def step(self) -> None:
+        """One pass: follow every run that runs or still has to be finalized, then start queued ones."""
         runs = self.batch.runs()
+        f = self.follower
         if self.sink.store_vanished():
-            self._resend_all(runs)
+            f.resend_all(runs)
         if self.slurm is not None:
-            self._refresh_jobs(runs)
+            f.refresh_jobs(runs)
         for rd in runs:
             if not rd.path.exists():
                 continue
-            if self._live(rd.status()) or rd.state in FINAL_STATES and not self._tracked(rd).finalized:
-                self.follow(rd)
-        active = [r for r in runs if self._live(r.status())]
-        total_gpus = None
-        for rd in runs:
-            if rd.state == "queued" and not rd.status().get("job_id"):
-                if rd.cancel_file.exists():
-                    rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
-                    continue
-                if self.slurm is not None:  # Slurm places the job: only the count is ours
-                    if len(active) >= self.parallel:
-                        break
-                    self.launch(rd, None)
-                    active.append(rd)
-                    continue
-                if total_gpus is None:
-                    total_gpus = sysmetrics.gpu_count()
-                go, gpu_slice = gpu_share.choose(
-                    rd.settings(),
-                    parallel=self.parallel,
-                    active=len(active),
-                    busy_slices=[b.status().get("gpu_slice") for b in active],
-                    total_gpus=total_gpus,
-                )
-                if not go:
-                    break  # runs start in their batch order
-                self.launch(rd, gpu_slice)
-                active.append(rd)
-
-    def _resend_all(self, runs: list[RunDir]) -> None:
-        """The store was lost: every point, tag and artifact goes again, from the run folders."""
-        for rd in runs:
-            t = self._tracked(rd)
-            t.rewind()
-            t.save()
-            rd.update_status(mlflow_run_id=None)
-
-    def _live(self, st: dict) -> bool:
-        """Started and not ended: a local process, or a submitted Slurm job (pending included)."""
-        return st.get("state") in LIVE_STATES or self.slurm is not None and slurm.has_job(st)
-
-    def _refresh_jobs(self, runs: list[RunDir]) -> None:
-        try:
-            changed = self.slurm.refresh(runs)  # type: ignore[union-attr]
-            self._jobs_known = True
-        except slurm.SlurmError as e:  # slurmctld busy or down: keep following files, judge no job
-            log.warning("Slurm did not answer: %s", e)
-            self._jobs_known = False
-            return
-        for rd in changed:  # Slurm's state and pending reason, visible in MLflow while it waits
-            st = rd.status()
-            self.sink.tag(rd, {tag_keys.STATUS: st.get("state"), tag_keys.REASON: st.get("reason") or "",
-                               tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"),
-                               tag_keys.NODES: st.get("nodes") or ""})  # fmt: skip
-
-    def _tracked(self, rd: RunDir) -> Tracked:
-        t = self.tracked.get(rd.name)
-        if t is None:
-            t = Tracked.load(rd, ingest.metrics_format(rd))
-            self.tracked[rd.name] = t
-        return t
+            if f.live(rd.status()) or rd.state in FINAL_STATES and not f.tracked_of(rd).finalized:
+                f.follow(rd)
+        self._start_queued(runs)
 
     # ---- launching ----
+
+    def _start_queued(self, runs: list[RunDir]) -> None:
+        """Start queued runs in batch order while there is room (GPUs free, or Slurm's job limit)."""
+        active = [r for r in runs if self.follower.live(r.status())]
+        total_gpus = None
+        for rd in runs:
+            if rd.state != "queued" or rd.status().get("job_id"):
+                continue
+            if rd.cancel_file.exists():
+                rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+                continue
+            if self.slurm is not None:  # Slurm places the job: only the count is ours
+                if len(active) >= self.parallel:
+                    break
+                self.launch(rd, None)
+                active.append(rd)
+                continue
+            if total_gpus is None:
+                total_gpus = sysmetrics.gpu_count()
+            go, gpu_slice = gpu_share.choose(
+                rd.settings(),
+                parallel=self.parallel,
+                active=len(active),
+                busy_slices=[b.status().get("gpu_slice") for b in active],
+                total_gpus=total_gpus,
+            )
+            if not go:
+                break  # runs start in their batch order
+            self.launch(rd, gpu_slice)
+            active.append(rd)
 
     def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
         if self.slurm is not None:
@@ -217,7 +184,7 @@ class Supervisor:
         except OSError as e:
             rd.update_status(state="failed", reason=f"could not start: {e}", ended=time.time())
             return
-        t = self._tracked(rd)
+        t = self.follower.tracked_of(rd)
         t.proc = handle
         pid = rd.status().get("pid")
         t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
@@ -230,102 +197,7 @@ class Supervisor:
         except (slurm.SlurmError, OSError) as e:
             rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
 
-    # ---- following ----
-
-    def follow(self, rd: RunDir) -> None:
-        t = self._tracked(rd)
-        st = rd.status()
-        live = self._live(st)
-        if live and self.slurm is None:  # a Slurm job's processes are on its nodes
-            ingest.sample_system(t, st, self.system_interval_s, time.time())
-        t.pending.extend(self._read(t))
-        self._guard(rd)
-        if live and self.slurm is not None:
-            self._check_job(rd, st)
-        elif live:
-            liveness.check(t, st, executor_for(st))
-        self.sink.flush(t)
-        if rd.state in FINAL_STATES and not t.finalized:
-            self._finalize_run(t)
-
-    def _guard(self, rd: RunDir) -> None:
-        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
-        flag = self.guards.after_ingest(
-            rd, kill=lambda st: executor_for(st).kill(st, grace_s=1.0), tag=lambda values: self.sink.tag(rd, values)
-        )
-        if flag is not None:
-            log.warning("%s: %s", rd.name, flag.message)
-
-    def _check_job(self, rd: RunDir, st: dict) -> None:
-        """A Slurm run: alive while Slurm says so; cancel and hang go through scancel."""
-        ex = self.slurm
-        if ex is None or not self._jobs_known:
-            return
-        if ex.alive(st):
-            if rd.cancel_file.exists() and not st.get("cancel_sent"):
-                rd.update_status(cancel_sent=True)
-                ex.kill(st)
-            elif st.get("state") == "running" and st.get("started") and liveness.hung(rd, st):
-                ex.kill(st)
-            return
-        exit_info, verdict = ex.outcome(rd)
-        if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
-            rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
-            log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
-            return
-        if verdict:
-            rd.update_status(**verdict)
-        liveness.settle(rd, exit_info)
-
-    def _read(self, t: Tracked) -> list[ingest.Point]:
-        """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
-        so the same lines are read again later instead of being skipped."""
-        mark = t.mark()
-        try:
-            return ingest.read_points(t, lambda rec: self._on_header(t, rec))
-        except OSError:
-            t.restore(mark)
-            raise
-
-    def _on_header(self, t: Tracked, rec: dict) -> None:
-        rd = t.rd
-        rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
-        rev = rd.spec().get("revision_info") or {}
-        if rev and rd.settings().get("kind") != "command":
-            from dstui.revisions.envs import ResolvedRevision, check_reported_version
-
-            mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
-            if mismatch:
-                log.error("%s: %s", rd.name, mismatch)
-                st = rd.update_status(reason=f"revision mismatch: {mismatch}", revision_mismatch=True)
-                executor_for(st).kill(st, grace_s=1.0)
-        self.sink.header(t, rec)
-
     # ---- finishing ----
-
-    def _finalize_run(self, t: Tracked) -> None:
-        # drain whatever the job wrote last (reads are capped per call, so loop)
-        while True:
-            before = (t.metrics.offset, t.system.offset)
-            t.pending.extend(self._read(t))
-            self.sink.flush(t, force=True)
-            if t.pending:
-                return  # MLflow is down: try again on the next pass
-            if (t.metrics.offset, t.system.offset) == before:
-                break
-        phases.record(t.rd)  # the run's time breakdown into status.json, for the sink and `dstui status`
-        if not self.sink.finish_run(t):
-            return
-        t.finalized = True
-        t.save()
-        st = t.rd.status()
-        if st.get("requeue"):  # Slurm preempted it or lost a node: a fresh attempt, once by default
-            from dstui.execute.batch import reset_run
-
-            reset_run(t.rd)
-            t.rd.update_status(requeues=int(st.get("requeues") or 0) + 1)
-            self.tracked.pop(t.rd.name, None)
-            log.info("%s: submitted again after %s", t.rd.name, st.get("slurm_state"))
 
     def finalize_batch(self) -> None:
         states = [r.state for r in self.batch.runs()]

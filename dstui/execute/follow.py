@@ -1,0 +1,168 @@
+"""Following the runs of a batch: new records in, guard and liveness checks, MLflow out, the end.
+
+One pass over a run (:meth:`RunFollower.follow`): sample its processes, read
+its new records (:mod:`~dstui.execute.ingest`), let the live guard judge the new
+losses, check that it is alive and not stuck (:mod:`~dstui.execute.liveness`,
+or Slurm's view of its job), send the points (:mod:`~dstui.execute.sink`) and,
+once it ended, drain and finalize it. The supervisor's loop decides which runs
+to follow and when; this module is what following one means.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from dstui.core import phases
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.execute import ingest, liveness, slurm
+from dstui.execute.executor import executor_for
+from dstui.execute.guard_watch import BatchGuard
+from dstui.execute.ingest import Tracked
+from dstui.execute.mlflow_runs import job_tags
+from dstui.execute.sink import MlflowSink
+from dstui.tracking import tags as tag_keys
+
+log = logging.getLogger("dstui.execute.supervisor")
+
+LIVE_STATES = ("running", "starting")
+
+
+class RunFollower:
+    """Per-run ingestion state of one batch and the pass that moves each run forward."""
+
+    def __init__(
+        self, batch: BatchDir, sink: MlflowSink, slurm_ex: slurm.SlurmExecutor | None, system_interval_s: float
+    ) -> None:
+        self.batch = batch
+        self.sink = sink
+        self.slurm = slurm_ex  # Slurm jobs are followed batch-wide: one squeue a pass
+        self.system_interval_s = system_interval_s
+        self.tracked: dict[str, Tracked] = {}
+        self.guards = BatchGuard(batch)
+        self.jobs_known = True
+
+    def tracked_of(self, rd: RunDir) -> Tracked:
+        t = self.tracked.get(rd.name)
+        if t is None:
+            t = Tracked.load(rd, ingest.metrics_format(rd))
+            self.tracked[rd.name] = t
+        return t
+
+    def live(self, st: dict) -> bool:
+        """Started and not ended: a local process, or a submitted Slurm job (pending included)."""
+        return st.get("state") in LIVE_STATES or self.slurm is not None and slurm.has_job(st)
+
+    def resend_all(self, runs: list[RunDir]) -> None:
+        """The store was lost: every point, tag and artifact goes again, from the run folders."""
+        for rd in runs:
+            t = self.tracked_of(rd)
+            t.rewind()
+            t.save()
+            rd.update_status(mlflow_run_id=None)
+
+    def refresh_jobs(self, runs: list[RunDir]) -> None:
+        """Slurm's view of the batch's jobs, once a pass; their state and pending reason go to MLflow."""
+        try:
+            changed = self.slurm.refresh(runs)  # type: ignore[union-attr]
+            self.jobs_known = True
+        except slurm.SlurmError as e:  # slurmctld busy or down: keep following files, judge no job
+            log.warning("Slurm did not answer: %s", e)
+            self.jobs_known = False
+            return
+        for rd in changed:  # visible in MLflow while it waits
+            st = rd.status()
+            self.sink.tag(rd, {tag_keys.STATUS: st.get("state"), tag_keys.REASON: st.get("reason") or "", **job_tags(st)})
+
+    def follow(self, rd: RunDir) -> None:
+        t = self.tracked_of(rd)
+        st = rd.status()
+        live = self.live(st)
+        if live and self.slurm is None:  # a Slurm job's processes are on its nodes
+            ingest.sample_system(t, st, self.system_interval_s, time.time())
+        t.pending.extend(self._read(t))
+        self._guard(rd)
+        if live and self.slurm is not None:
+            self._check_job(rd, st)
+        elif live:
+            liveness.check(t, st, executor_for(st))
+        self.sink.flush(t)
+        if rd.state in FINAL_STATES and not t.finalized:
+            self._finalize_run(t)
+
+    def _guard(self, rd: RunDir) -> None:
+        """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
+        flag = self.guards.after_ingest(
+            rd, kill=lambda st: executor_for(st).kill(st, grace_s=1.0), tag=lambda values: self.sink.tag(rd, values)
+        )
+        if flag is not None:
+            log.warning("%s: %s", rd.name, flag.message)
+
+    def _check_job(self, rd: RunDir, st: dict) -> None:
+        """A Slurm run: alive while Slurm says so; cancel and hang go through scancel."""
+        ex = self.slurm
+        if ex is None or not self.jobs_known:
+            return
+        if ex.alive(st):
+            if rd.cancel_file.exists() and not st.get("cancel_sent"):
+                rd.update_status(cancel_sent=True)
+                ex.kill(st)
+            elif st.get("state") == "running" and st.get("started") and liveness.hung(rd, st):
+                ex.kill(st)
+            return
+        exit_info, verdict = ex.outcome(rd)
+        if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
+            rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
+            log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
+            return
+        if verdict:
+            rd.update_status(**verdict)
+        liveness.settle(rd, exit_info)
+
+    def _read(self, t: Tracked) -> list[ingest.Point]:
+        """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
+        so the same lines are read again later instead of being skipped."""
+        mark = t.mark()
+        try:
+            return ingest.read_points(t, lambda rec: self._on_header(t, rec))
+        except OSError:
+            t.restore(mark)
+            raise
+
+    def _on_header(self, t: Tracked, rec: dict) -> None:
+        rd = t.rd
+        rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
+        rev = rd.spec().get("revision_info") or {}
+        if rev and rd.settings().get("kind") != "command":
+            from dstui.revisions.envs import ResolvedRevision, check_reported_version
+
+            mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
+            if mismatch:
+                log.error("%s: %s", rd.name, mismatch)
+                st = rd.update_status(reason=f"revision mismatch: {mismatch}", revision_mismatch=True)
+                executor_for(st).kill(st, grace_s=1.0)
+        self.sink.header(t, rec)
+
+    def _finalize_run(self, t: Tracked) -> None:
+        # drain whatever the job wrote last (reads are capped per call, so loop)
+        while True:
+            before = (t.metrics.offset, t.system.offset)
+            t.pending.extend(self._read(t))
+            self.sink.flush(t, force=True)
+            if t.pending:
+                return  # MLflow is down: try again on the next pass
+            if (t.metrics.offset, t.system.offset) == before:
+                break
+        phases.record(t.rd)  # the run's time breakdown into status.json, for the sink and `dstui status`
+        if not self.sink.finish_run(t):
+            return
+        t.finalized = True
+        t.save()
+        st = t.rd.status()
+        if st.get("requeue"):  # Slurm preempted it or lost a node: a fresh attempt, once by default
+            from dstui.execute.batch import reset_run
+
+            reset_run(t.rd)
+            t.rd.update_status(requeues=int(st.get("requeues") or 0) + 1)
+            self.tracked.pop(t.rd.name, None)
+            log.info("%s: submitted again after %s", t.rd.name, st.get("slurm_state"))

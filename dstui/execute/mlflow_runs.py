@@ -1,0 +1,131 @@
+"""The batch's MLflow runs: one parent per batch, a nested child per run, found again after a crash.
+
+A supervisor that died between creating a run and saving its id must not make
+a twin: the parent is found by its batch tag, a child by its run folder and
+attempt (``dstui.run_dir``). A child carries the run's identity as tags and its
+settings and DeepSpeed config as params (docs/ARCHITECTURE.md, "MLflow layout").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dstui.core.rundir import RunDir, read_json
+from dstui.core.secrets import redact
+from dstui.execute.store import StoreConnection
+from dstui.spec import dsconfig
+from dstui.tracking import client as tracking
+from dstui.tracking import tags as tag_keys
+
+
+class MlflowRuns(StoreConnection):
+    """Creates (or finds) the parent and child runs; every method returns None while the store is down."""
+
+    def parent_run_id(self) -> str | None:
+        pid = self.info.get("mlflow_parent_run_id")
+        if pid:
+            return pid
+        c = self.client()
+        if c is None:
+            return None
+        try:
+            found = tracking.find_run(c, self.experiment_id, {tag_keys.BATCH: self.batch.id, tag_keys.ROLE: tag_keys.ROLE_BATCH})
+            if found:
+                pid = found.info.run_id
+            else:
+                batch_tags = {
+                    tag_keys.ROLE: tag_keys.ROLE_BATCH,
+                    tag_keys.BATCH: self.batch.id,
+                    tag_keys.SPEC: self.info.get("spec_path"),
+                    tag_keys.RUNS: len(self.info.get("runs", [])),
+                    **tracking.host_tags(),
+                }
+                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags)
+            self.info = self.batch.update_info(mlflow_parent_run_id=pid)
+            return pid
+        except Exception as e:
+            self.down(e)
+            return None
+
+    def child_run_id(self, rd: RunDir) -> str | None:
+        st = rd.status()
+        if st.get("mlflow_run_id"):
+            return st["mlflow_run_id"]
+        parent = self.parent_run_id()
+        c = self.client()
+        if c is None or parent is None:
+            return None
+        try:
+            # the folder plus the attempt identifies this child, so a supervisor that died
+            # between creating it and saving its id finds it again instead of making a twin
+            ref = f"{rd.path}#{st.get('attempt', 1)}"
+            found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: ref})
+            rid = found.info.run_id if found else self._create_child(c, rd, st, ref, parent)
+            rd.update_status(mlflow_run_id=rid)
+            return rid
+        except Exception as e:
+            self.down(e)
+            return None
+
+    def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
+        spec = rd.spec()
+        settings = rd.settings()
+        run_tags = {
+            tag_keys.ROLE: tag_keys.ROLE_RUN,
+            tag_keys.BATCH: self.batch.id,
+            tag_keys.CONDITION: spec.get("condition"),
+            tag_keys.REVISION: spec.get("revision"),
+            tag_keys.REPEAT: spec.get("repeat"),
+            tag_keys.ORDER: spec.get("order"),
+            tag_keys.RUN_KEY: spec.get("key"),
+            tag_keys.KIND: settings.get("kind"),
+            tag_keys.RUN_DIR: ref,
+            tag_keys.STATUS: st.get("state"),
+            **tracking.host_tags(),
+        }
+        rev = spec.get("revision_info") or {}
+        if rev:
+            from dstui.revisions.envs import ResolvedRevision
+
+            run_tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
+        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent)
+        if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
+            # a working-tree revision: the uncommitted changes it ran with
+            c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
+        params = flat_settings(redact(settings))
+        params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
+        params["run_key"] = spec.get("key")
+        params["revision"] = spec.get("revision")
+        params["repeat"] = spec.get("repeat")
+        tracking.log_params(c, rid, params)
+        return rid
+
+    def tag(self, rd: RunDir, values: dict[str, Any]) -> None:
+        """Tags on a run's MLflow child now (live state); a store that is down only loses this copy."""
+        c = self.client()
+        rid = self.child_run_id(rd)
+        if c is None or rid is None:
+            return
+        try:
+            tracking.set_tags(c, rid, values)
+        except Exception as e:
+            self.down(e)
+
+
+def job_tags(st: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm run's job id, Slurm's state of it and its nodes, from status.json."""
+    return {tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""}
+
+
+def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in settings.items():
+        if isinstance(v, dict):
+            out.update(flat_settings(v, f"{prefix}{k}."))
+        elif isinstance(v, list):
+            out[f"{prefix}{k}"] = json.dumps(v)
+        else:
+            out[f"{prefix}{k}"] = "" if v is None else str(v)
+    return out

@@ -1,0 +1,129 @@
+"""The supervisor's connection to the MLflow store: connect, notice trouble, retry later.
+
+Tolerant of a store that is unreachable: every call that fails marks the store
+down for a few seconds (:meth:`StoreConnection.down`); callers get ``None`` and
+keep their points on disk for a later pass. A local SQLite store deleted under a
+live connection is noticed (:meth:`StoreConnection.store_vanished`) so that
+nothing is written into the unlinked file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from dstui.core.rundir import BatchDir
+from dstui.core.secrets import strip_credentials
+from dstui.tracking import client as tracking
+
+log = logging.getLogger("dstui.execute.supervisor")
+
+RETRY_AFTER_S = 5.0
+
+
+class StoreConnection:
+    """One batch's MLflow client and experiment; says in batch.json when the store is down."""
+
+    def __init__(self, batch: BatchDir, tracking_uri: str | None) -> None:
+        self.batch = batch
+        self.info = batch.info()
+        self.tracking_uri = tracking_uri or resolve_uri(self.info.get("tracking_uri"))
+        self._client: Any = None
+        self.error: str | None = None
+        self._retry_at = 0.0
+        self._store_id: tuple[int, int] | None = None
+        self.experiment_id: str | None = None
+
+    def client(self) -> Any:
+        if self._client is None and time.time() >= self._retry_at:
+            try:
+                c = tracking.client(self.tracking_uri)
+                self.experiment_id = tracking.ensure_experiment(c, self.info["experiment"])
+                self._client = c
+                self._store_id = _file_id(self.tracking_uri)
+                if self.error:
+                    self.report(None)
+                self.error = None
+            except Exception as e:
+                self.down(e)
+        return self._client
+
+    def down(self, e: Exception) -> None:
+        detail = strip_credentials(str(e))[:200]
+        msg = f"MLflow unreachable ({type(e).__name__}: {detail}); metrics stay on disk and are sent later"
+        if msg != self.error:
+            log.warning(msg)
+            self.report("MLflow unreachable; metrics stay in the run folders and are sent later")
+        self.error = msg
+        self._client = None
+        self._retry_at = time.time() + RETRY_AFTER_S
+
+    def report(self, problem: str | None) -> None:
+        """What `dstui status`, `dstui run` and the TUI show about the store (batch.json)."""
+        if self.batch.info().get("tracking_problem") != problem:
+            self.info = self.batch.update_info(tracking_problem=problem)
+
+    def store_vanished(self) -> bool:
+        """True once when a local SQLite store was deleted (or replaced) under a live connection.
+
+        SQLite keeps writing to the unlinked file, so without this every point sent
+        after an ``rm mlruns/mlflow.db`` would be lost without a word.
+        """
+        if self._client is None or self._store_id is None or _file_id(self.tracking_uri) == self._store_id:
+            return False
+        log.error("MLflow store deleted (%s): re-creating it and re-sending every point from the run folders",
+                  strip_credentials(str(self.tracking_uri)))  # fmt: skip
+        forget_sqlite_store(self.tracking_uri)
+        self._client = None
+        self._store_id = None
+        self.info = self.batch.update_info(
+            mlflow_parent_run_id=None,
+            tracking_problem=None,
+            tracking_note=f"MLflow store deleted at {time.strftime('%H:%M:%S')}; points re-sent from the run folders",
+        )
+        return True
+
+
+def sqlite_path(uri: str | None) -> Path | None:
+    if not uri or not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _file_id(uri: str | None) -> tuple[int, int] | None:
+    """(device, inode) of a local SQLite store: changes when the file is deleted or replaced."""
+    path = sqlite_path(uri)
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+def forget_sqlite_store(uri: str | None) -> None:
+    """Drop MLflow's cached engine for a store (it would go on writing to a deleted file)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    # MLflow caches the store per URI, and one engine per URI under it: drop both
+    utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        with contextlib.suppress(Exception):
+            engine.dispose()
+    tracking._WAL_DONE.discard(uri or "")
+
+
+def resolve_uri(recorded: str | None) -> str | None:
+    """batch.json keeps the tracking URI without credentials; the environment has the full one."""
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if env_uri and recorded and strip_credentials(env_uri) == recorded:
+        return env_uri
+    return recorded
