@@ -17,7 +17,14 @@ from typing import Any
 
 from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
-from dstui.core.rundir import FINAL_STATES, PRIVATE_SPEC_FILE, BatchDir, RunDir, list_batches, write_json_atomic
+from dstui.core.rundir import (
+    FINAL_STATES,
+    PRIVATE_SPEC_FILE,
+    BatchDir,
+    RunDir,
+    list_batches,
+    write_json_atomic,
+)
 from dstui.core.secrets import prune_private, redact, strip_credentials
 from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
