@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from dstui.analysis.forecast_model import (
     model_shape,
     model_states,
 )
+from dstui.core.failures import is_oom
 from dstui.spec.models import Settings
 
 # a fit needs at least this many distinct (seq, micro batch, dtype) points, and one more than
@@ -308,34 +311,76 @@ def column(fc: Forecast | None, capacity: int | None = None) -> str:
 # -- the report's part ----------------------------------------------------------
 
 
-def forecast_vs_measured(runs: Sequence[Any]) -> Any:
-    """Forecast vs measured peak per condition, with the error: a pandas frame.
+def forecast_vs_measured(runs: Sequence[Any], capacity: int | None = None) -> Any:
+    """Forecast vs measured peak per condition, with the error: a pandas frame, one row per condition.
 
     ``runs`` are :class:`dstui.analysis.runs.RunData`; the forecast is rebuilt
-    from each run's params, the measured peak is its largest ``mem_peak``.
-    Only GPU runs are compared (``mem_peak`` on CPU is the process RSS). A
-    condition's measured peak is the mean over its repeats.
+    (analytic) from each run's params, so the report judges the estimate, not
+    a fit on the runs it is compared with. The measured peak is the mean over
+    a condition's finished GPU runs of their largest ``mem_peak``
+    (``torch.cuda.max_memory_allocated``); on the CPU ``mem_peak`` is the
+    process RSS, which a per-GPU forecast does not describe, so CPU runs get
+    no measured value. ``error_pct`` = 100 * (forecast - measured) / measured
+    (> 0: too high). ``predicted_oom``: the forecast exceeds ``capacity`` (bytes; else the GPU
+    memory the runs' ``skipped: predicted OOM`` reasons name; None when unknown). ``outcome``:
+    how the condition's runs ended (``done``, ``CUDA OOM``, the skip reason, ...).
     """
     import pandas as pd
 
-    rows: dict[str, dict[str, Any]] = {}
+    capacity = capacity or capacity_of_reasons(r.reason for r in runs)
+    groups: dict[str, list[Any]] = {}
     for run in runs:
-        if run.tags.get("dstui.device") != "cuda":
-            continue
-        settings = settings_of(run.params)
-        fc = forecast(settings, ds_config=_ds_config_of(run.params)) if settings else None
-        peak = run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
-        if fc is None or not peak:
-            continue
-        row = rows.setdefault(run.condition, {"condition": run.condition, "forecast_gib": fc.gib, "peaks": []})
-        row["peaks"].append(peak / GIB)
+        groups.setdefault(run.label or run.condition, []).append(run)
     out = []
-    for row in rows.values():
-        measured = sum(row["peaks"]) / len(row["peaks"])
-        err = (row["forecast_gib"] - measured) / measured
-        out.append({"condition": row["condition"], "forecast_gib": row["forecast_gib"],
-                    "measured_gib": measured, "error_pct": 100 * err, "runs": len(row["peaks"])})  # fmt: skip
-    return pd.DataFrame(out, columns=["condition", "forecast_gib", "measured_gib", "error_pct", "runs"])
+    for cond, members in groups.items():
+        settings = settings_of(members[0].params)
+        fc = forecast(settings, ds_config=_ds_config_of(members[0].params)) if settings else None
+        if fc is None:
+            continue  # a command run, or a model whose shape is unknown offline
+        peaks = [_gpu_peak(r) for r in members]
+        peaks = [p / GIB for p in peaks if p]
+        measured = sum(peaks) / len(peaks) if peaks else None
+        out.append({
+            "condition": cond,
+            "device": ",".join(sorted({r.tags.get("dstui.device") or "-" for r in members})),
+            "forecast_gib": fc.gib,
+            "measured_gib": measured,
+            "error_pct": 100 * (fc.gib - measured) / measured if measured else None,
+            "runs": len(peaks),
+            "predicted_oom": fc.total > capacity if capacity else None,
+            "outcome": _outcome(members),
+        })  # fmt: skip
+    return pd.DataFrame(out, columns=["condition", "device", "forecast_gib", "measured_gib", "error_pct", "runs",
+                                      "predicted_oom", "outcome"])  # fmt: skip
+
+
+def _gpu_peak(run: Any) -> float | None:
+    """The largest CUDA allocation of a finished GPU run, in bytes; None otherwise."""
+    if run.tags.get("dstui.device") != "cuda" or run.status != "done":
+        return None
+    return run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
+
+
+def _outcome(runs: Sequence[Any]) -> str:
+    """How a condition's runs ended: 'done', 'done x2', 'CUDA OOM', the skip reason, 'failed (exit code 1)'."""
+    def one(run: Any) -> str:
+        if is_oom(run.reason):
+            return "CUDA OOM"
+        if run.status == "done" or not run.reason:
+            return run.status
+        return run.reason if run.status == "skipped" else f"{run.status} ({run.reason})"
+
+    counts = Counter(one(r) for r in runs)
+    return ", ".join(text if n == 1 else f"{text} x{n}" for text, n in counts.items())
+
+
+def capacity_of_reasons(reasons: Iterable[str]) -> int | None:
+    """The GPU memory (bytes) a batch's forecasts were held against, read back from its skip reasons."""
+    for reason in reasons:
+        m = re.search(r"predicted OOM \([\d.]+ GiB > ([\d.]+) GiB\)", reason or "")
+        if m:
+            return int(float(m.group(1)) * GIB)
+    return None
 
 
 def for_plan(plan: Any, detected: int | None, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:
