@@ -1,7 +1,7 @@
 """Peak GPU memory per condition, forecast before launch; and how good it was, after.
 
-``forecast = model states (DeepSpeed's estimators) + activations + framework overhead``
-(the parts are in :mod:`dstui.analysis.forecast_model`). Activations come from
+``forecast = max(states held through forward + activations, model states at the step)
++ framework overhead`` (the parts are in :mod:`dstui.analysis.forecast_model`). Activations come from
 a least-squares fit on earlier GPU runs of the same model in MLflow when there
 are enough of them (:class:`ActivationFit`), else from the analytic estimate.
 The fit's inputs are those the issue names: sequence length, micro batch,
@@ -13,6 +13,7 @@ Memory is in bytes; shown in GiB (bytes / 2**30).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from collections import Counter
@@ -26,9 +27,11 @@ from dstui.analysis.forecast_model import (
     GIB,
     ModelShape,
     analytic_activations,
+    forward_free,
     framework_overhead,
     model_shape,
     model_states,
+    step_extra,
 )
 from dstui.core.failures import is_oom
 from dstui.spec.models import Settings
@@ -40,16 +43,31 @@ MIN_FIT_POINTS = 3
 
 @dataclass(frozen=True)
 class Forecast:
-    """Peak memory per GPU of one condition, in bytes, and where the activation part came from."""
+    """Peak memory per GPU of one condition, in bytes, and where the activation part came from.
+
+    ``forward_free``: the states that do not exist yet during forward (the
+    gradients); ``step_extra``: what the optimizer step adds. The peak is the
+    larger of the two moments.
+    """
 
     model_states: int
     activations: int
     overhead: int
     source: str  # "analytic" or "fit on N runs"
+    forward_free: int = 0
+    step_extra: int = 0
+
+    @property
+    def forward_peak(self) -> int:
+        return self.model_states - self.forward_free + self.activations + self.overhead
+
+    @property
+    def step_peak(self) -> int:
+        return self.model_states + self.step_extra + self.overhead
 
     @property
     def total(self) -> int:
-        return self.model_states + self.activations + self.overhead
+        return max(self.forward_peak, self.step_peak)
 
     @property
     def gib(self) -> float:
@@ -131,17 +149,20 @@ def _apply(coef: Any, seq: int, mb: int, dtype: str) -> float:
     return float(sum(c * f for c, f in zip(coef, features(seq, mb, dtype), strict=True)))
 
 
-def _states_and_overhead(shape: ModelShape, s: Settings, ds_config: dict | None) -> tuple[int, int]:
-    states = model_states(
-        shape,
-        zero_stage=s.zero_stage,
-        offload=s.offload,
-        offload_params=s.offload_params,
-        dtype=s.dtype,
-        gpus=s.gpus,
-        nodes=s.nodes,
+def _parts(shape: ModelShape, s: Settings, ds_config: dict | None) -> Forecast:
+    """Every part but the activations (0 here; source empty)."""
+    layout = {"zero_stage": s.zero_stage, "offload": s.offload, "offload_params": s.offload_params,
+              "dtype": s.dtype, "gpus": s.gpus, "nodes": s.nodes}  # fmt: skip
+    return Forecast(
+        model_states=model_states(shape, **layout),
+        activations=0,
+        overhead=framework_overhead(
+            shape, zero_stage=s.zero_stage, dtype=s.dtype, ds_config=ds_config, ranks=s.gpus * s.nodes
+        ),
+        source="",
+        forward_free=forward_free(shape, **layout),
+        step_extra=step_extra(shape, zero_stage=s.zero_stage, dtype=s.dtype),
     )
-    return states, framework_overhead(shape, zero_stage=s.zero_stage, dtype=s.dtype, ds_config=ds_config)
 
 
 def forecast(settings: Settings, *, ds_config: dict | None = None, fit: ActivationFit | None = None) -> Forecast | None:
@@ -154,12 +175,12 @@ def forecast(settings: Settings, *, ds_config: dict | None = None, fit: Activati
     shape = model_shape(settings.model)
     if shape is None:
         return None
-    states, overhead = _states_and_overhead(shape, settings, ds_config)
+    parts = _parts(shape, settings, ds_config)
     s = settings
     fitted = fit.predict(s) if fit else None
     if fitted is not None:
         act, n = fitted
-        return Forecast(states, act, overhead, f"fit on {n} runs")
+        return dataclasses.replace(parts, activations=act, source=f"fit on {n} runs")
     act = analytic_activations(
         shape,
         seq_length=s.seq_length,
@@ -168,7 +189,7 @@ def forecast(settings: Settings, *, ds_config: dict | None = None, fit: Activati
         checkpointing=s.activation_checkpointing,
         sequence_parallel=s.sequence_parallel,
     )
-    return Forecast(states, act, overhead, "analytic")
+    return dataclasses.replace(parts, activations=act, source="analytic")
 
 
 # -- history from MLflow ------------------------------------------------------
@@ -194,13 +215,19 @@ def settings_of(params: dict[str, Any]) -> Settings | None:
 
 
 def observe(fit: ActivationFit, settings: Settings, peak_bytes: float, ds_config: dict | None = None) -> bool:
-    """Add one measured GPU run to a fit; False when its model's shape is unknown."""
+    """Add one measured GPU run to a fit; False when its model's shape is unknown.
+
+    A peak no higher than the optimizer step's (small micro batches) says
+    nothing about the activations: such a run is left out (False).
+    """
     shape = model_shape(settings.model)
     if shape is None or not peak_bytes:
         return False
-    states, overhead = _states_and_overhead(shape, settings, ds_config)
+    parts = _parts(shape, settings, ds_config)
+    if peak_bytes <= parts.step_peak * 1.02:
+        return False
     s = settings
-    act = peak_bytes - states - overhead
+    act = peak_bytes - parts.forward_peak
     fit.add(s.model, s.activation_checkpointing, group_of(s), s.seq_length, s.micro_batch, s.dtype, act)
     return True
 
