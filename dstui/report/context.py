@@ -12,7 +12,7 @@ from typing import Any
 from dstui.analysis import phases
 from dstui.analysis import runs as an
 from dstui.analysis.checks import CheckResult, check_of, sp_check_runs
-from dstui.analysis.forecast import forecast_vs_measured
+from dstui.analysis.forecast_check import forecast_vs_measured
 from dstui.analysis.parity import FP32_TOLERANCE, default_tolerance
 from dstui.analysis.revision_compare import Comparison, compare, samples_from_runs
 from dstui.analysis.runs import ConditionStats, Parity, RunData

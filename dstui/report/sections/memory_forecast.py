@@ -1,6 +1,7 @@
 """Report section "Memory: forecast vs measured": how good the before-launch forecast was (issue 14).
 
-The forecast (:mod:`dstui.analysis.forecast`) is GPU memory per rank. It is
+The forecast (:mod:`dstui.analysis.forecast`, judged by
+:mod:`dstui.analysis.forecast_check`) is GPU memory per rank. It is
 compared with ``torch.cuda.max_memory_allocated`` of finished GPU runs only:
 a CPU run's ``mem_peak`` is its process's RSS (interpreter, torch's
 libraries, host copies), which a per-GPU forecast does not describe, so the
@@ -19,8 +20,9 @@ GOAL_PCT = 15.0  # issue 14: within 15% of the measured peak
 
 EXPLAIN = (
     "Forecast: peak GPU memory per rank, rebuilt from each condition's settings as `dstui run --dry-run` "
-    "forecasts it without history: model states (DeepSpeed's `estimate_zero*_model_states_mem_needs` "
-    "estimators) + activations (analytic transformer count) + framework overhead (the ds_config's buckets). "
+    "forecasts it without history: the larger of the end of forward (model states without the gradients + "
+    "activations, analytic) and the optimizer step (model states, DeepSpeed's `estimate_zero*_model_states_mem_needs` "
+    "estimators, + what the step adds), plus framework overhead (the ds_config's buckets). "
     "Measured: `torch.cuda.max_memory_allocated` of rank 0, mean over the condition's finished GPU runs. "
     "Error = (forecast - measured) / measured: positive means the forecast was too high."
 )
