@@ -246,11 +246,11 @@ def history_fit(client: Any, models: Iterable[str]) -> ActivationFit:
             settings = settings_of(dict(run.data.params))
             if settings is None or not peak or run.data.tags.get("dstui.status") not in (None, "done"):
                 continue
-            observe(fit, settings, peak, _ds_config_of(run.data.params))
+            observe(fit, settings, peak, zero_config_of(run.data.params))
     return fit
 
 
-def _ds_config_of(params: dict[str, str]) -> dict[str, Any]:
+def zero_config_of(params: dict[str, str]) -> dict[str, Any]:
     """The zero_optimization keys the overhead reads, back from the flattened ``ds.*`` params."""
     zero: dict[str, Any] = {}
     for key, value in params.items():
@@ -330,39 +330,6 @@ def column(fc: Forecast | None, capacity: int | None = None) -> str:
         return "-"
     mark = {"oom": " OOM", "tight": " !"}.get(level(fc, capacity), "")
     return fc.label() + mark
-
-
-# -- the report's part ----------------------------------------------------------
-
-
-def forecast_vs_measured(runs: Sequence[Any]) -> Any:
-    """Forecast vs measured peak per condition, with the error: a pandas frame.
-
-    ``runs`` are :class:`dstui.analysis.runs.RunData`; the forecast is rebuilt
-    from each run's params, the measured peak is its largest ``mem_peak``.
-    Only GPU runs are compared (``mem_peak`` on CPU is the process RSS). A
-    condition's measured peak is the mean over its repeats.
-    """
-    import pandas as pd
-
-    rows: dict[str, dict[str, Any]] = {}
-    for run in runs:
-        if run.tags.get("dstui.device") != "cuda":
-            continue
-        settings = settings_of(run.params)
-        fc = forecast(settings, ds_config=_ds_config_of(run.params)) if settings else None
-        peak = run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
-        if fc is None or not peak:
-            continue
-        row = rows.setdefault(run.condition, {"condition": run.condition, "forecast_gib": fc.gib, "peaks": []})
-        row["peaks"].append(peak / GIB)
-    out = []
-    for row in rows.values():
-        measured = sum(row["peaks"]) / len(row["peaks"])
-        err = (row["forecast_gib"] - measured) / measured
-        out.append({"condition": row["condition"], "forecast_gib": row["forecast_gib"],
-                    "measured_gib": measured, "error_pct": 100 * err, "runs": len(row["peaks"])})  # fmt: skip
-    return pd.DataFrame(out, columns=["condition", "forecast_gib", "measured_gib", "error_pct", "runs"])
 
 
 def for_plan(plan: Any, detected: int | None, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:

@@ -215,6 +215,7 @@ def test_too_little_history_falls_back_to_analytic() -> None:
 
 
 def test_forecast_vs_measured_frame(home) -> None:
+    from dstui.analysis.forecast_check import forecast_vs_measured
     from dstui.analysis.runs import fetch_runs
     from dstui.tracking import client as tracking
 
@@ -222,7 +223,7 @@ def test_forecast_vs_measured_frame(home) -> None:
     exp = c.create_experiment("measured")
     _log_synthetic_runs(c, exp, POINTS[:2])
     _, runs = fetch_runs(c, "measured")
-    frame = fc.forecast_vs_measured(runs)
+    frame = forecast_vs_measured(runs)
     assert list(frame["condition"]) == ["c0", "c1"]
     shape = model_shape("llama-125m")
     for (_, row), (seq, mb, dtype) in zip(frame.iterrows(), POINTS[:2], strict=True):
