@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from dstui import __version__
+from dstui.core import secrets
 from dstui.core.errors import DstuiError
 
 # name -> (module, one-line help)
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command not in ("tui", "demo"):  # the Textual app owns the terminal
+        secrets.mask_output()  # no credentials or hidden env values in anything a command prints
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)

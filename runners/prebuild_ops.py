@@ -9,8 +9,10 @@ build lock. Uses the same op-cache folder as the runners (common.isolate_op_cach
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import common
 
@@ -35,6 +37,9 @@ def main(names: list[str]) -> int:
             code = 1
             continue
         print(f"prebuild: {name}: ready in {time.monotonic() - t0:.1f} s", flush=True)
+        root = os.environ.get("TORCH_EXTENSIONS_DIR")
+        if root:  # where torch's JIT keeps it: the supervisor checks this file next time, without a process
+            print(f"prebuild-so: {name} {Path(root) / builder.name / (builder.name + '.so')}", flush=True)
     return code
 
 

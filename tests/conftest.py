@@ -36,6 +36,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     h = tmp_path / "home"
     h.mkdir()
     monkeypatch.setenv("DSTUI_HOME", str(h))
+    monkeypatch.setenv("DSTUI_PRIVATE_DIR", str(tmp_path / "private"))  # real env values: outside the home
     monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{h}/mlruns/mlflow.db")
     (h / "mlruns").mkdir()

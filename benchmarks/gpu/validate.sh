@@ -10,6 +10,9 @@
 #   benchmarks/gpu/validate.sh mfu     # 1 GPU: bare PyTorch loop vs the runner (MFU), syncs, top ops
 #   benchmarks/gpu/validate.sh watch   # 2 GPUs: cost of watching, dstui vs bare launcher, interleaved
 #   benchmarks/gpu/validate.sh bench|all   # mfu+watch | batch+mfu+watch (more than one command)
+#   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
+#                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
+#                                      # condition twice: first compile vs a repeat from the cache
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
@@ -198,17 +201,44 @@ phase_watch() {  # ~7.5 min on 2 GPUs (each llama-1b run costs ~70 s, mostly sta
     ls -la "$OUT"
 }
 
+phase_turnaround() {  # ~6 min on 1 GPU (llama-1b): issue 12's GPU goals
+    local b=$WORK/bench spec=${TURN_SPEC:-benchmarks/gpu/turnaround1.yaml} name tb
+    mkdir -p "$b"
+    name=$(spec_name "$spec")
+    start_smi "$WORK/nvsmi-turn.csv"
+    say "turnaround: old vs new path, ${TURN_ROUNDS:-2} rounds, --only ${TURN_EAGER:-z1} ($spec)"
+    timeout "$(( $(left) - 200 ))" $PY benchmarks/turnaround.py --spec "$spec" --only ${TURN_EAGER:-z1} \
+        --rounds "${TURN_ROUNDS:-2}" >"$b/turnaround.json" 2>"$b/turnaround.err"
+    say "turnaround.py exited $?"; tail -8 "$b/turnaround.err"; head -c 1500 "$b/turnaround.json" | head -8
+    for i in 1 2; do  # the same DSTUI_HOME: the repeat finds the first run's compile cache
+        say "compile cache: ${TURN_DC:-z1-dc} run $i"
+        timeout "$(( $(left) - 40 ))" $PY -m dstui run "$spec" --only ${TURN_DC:-z1-dc} --quiet
+        say "run $i exited $?"
+    done
+    stop_smi
+    for tb in $(ls -d "$DSTUI_HOME/runs/$name"-* 2>/dev/null); do cancel_leftovers "$tb"; done
+    $PY -m dstui status -n 2 --no-takeover 2>&1 | tail -20 | tee "$b/turn-status.txt" || true
+    $PY benchmarks/gpu/nvsmi_check.py --nvsmi "$WORK/nvsmi-turn.csv" --out "$b/nvsmi-check-turn.json" \
+        "$DSTUI_HOME/runs/$name"-*/*/system.jsonl || true
+    du -sh "$DSTUI_HOME"/cache/compile_cache 2>/dev/null || find "$DSTUI_HOME" -maxdepth 3 -name compile_cache
+    tar -C "$WORK" -czf "$OUT/turn-data.tgz" bench nvsmi-turn.csv nvsmi-turn-apps.csv \
+        $(cd "$WORK" && ls -d "home/runs/$name"-* 2>/dev/null) 2>/dev/null || true
+    ls -la "$OUT"
+}
+
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
+case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
     batch) phase_batch ;;
     mfu) phase_mfu ;;
     watch) phase_watch ;;
+    turnaround) phase_turnaround ;;
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

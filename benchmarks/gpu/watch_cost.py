@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             run_dir.mkdir(parents=True, exist_ok=True)
             metrics_file = run_dir / "metrics.jsonl"
             argv_b = replace_flag(template, "--metrics-file", str(metrics_file))
-            argv_b = replace_flag(argv_b, "--master_port", str(free_port()))
+            # DeepSpeed's launcher spells it --master_port, dstui's own rank starter --master-port
+            port_flag = "--master-port" if "--master-port" in argv_b else "--master_port"
+            argv_b = replace_flag(argv_b, port_flag, str(free_port()))
             (run_dir / "cmd.txt").write_text(shlex.join(argv_b) + "\n")
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             with open(run_dir / "stdout.log", "wb") as log:

@@ -1,7 +1,7 @@
 """Peak GPU memory per condition, forecast before launch; and how good it was, after.
 
-``forecast = model states (DeepSpeed's estimators) + activations + framework overhead``
-(the parts are in :mod:`dstui.analysis.forecast_model`). Activations come from
+``forecast = max(states held through forward + activations, model states at the step)
++ framework overhead`` (the parts are in :mod:`dstui.analysis.forecast_model`). Activations come from
 a least-squares fit on earlier GPU runs of the same model in MLflow when there
 are enough of them (:class:`ActivationFit`), else from the analytic estimate.
 The fit's inputs are those the issue names: sequence length, micro batch,
@@ -13,6 +13,7 @@ Memory is in bytes; shown in GiB (bytes / 2**30).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ from dstui.analysis.forecast_model import (
     GIB,
     ModelShape,
     analytic_activations,
+    forward_free,
     framework_overhead,
     model_shape,
     model_states,
+    step_extra,
 )
 from dstui.spec.models import Settings
 from dstui.tracking import tags as tag_keys
@@ -38,16 +41,31 @@ MIN_FIT_POINTS = 3
 
 @dataclass(frozen=True)
 class Forecast:
-    """Peak memory per GPU of one condition, in bytes, and where the activation part came from."""
+    """Peak memory per GPU of one condition, in bytes, and where the activation part came from.
+
+    ``forward_free``: the states that do not exist yet during forward (the
+    gradients); ``step_extra``: what the optimizer step adds. The peak is the
+    larger of the two moments.
+    """
 
     model_states: int
     activations: int
     overhead: int
     source: str  # "analytic" or "fit on N runs"
+    forward_free: int = 0
+    step_extra: int = 0
+
+    @property
+    def forward_peak(self) -> int:
+        return self.model_states - self.forward_free + self.activations + self.overhead
+
+    @property
+    def step_peak(self) -> int:
+        return self.model_states + self.step_extra + self.overhead
 
     @property
     def total(self) -> int:
-        return self.model_states + self.activations + self.overhead
+        return max(self.forward_peak, self.step_peak)
 
     @property
     def gib(self) -> float:
@@ -129,17 +147,20 @@ def _apply(coef: Any, seq: int, mb: int, dtype: str) -> float:
     return float(sum(c * f for c, f in zip(coef, features(seq, mb, dtype), strict=True)))
 
 
-def _states_and_overhead(shape: ModelShape, s: Settings, ds_config: dict | None) -> tuple[int, int]:
-    states = model_states(
-        shape,
-        zero_stage=s.zero_stage,
-        offload=s.offload,
-        offload_params=s.offload_params,
-        dtype=s.dtype,
-        gpus=s.gpus,
-        nodes=s.nodes,
+def _parts(shape: ModelShape, s: Settings, ds_config: dict | None) -> Forecast:
+    """Every part but the activations (0 here; source empty)."""
+    layout = {"zero_stage": s.zero_stage, "offload": s.offload, "offload_params": s.offload_params,
+              "dtype": s.dtype, "gpus": s.gpus, "nodes": s.nodes}  # fmt: skip
+    return Forecast(
+        model_states=model_states(shape, **layout),
+        activations=0,
+        overhead=framework_overhead(
+            shape, zero_stage=s.zero_stage, dtype=s.dtype, ds_config=ds_config, ranks=s.gpus * s.nodes
+        ),
+        source="",
+        forward_free=forward_free(shape, **layout),
+        step_extra=step_extra(shape, zero_stage=s.zero_stage, dtype=s.dtype),
     )
-    return states, framework_overhead(shape, zero_stage=s.zero_stage, dtype=s.dtype, ds_config=ds_config)
 
 
 def forecast(settings: Settings, *, ds_config: dict | None = None, fit: ActivationFit | None = None) -> Forecast | None:
@@ -152,12 +173,12 @@ def forecast(settings: Settings, *, ds_config: dict | None = None, fit: Activati
     shape = model_shape(settings.model)
     if shape is None:
         return None
-    states, overhead = _states_and_overhead(shape, settings, ds_config)
+    parts = _parts(shape, settings, ds_config)
     s = settings
     fitted = fit.predict(s) if fit else None
     if fitted is not None:
         act, n = fitted
-        return Forecast(states, act, overhead, f"fit on {n} runs")
+        return dataclasses.replace(parts, activations=act, source=f"fit on {n} runs")
     act = analytic_activations(
         shape,
         seq_length=s.seq_length,
@@ -166,7 +187,7 @@ def forecast(settings: Settings, *, ds_config: dict | None = None, fit: Activati
         checkpointing=s.activation_checkpointing,
         sequence_parallel=s.sequence_parallel,
     )
-    return Forecast(states, act, overhead, "analytic")
+    return dataclasses.replace(parts, activations=act, source="analytic")
 
 
 # -- history from MLflow ------------------------------------------------------
@@ -192,13 +213,19 @@ def settings_of(params: dict[str, Any]) -> Settings | None:
 
 
 def observe(fit: ActivationFit, settings: Settings, peak_bytes: float, ds_config: dict | None = None) -> bool:
-    """Add one measured GPU run to a fit; False when its model's shape is unknown."""
+    """Add one measured GPU run to a fit; False when its model's shape is unknown.
+
+    A peak no higher than the optimizer step's (small micro batches) says
+    nothing about the activations: such a run is left out (False).
+    """
     shape = model_shape(settings.model)
     if shape is None or not peak_bytes:
         return False
-    states, overhead = _states_and_overhead(shape, settings, ds_config)
+    parts = _parts(shape, settings, ds_config)
+    if peak_bytes <= parts.step_peak * 1.02:
+        return False
     s = settings
-    act = peak_bytes - states - overhead
+    act = peak_bytes - parts.forward_peak
     fit.add(s.model, s.activation_checkpointing, group_of(s), s.seq_length, s.micro_batch, s.dtype, act)
     return True
 
@@ -220,11 +247,11 @@ def history_fit(client: Any, models: Iterable[str]) -> ActivationFit:
             settings = settings_of(dict(run.data.params))
             if settings is None or not peak or run.data.tags.get(tag_keys.STATUS) not in (None, "done"):
                 continue
-            observe(fit, settings, peak, _ds_config_of(run.data.params))
+            observe(fit, settings, peak, zero_config_of(run.data.params))
     return fit
 
 
-def _ds_config_of(params: dict[str, str]) -> dict[str, Any]:
+def zero_config_of(params: dict[str, str]) -> dict[str, Any]:
     """The zero_optimization keys the overhead reads, back from the flattened ``ds.*`` params."""
     zero: dict[str, Any] = {}
     for key, value in params.items():
@@ -304,39 +331,6 @@ def column(fc: Forecast | None, capacity: int | None = None) -> str:
         return "-"
     mark = {"oom": " OOM", "tight": " !"}.get(level(fc, capacity), "")
     return fc.label() + mark
-
-
-# -- the report's part ----------------------------------------------------------
-
-
-def forecast_vs_measured(runs: Sequence[Any]) -> Any:
-    """Forecast vs measured peak per condition, with the error: a pandas frame.
-
-    ``runs`` are :class:`dstui.analysis.runs.RunData`; the forecast is rebuilt
-    from each run's params, the measured peak is its largest ``mem_peak``.
-    Only GPU runs are compared (``mem_peak`` on CPU is the process RSS). A
-    condition's measured peak is the mean over its repeats.
-    """
-    import pandas as pd
-
-    rows: dict[str, dict[str, Any]] = {}
-    for run in runs:
-        if run.tags.get(tag_keys.DEVICE) != "cuda":
-            continue
-        settings = settings_of(run.params)
-        fc = forecast(settings, ds_config=_ds_config_of(run.params)) if settings else None
-        peak = run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
-        if fc is None or not peak:
-            continue
-        row = rows.setdefault(run.condition, {"condition": run.condition, "forecast_gib": fc.gib, "peaks": []})
-        row["peaks"].append(peak / GIB)
-    out = []
-    for row in rows.values():
-        measured = sum(row["peaks"]) / len(row["peaks"])
-        err = (row["forecast_gib"] - measured) / measured
-        out.append({"condition": row["condition"], "forecast_gib": row["forecast_gib"],
-                    "measured_gib": measured, "error_pct": 100 * err, "runs": len(row["peaks"])})  # fmt: skip
-    return pd.DataFrame(out, columns=["condition", "forecast_gib", "measured_gib", "error_pct", "runs"])
 
 
 def for_plan(plan: Any, detected: int | None, *, history: bool = True) -> tuple[dict[str, Forecast | None], int | None]:

@@ -12,6 +12,12 @@ Three parts, each in bytes per GPU:
 * **framework overhead**: DeepSpeed's communication buckets and ZeRO-3's
   live-parameter budget, read from the run's ds_config (defaults as DeepSpeed's).
 
+The peak is the larger of two moments, because not everything lives at once
+(measured on an H200: `docs/gpu-validation/README.md`): the end of the forward
+pass, where the activations are all alive but the gradients do not exist yet
+(:func:`forward_free`), and the optimizer step, where the activations are gone
+but the gradients, and ZeRO-0's flattened fp32 copies (:func:`step_extra`), are.
+
 Nothing here imports torch; DeepSpeed is imported inside :func:`model_states`.
 """
 
@@ -166,6 +172,42 @@ def model_states(
     return gpu
 
 
+def forward_free(
+    shape: ModelShape, *, zero_stage: int, offload: str, offload_params: str, dtype: str, gpus: int, nodes: int
+) -> int:
+    """The part of :func:`model_states` that does not exist yet while forward runs: the gradients.
+
+    ZeRO-0: the 16-bit gradients. ZeRO-1/2 on the GPU: the 16-bit gradients
+    and the fp32 gradient partition (DeepSpeed's ``4P + 16P/N`` is parameters,
+    gradients, and master + moments + fp32 gradients). ZeRO-3: the 16-bit
+    gradient partition (its fp32 gradient partition is allocated up front).
+    With the optimizer offloaded, gradients go to the host.
+    """
+    p, e = shape.params, DTYPE_BYTES.get(dtype, 4)
+    n = gpus * nodes
+    if offload != "none" or (zero_stage == 3 and offload_params != "none"):
+        return 0
+    if zero_stage == 0:
+        return e * p
+    if zero_stage in (1, 2):
+        return e * p + 4 * p // n
+    return e * p // n
+
+
+def step_extra(shape: ModelShape, *, zero_stage: int, dtype: str) -> int:
+    """Memory the optimizer step adds on top of the model states.
+
+    ZeRO-0 with 16-bit weights (DeepSpeed's FP16_Optimizer, bf16 too) flattens
+    the gradients and casts the flat copy to fp32 inside ``step()``: its peak
+    was 24 bytes per parameter on an H200 (llama-1b, 1 GPU), 8 more than its
+    16 bytes of states. The ZeRO optimizers keep their fp32 gradient partition
+    in the states already.
+    """
+    if zero_stage == 0 and dtype in ("bf16", "fp16"):
+        return 8 * shape.params
+    return 0
+
+
 def analytic_activations(
     shape: ModelShape, *, seq_length: int, micro_batch: int, dtype: str, checkpointing: bool, sequence_parallel: int = 1
 ) -> int:
@@ -189,8 +231,14 @@ def analytic_activations(
     return layers + logits
 
 
-def framework_overhead(shape: ModelShape, *, zero_stage: int, dtype: str, ds_config: dict[str, Any] | None) -> int:
-    """DeepSpeed's own buffers: gradient buckets, and ZeRO-3's prefetch and live parameters."""
+def framework_overhead(
+    shape: ModelShape, *, zero_stage: int, dtype: str, ds_config: dict[str, Any] | None, ranks: int
+) -> int:
+    """DeepSpeed's own buffers: gradient buckets, and ZeRO-3's prefetch and live parameters.
+
+    A ZeRO-3 parameter gathered for use costs its full size less the partition
+    the rank holds anyway: ``(1 - 1/ranks)`` of it (nothing on one GPU).
+    """
     e = DTYPE_BYTES.get(dtype, 4)
     zero = (ds_config or {}).get("zero_optimization") or {}
     p = shape.params
@@ -201,4 +249,4 @@ def framework_overhead(shape: ModelShape, *, zero_stage: int, dtype: str, ds_con
         return FIXED_OVERHEAD + bucket
     live = min(int(zero.get("stage3_max_live_parameters", DEFAULT_MAX_LIVE_PARAMETERS)), p)
     prefetch = min(int(zero.get("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET)), p)
-    return FIXED_OVERHEAD + bucket + (live + prefetch) * e
+    return FIXED_OVERHEAD + bucket + (live + prefetch) * e * (ranks - 1) // max(1, ranks)

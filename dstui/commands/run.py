@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             mem = f"  memory/GPU {forecast.column(fc, capacity)} ({fc.source})" if fc else ""
             oom = forecast.oom_reason(fc, capacity) if skip else None
             print(f"# {r.name}  (key {r.key}){mem}" + (f"  -> {oom}" if oom else ""))
-            print(shlex.join(launch.build_argv(r, rd, python=python)))
+            print(shlex.join(launch.shown_command(r, launch.build_argv(r, rd, python=python))))
         print(f"# {forecast.capacity_note(capacity)}")
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return 0

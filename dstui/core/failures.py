@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import signal
 
+from dstui.core import secrets
+
 # (pattern, reason), most specific first.
 KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I), "CUDA out of memory"),
@@ -63,7 +65,11 @@ _FATAL_SIGNALS = {
 }
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _LAUNCHER_EXIT = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+_LAUNCHER_PROCS = re.compile(r"num_local_procs=(\d+)")
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# dstui.execute.ranks (the default single-node starter) names the rank that failed first
+_STARTER_FAILED = re.compile(r"dstui ranks: rank (\d+) failed \((SIG[A-Z0-9]+|signal \d+)\)")
+SIGKILL_HINT = " (killed from outside: the kernel's OOM killer when host memory ran out, or a kill -9)"
 
 
 def short_path(path: str) -> str:
@@ -75,34 +81,66 @@ def short_path(path: str) -> str:
     return "/".join(parts[-2:])
 
 
-def signal_death(log_tail: str, exit_code: int | None, sig: int | None = None) -> str | None:
-    """'rank 1: SIGSEGV in deepspeed/runtime/engine.py:_initialize_deepcompile_native', or None.
-
-    The signal comes from faulthandler's dump (``PYTHONFAULTHANDLER`` is set for every job),
-    the DeepSpeed launcher's 'exits with return code = -N' line, or the job's own exit
-    status; the frame is the innermost one of the dump; the rank from the launcher's line.
-    """
+def fault_dumps(log_tail: str) -> list[tuple[str | None, str, str | None]]:
+    """Each faulthandler dump in the log, in order: (rank if the line says it, signal, innermost frame)."""
     lines = log_tail.splitlines()
-    name = None
-    frame = None
-    rank = None
+    dumps = []
     for i, line in enumerate(lines):
         m = _FATAL.search(line)
-        if m:
-            name = _FATAL_SIGNALS[m.group(1)]
-            frame = None
-            p = _RANK_PREFIX.match(line.strip())
-            rank = p.group(1) if p else rank
-            for nxt in lines[i + 1 : i + 40]:
-                f = _FRAME.match(nxt.split("]:", 1)[-1] if nxt.startswith("[rank") else nxt)
-                if f:
-                    frame = f"{short_path(f.group(1))}:{f.group(2)}"
-                    break
-    for line in lines:
+        if not m:
+            continue
+        p = _RANK_PREFIX.match(line.strip())
+        frame = None
+        for nxt in lines[i + 1 : i + 40]:
+            f = _FRAME.match(nxt.split("]:", 1)[-1] if nxt.startswith("[rank") else nxt)
+            if f:
+                frame = f"{short_path(f.group(1))}:{f.group(2)}"
+                break
+        dumps.append((p.group(1) if p else None, _FATAL_SIGNALS[m.group(1)], frame))
+    return dumps
+
+
+def _launcher_death(log_tail: str) -> tuple[str | None, str] | None:
+    """(rank, signal) from DeepSpeed launcher's 'exits with return code = -N' line.
+
+    That line prints the command of the *last* rank it started whichever rank
+    failed (deepspeed/launcher/launch.py's sigkill_handler reuses the loop's
+    ``cmd``), so its rank is only believed when the launcher started one process
+    (``num_local_procs=1``) or did not say how many.
+    """
+    found = None
+    for line in log_tail.splitlines():
         m = _LAUNCHER_EXIT.search(line)
         if m and int(m.group(2)) < 0:
-            rank = m.group(1)
-            name = name or signal_name(-int(m.group(2)))
+            found = (m.group(1), signal_name(-int(m.group(2))))
+    if found is None:
+        return None
+    procs = _LAUNCHER_PROCS.findall(log_tail)
+    return (found[0] if not procs or procs[-1] == "1" else None), found[1]
+
+
+def signal_death(log_tail: str, exit_code: int | None, sig: int | None = None) -> str | None:
+    """'rank 2: SIGSEGV in deepspeed/runtime/engine.py:_initialize_deepcompile_native', or None.
+
+    Which rank and signal: dstui's rank starter's 'rank N failed (SIGX)' line
+    (it reaps the ranks itself, so this holds for any number of ranks), else a
+    faulthandler dump (``PYTHONFAULTHANDLER`` is set for every job), else DeepSpeed's
+    launcher line (see :func:`_launcher_death`), else the job's own exit status.
+    The frame is the innermost one of that signal's first dump.
+    """
+    dumps = fault_dumps(log_tail)
+    rank = name = None
+    starter = _STARTER_FAILED.findall(log_tail)
+    launcher = _launcher_death(log_tail)
+    if starter:
+        rank, name = starter[0]
+    elif dumps:
+        rank, name = dumps[0][0], dumps[0][1]
+    elif launcher:
+        rank, name = launcher
+    if rank is None and launcher and (name is None or name == launcher[1]):
+        rank = launcher[0]
+    frame = next((f for _r, n, f in dumps if n == name and f), None)
     if name is None:
         number = sig or (-exit_code if exit_code is not None and exit_code < 0 else None)
         if number is None and exit_code is not None and 224 < exit_code < 256:
@@ -117,11 +155,16 @@ def signal_death(log_tail: str, exit_code: int | None, sig: int | None = None) -
     if frame:
         text += f" in {frame}"
     elif name == "SIGKILL":
-        text += " (killed from outside: the kernel's OOM killer when host memory ran out, or a kill -9)"
+        text += SIGKILL_HINT
     return text
 
 
 def classify(log_tail: str, exit_code: int | None, sig: int | None = None) -> str:
+    """The reason, without credentials or hidden env values (it goes to status, MLflow and terminals)."""
+    return secrets.mask_text(_classify(log_tail, exit_code, sig))
+
+
+def _classify(log_tail: str, exit_code: int | None, sig: int | None) -> str:
     for pattern, reason in KNOWN_CAUSES:
         if pattern.search(log_tail):
             return reason

@@ -24,7 +24,7 @@ FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM
 # Names of the files in a run folder that processes outside this module write or skip.
 EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
-PRIVATE_SPEC_FILE = "spec.private.json"  # spec.json unmasked, when it holds secrets; mode 0600, never uploaded
+PRIVATE_SPEC_FILE = "spec.private.json"  # where older versions kept the unmasked spec; never uploaded
 PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
 BATCH_FILE = "batch.json"
 LOCK_FILE = "supervisor.lock"  # flock held by the batch's supervisor; the wrapper tests it too
@@ -95,7 +95,13 @@ class RunDir:
 
     @property
     def private_spec_file(self) -> Path:
-        return self.path / PRIVATE_SPEC_FILE
+        """spec.json unmasked: outside the run and batch folders (see core.secrets).
+
+        Imported here: the job's wrapper imports this module and stays light.
+        """
+        from dstui.core import secrets
+
+        return secrets.private_file(self.path)
 
     @property
     def cancel_file(self) -> Path:

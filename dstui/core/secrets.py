@@ -1,22 +1,95 @@
 """Credentials never leave the process that needs them: not in files, artifacts, logs or params.
 
-Two rules: a URI's ``user:password@`` part is replaced by ``***@`` wherever it
-appears in text (tracking URIs, env values such as DB_URL, error messages), and
-the value of an environment variable whose name looks secret is masked whole.
+The rules, applied by every writer through this module:
+
+1. A URI's ``user:password@`` part becomes ``***@`` wherever it appears in text
+   (tracking URIs, commands, error messages, logs, failure reasons).
+2. Every value of a spec's ``env`` is masked whole (``***``) unless its name is
+   allow-listed: the built-in harmless names below (device selection, thread
+   counts, NCCL/torch/DeepSpeed switches, offline flags), or the spec's own
+   ``env_visible`` list (``NAME`` or ``PREFIX_*``). Masking by default, not by a
+   secret-looking name: a ``DB_URL`` or ``MY_SECRET_THING`` is hidden although
+   neither says TOKEN or PASSWORD. Shown values still lose URI credentials.
+3. The real values live only in the job's environment and in a private file
+   *outside* the run and batch folders (those are uploaded, shared and copied):
+   ``$XDG_STATE_HOME/dstui/private/<hash of the batch folder>/<run>.json``
+   (``DSTUI_PRIVATE_DIR`` overrides the root), mode 0600 in 0700 folders.
+4. Hidden values this process has read (:func:`remember`) are masked in text
+   dstui writes itself, too (everything the supervisor prints into its log,
+   command lines), so an exception that quotes one does not leak it.
+
+What a job prints about its own environment is its own output (stdout.log);
+text artifacts lose URI credentials on upload, nothing more.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
 import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
 
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 MASK = "***"
+
+# Shown by default: harmless switches a reader of a report wants to see.
+VISIBLE_NAMES = frozenset(
+    {
+        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HOME", "HF_HUB_CACHE",
+        "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TRANSFORMERS_VERBOSITY",
+        "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONHASHSEED", "PYTHONWARNINGS",
+        "PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "PATH", "LD_LIBRARY_PATH",
+        "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "NVIDIA_VISIBLE_DEVICES",
+        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    }
+)  # fmt: skip
+# Whole families of library switches; a name among them that looks secret stays hidden.
+VISIBLE_PREFIXES = (
+    "CUDA_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TRITON_",
+    "DS_", "OMP_", "KMP_", "MKL_", "CUBLAS_", "CUDNN_", "DSTUI_",
+)  # fmt: skip
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# A hidden value shorter than this is not searched for in free text ("1" would mask every digit).
+MIN_TEXT_MASK = 4
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # an env_visible entry: NAME or PREFIX_*
+
 _URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
+_KNOWN: set[str] = set()  # hidden values this process has read (see remember)
 
 
 def is_secret(name: str) -> bool:
+    """Whether a name looks secret; only used to keep such names out of the built-in prefixes."""
     upper = name.upper()
     return any(m in upper for m in SECRET_MARKERS)
+
+
+def is_visible(name: str, visible: Iterable[str] = ()) -> bool:
+    """Whether an env variable's value may be shown: built-in allow-list or the spec's ``env_visible``."""
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in visible):
+        return True
+    if name in VISIBLE_NAMES:
+        return True
+    return name.startswith(VISIBLE_PREFIXES) and not is_secret(name)
+
+
+def hidden_names(env: Mapping[str, Any], visible: Iterable[str] = ()) -> set[str]:
+    visible = tuple(visible)
+    return {n for n in env if not is_visible(str(n), visible)}
+
+
+def mask_env(env: Mapping[str, Any], visible: Iterable[str] = ()) -> dict[str, Any]:
+    """``env`` with every value not allow-listed replaced by ``***``; shown ones lose URI credentials."""
+    visible = tuple(visible)
+    return {n: (_redact(v, visible) if is_visible(str(n), visible) else MASK) for n, v in env.items()}
 
 
 def strip_credentials(text: str) -> str:
@@ -24,18 +97,162 @@ def strip_credentials(text: str) -> str:
     return _URI_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
 
 
-def redact(obj: object) -> object:
-    """A copy safe to write anywhere: secret-named ``env`` values masked, URI credentials stripped."""
+def visible_names_in(obj: object) -> list[str]:
+    """Every ``env_visible`` entry anywhere in a spec dump (base settings, conditions, axes)."""
+    found: list[str] = []
     if isinstance(obj, dict):
-        out = {}
         for k, v in obj.items():
-            if k == "env" and isinstance(v, dict):
-                out[k] = {n: (MASK if is_secret(str(n)) else redact(x)) for n, x in v.items()}
+            if k == "env_visible" and isinstance(v, list):
+                found += [str(x) for x in v]
             else:
-                out[k] = redact(v)
+                found += visible_names_in(v)
+    elif isinstance(obj, list):
+        for x in obj:
+            found += visible_names_in(x)
+    return found
+
+
+def redact(obj: object, visible: Iterable[str] | None = None) -> object:
+    """A copy safe to write anywhere: ``env`` values masked unless allow-listed, URI credentials stripped.
+
+    ``visible`` defaults to every ``env_visible`` list found in ``obj``: a name a
+    spec declares harmless in one condition is harmless in all of them.
+    """
+    return _redact(obj, tuple(visible_names_in(obj) if visible is None else visible))
+
+
+ARGV_FIELDS = ("command", "extra_args")  # argv lists beside an env: hidden values masked there too, as in cmd.txt
+
+
+def _redact(obj: object, visible: tuple[str, ...]) -> object:
+    if isinstance(obj, dict):
+        out = {k: (_env_field(v, visible) if k == "env" else _redact(v, visible)) for k, v in obj.items()}
+        env = obj.get("env")
+        if isinstance(env, dict):
+            hidden = [str(env[n]) for n in hidden_names(env, visible)]
+            for k in ARGV_FIELDS:
+                if isinstance(out.get(k), list):
+                    out[k] = [mask_text(a, hidden) if isinstance(a, str) else a for a in out[k]]
         return out
     if isinstance(obj, list):
-        return [redact(x) for x in obj]
+        return [_redact(x, visible) for x in obj]
     if isinstance(obj, str):
-        return strip_credentials(obj)
+        return strip_credentials(obj)  # not mask_text: a hidden value may equal a setting (a model name)
     return obj
+
+
+def _env_field(value: object, visible: tuple[str, ...]) -> object:
+    """An ``env`` mapping, or a list of them (``axes: {env: [{...}, {...}]}``)."""
+    if isinstance(value, dict):
+        return mask_env(value, visible)
+    if isinstance(value, list):
+        return [_env_field(x, visible) for x in value]
+    return _redact(value, visible)
+
+
+# ---- hidden values in free text ----
+
+
+def remember(env: Mapping[str, Any], visible: Iterable[str] = ()) -> None:
+    """Note the hidden values of an env this process read, so :func:`mask_text` hides them in text."""
+    for name in hidden_names(env, visible):
+        value = str(env[name])
+        if len(value) >= MIN_TEXT_MASK:
+            _KNOWN.add(value)
+
+
+def mask_text(text: str, values: Iterable[str] = ()) -> str:
+    """Text dstui writes: URI credentials stripped, hidden values (given or remembered) masked."""
+    text = strip_credentials(text)
+    for value in sorted({*values, *_KNOWN}, key=len, reverse=True):
+        if len(value) >= MIN_TEXT_MASK and value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+class MaskingStream:
+    """A text stream that masks what goes through it (see :func:`mask_output`)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(mask_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        return getattr(self.inner, name)
+
+
+def mask_output() -> None:
+    """Mask everything this process prints: logging, tracebacks and warnings alike (the supervisor's log)."""
+    if not isinstance(sys.stdout, MaskingStream):
+        sys.stdout = MaskingStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, MaskingStream):
+        sys.stderr = MaskingStream(sys.stderr)  # type: ignore[assignment]
+
+
+# ---- the real values: outside the run and batch folders ----
+
+
+def private_root() -> Path:
+    explicit = os.environ.get("DSTUI_PRIVATE_DIR")
+    if explicit:
+        return Path(explicit)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "dstui" / "private"
+
+
+def _batch_key(batch_dir: Path) -> str:
+    where = str(Path(batch_dir).absolute())
+    return f"{Path(where).name[:60]}-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
+
+
+def private_file(run_dir: Path) -> Path:
+    """Where a run's unmasked spec lives: per user, keyed by the batch folder's absolute path."""
+    run_dir = Path(run_dir)
+    return private_root() / _batch_key(run_dir.parent) / f"{run_dir.name}.json"
+
+
+def keep_private(run_dir: Path, data: dict | None) -> None:
+    """Store a run's unmasked spec (mode 0600, folders 0700), or forget it when ``data`` is None."""
+    path = private_file(run_dir)
+    if data is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a root that exists keeps its mode
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path.parent, 0o700)  # whatever the umask
+    marker = path.parent / "batch_dir"
+    if not marker.exists():
+        marker.write_text(str(Path(run_dir).parent.absolute()))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # mkstemp: 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_private(run_dir: Path) -> dict | None:
+    try:
+        return json.loads(private_file(run_dir).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def prune_private() -> int:
+    """Forget the private values of batches whose folder is gone; the number of batches forgotten."""
+    root = private_root()
+    gone = 0
+    for entry in root.iterdir() if root.is_dir() else []:
+        marker = entry / "batch_dir"
+        if entry.is_symlink() or not entry.is_dir() or not marker.is_file():
+            continue
+        if not Path(marker.read_text().strip()).is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            gone += 1
+    return gone

@@ -17,8 +17,15 @@ from typing import Any
 
 from dstui.core import names, paths
 from dstui.core.errors import DstuiError, SpecError
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.core.secrets import redact, strip_credentials
+from dstui.core.rundir import (
+    FINAL_STATES,
+    PRIVATE_SPEC_FILE,
+    BatchDir,
+    RunDir,
+    list_batches,
+    write_json_atomic,
+)
+from dstui.core.secrets import prune_private, redact, strip_credentials
 from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
@@ -102,6 +109,7 @@ def new_batch_id(name: str) -> str:
 
 def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
     batch = _new_batch_dir(runs_root or paths.runs_dir(), p.spec.name)
+    prune_private()  # the real env values of batches whose folder was deleted
     _write_info(batch, p, parallel, tracking_uri)
     for run in p.runs:
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
@@ -158,7 +166,7 @@ def reset_run(rd: RunDir) -> None:
     keep = attempts / str(n)
     keep.mkdir(parents=True)
     for f in rd.path.iterdir():
-        if f.is_file() and f.name not in ("spec.json", "ds_config.json"):
+        if f.is_file() and f.name not in ("spec.json", "ds_config.json", PRIVATE_SPEC_FILE):  # the last: older folders
             shutil.move(str(f), keep / f.name)
     old = RunDir(keep).status()
     rd.update_status(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dstui.core import names, paths, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
-from dstui.core.rundir import RunDir, read_json, write_json_atomic
+from dstui.core.rundir import PRIVATE_SPEC_FILE, RunDir, read_json, write_json_atomic
 from dstui.spec import flags
 from dstui.spec.models import RunSpec, Settings
 
@@ -247,11 +247,8 @@ def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict |
     spec.update(name=run.name, key=run.key, revision_info=revision or {})
     shown = secrets.redact(spec)
     write_json_atomic(rd.spec_file, shown)
-    rd.private_spec_file.unlink(missing_ok=True)
-    if shown != spec:  # the real values, readable by this user only, for the launch
-        fd = os.open(rd.private_spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(spec, fh)
+    # the real values, readable by this user only, outside the run folder, for the launch
+    secrets.keep_private(rd.path, spec if shown != spec else None)
     write_json_atomic(rd.ds_config_file, ds_config)
     if not rd.status_file.exists():
         rd.update_status(
@@ -269,8 +266,31 @@ def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict |
 
 
 def load_runspec(rd: RunDir) -> RunSpec:
-    data = read_json(rd.private_spec_file) or json.loads(rd.spec_file.read_text())
-    return RunSpec.model_validate({k: data[k] for k in RunSpec.model_fields if k in data})
+    """The run as prepared, with the real env values (never the masked ones of spec.json)."""
+    data = secrets.read_private(rd.path) or read_json(rd.path / PRIVATE_SPEC_FILE) or json.loads(rd.spec_file.read_text())
+    run = RunSpec.model_validate({k: data[k] for k in RunSpec.model_fields if k in data})
+    secrets.remember(run.settings.env, run.settings.env_visible)
+    return run
+
+
+class PrivateValuesMissing(OSError):
+    """A run whose real env values are gone: it is not started with ``***`` in their place."""
+
+
+def check_real_env(run: RunSpec, rd: RunDir) -> None:
+    masked = sorted(n for n, v in run.settings.env.items() if v == secrets.MASK)
+    if masked:
+        raise PrivateValuesMissing(
+            f"the real values of env {', '.join(masked)} are gone ({rd.private_spec_file} is missing); "
+            "prepare the run again with `dstui run --resume SPEC`"
+        )
+
+
+def shown_command(run: RunSpec, argv: list[str]) -> list[str]:
+    """The argv as cmd.txt, status.json and the terminal show it: no credentials, no hidden env value."""
+    env = run.settings.env
+    hidden = [env[n] for n in secrets.hidden_names(env, run.settings.env_visible)]
+    return [secrets.mask_text(a, hidden) for a in argv]
 
 
 def start(
@@ -287,8 +307,10 @@ def start(
     The job runs under :mod:`dstui.execute.wrap`, which records its exit status in
     the run folder, so a restarted supervisor still learns how it ended.
     """
+    check_real_env(run, rd)
     argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
-    rd.cmd_file.write_text(secrets.strip_credentials(shlex.join(argv)) + "\n")
+    shown_argv = shown_command(run, argv)
+    rd.cmd_file.write_text(shlex.join(shown_argv) + "\n")
     rd.exit_file.unlink(missing_ok=True)
     env = build_env(run, rd, revision=revision)
     with open(rd.log_file, "ab") as log:
@@ -307,7 +329,7 @@ def start(
         pid=proc.pid,
         pgid=proc.pid,
         started=time.time(),
-        argv=secrets.redact(argv),
+        argv=shown_argv,
         gpu_slice=gpu_slice,
     )
     return proc

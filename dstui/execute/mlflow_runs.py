@@ -94,7 +94,7 @@ class MlflowRuns(StoreConnection):
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
-        params = flat_settings(redact(settings))
+        params = flat_settings({k: v for k, v in redact(settings).items() if k != "env_visible"})  # env.* shows the choice
         params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
         params["run_key"] = spec.get("key")
         params["revision"] = spec.get("revision")

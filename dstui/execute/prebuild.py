@@ -7,17 +7,26 @@ its timed life, and its time breakdown reads minutes of "init".
 each run's own python and environment (the revision's TORCH_EXTENSIONS_DIR),
 one process per op, all at once; a failed build is logged and left to the run
 to report with its own reason.
+
+Even finding an op already built costs a process that imports DeepSpeed (7.5 s
+seen on an H200 host, per batch). So each build's ``.so`` is remembered in
+dstui's cache (``prebuilt_ops.json``, per python, op cache folder and op) and
+a later batch starts no process when every file is still there; if DeepSpeed
+changed under it, torch's JIT rebuilds inside the run as it always did.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+from dstui.core import paths
 from dstui.core.paths import RUNNERS_DIR
-from dstui.core.rundir import BatchDir
+from dstui.core.rundir import BatchDir, write_json_atomic
 from dstui.execute import launch
 
 PREBUILD_SCRIPT = RUNNERS_DIR / "prebuild_ops.py"
@@ -57,17 +66,50 @@ def plan(batch: BatchDir, *, on_gpu: bool) -> dict[tuple[str, str], tuple[dict[s
     return groups
 
 
+def _record_file() -> Path:
+    return paths.cache_dir() / "prebuilt_ops.json"
+
+
+def _read_records() -> dict[str, str]:
+    try:
+        data = json.loads(_record_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def already_built(records: dict[str, str], python: str, cache: str, ops: set[str]) -> set[str]:
+    """The ops whose remembered ``.so`` still exists (for this python and op cache folder)."""
+    return {op for op in ops if (so := records.get(f"{python}|{cache}|{op}")) and Path(so).is_file()}
+
+
+def remember(records: dict[str, str], python: str, cache: str, output: str) -> bool:
+    """Note the ``prebuild-so: <op> <path>`` lines of a build's output; True if any was new."""
+    changed = False
+    for line in output.splitlines():
+        if line.startswith("prebuild-so: ") and len(parts := line.split(" ", 2)) == 3:
+            key = f"{python}|{cache}|{parts[1]}"
+            changed |= records.get(key) != parts[2]
+            records[key] = parts[2]
+    return changed
+
+
 def before_first_run(batch: BatchDir, *, on_gpu: bool, log: logging.Logger, timeout_s: float = 1800.0) -> None:
     """Build every op the queued runs need, one process per op, and wait for all of them."""
     procs = []
-    for (python, _cache), (env, ops) in plan(batch, on_gpu=on_gpu).items():
-        for op in sorted(ops):
+    records = _read_records()
+    for (python, cache), (env, ops) in plan(batch, on_gpu=on_gpu).items():
+        built = already_built(records, python, cache, ops)
+        if built:
+            log.info("DeepSpeed ops already built for %s: %s", python, ", ".join(sorted(built)))
+        for op in sorted(ops - built):
             log.info("building DeepSpeed op %s for %s before the first run", op, python)
-            procs.append((op, subprocess.Popen(
+            procs.append((op, python, cache, subprocess.Popen(
                 [python, str(PREBUILD_SCRIPT), op], env=env, cwd=str(batch.path),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )))  # fmt: skip
-    for op, proc in procs:
+    changed = False
+    for op, python, cache, proc in procs:
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -75,3 +117,10 @@ def before_first_run(batch: BatchDir, *, on_gpu: bool, log: logging.Logger, time
             out, _ = proc.communicate()
         level = logging.INFO if proc.returncode == 0 else logging.WARNING
         log.log(level, "op %s: exit %s; %s", op, proc.returncode, (out or "").strip()[-500:])
+        changed |= proc.returncode == 0 and remember(records, python, cache, out or "")
+    if changed:
+        try:
+            paths.cache_dir().mkdir(parents=True, exist_ok=True)
+            write_json_atomic(_record_file(), records)
+        except OSError as e:  # a full or read-only cache costs only the next batch's check
+            log.warning("could not remember the built ops: %s", e)

@@ -124,18 +124,63 @@ def run(
         pid, raw = os.wait()  # blocks: no polling interval added to a run's teardown
         if pid not in by_pid:
             continue
-        rank, proc = by_pid.pop(pid)
-        proc.returncode = os.waitstatus_to_exitcode(raw)
-        if proc.returncode != 0:
-            how = (
-                _signal_name(proc.returncode)
-                if proc.returncode < 0
-                else f"exit code {proc.returncode}"
-            )
-            print(f"dstui ranks: rank {rank} failed ({how}); stopping the others", flush=True)
+        failed = _reap(by_pid, pid, raw)
+        if failed:
+            failed += _reap_dead(by_pid)  # ranks that died meanwhile
+            rank, code = first_failure(failed)
+            print(f"dstui ranks: rank {rank} failed ({_how(code)}); stopping the others", flush=True)
+            for other, other_code in failed:
+                if other != rank:
+                    print(f"dstui ranks: rank {other} also failed ({_how(other_code)})", flush=True)
             _stop([p for _, p in by_pid.values()])  # reaps them too
-            return exit_status(proc.returncode)
+            return exit_status(code)
     return 0
+
+
+def _reap(by_pid: dict[int, tuple[int, subprocess.Popen]], pid: int, raw: int) -> list[tuple[int, int]]:
+    """Record a reaped rank's status; [(rank, returncode)] if it failed."""
+    if pid not in by_pid:
+        return []
+    rank, proc = by_pid.pop(pid)
+    proc.returncode = os.waitstatus_to_exitcode(raw)
+    return [(rank, proc.returncode)] if proc.returncode != 0 else []
+
+
+def _reap_dead(by_pid: dict[int, tuple[int, subprocess.Popen]]) -> list[tuple[int, int]]:
+    """Reap, without waiting, every rank that is already dead; the failed ones."""
+    failed: list[tuple[int, int]] = []
+    while by_pid:
+        try:
+            pid, raw = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not pid:
+            break
+        failed += _reap(by_pid, pid, raw)
+    return failed
+
+
+def first_failure(failed: list[tuple[int, int]]) -> tuple[int, int]:
+    """The rank whose failure caused the others', among those found dead at once.
+
+    The kernel hands zombies back in start order, not in order of death: when
+    rank 2 is killed and rank 0 has already exited 1 over the lost connection
+    by the time the starter looks, rank 0 comes first. A death by a signal is
+    the cause rather than the consequence (SIGABRT least: gloo and NCCL abort a
+    rank whose peer vanished), so it wins; then the order of reaping.
+    """
+
+    def weight(item: tuple[int, int]) -> int:
+        code = item[1]
+        if code < 0:
+            return 1 if -code == signal.SIGABRT else 0
+        return 2
+
+    return min(failed, key=weight)
+
+
+def _how(returncode: int) -> str:
+    return _signal_name(returncode) if returncode < 0 else f"exit code {returncode}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,8 +81,10 @@ class SlurmExecutor:
         """Write job.sh into the run folder and sbatch it; the run stays 'queued' until Slurm runs it."""
         port = launch.free_port()
         text, argv, run, rev = script_for(rd, self.info or rd.batch.info(), port=port)
+        launch.check_real_env(run, rd)
         script = rd.path / SCRIPT_NAME
         script.write_text(text)
+        argv = launch.shown_command(run, argv)
         rd.cmd_file.write_text(shlex.join(argv) + "\n")
         rd.exit_file.unlink(missing_ok=True)
         env = {**os.environ, **launch.build_env(run, rd, revision=rev)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from dstui.core import secrets
 from dstui.core.errors import SpecError
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
@@ -69,9 +70,11 @@ def job_script(
     python = python or sys.executable
     argv = rank_argv(run, rd, python=python, port=port)
     env = launch.build_env(run, rd, base={}, revision=revision)
-    # secrets are not written into the run folder (it becomes an MLflow artifact):
+    # hidden env values are not written into the run folder (it becomes an MLflow artifact):
     # they reach the job through sbatch's environment (--export=ALL, Slurm's default)
-    exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if not launch.is_secret(k)]
+    hidden = secrets.hidden_names(run.settings.env, run.settings.env_visible)
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())
+               if k not in hidden and secrets.strip_credentials(v) == v]  # fmt: skip
     me = shlex.quote(sys.executable)
     lines = [
         "#!/bin/bash",

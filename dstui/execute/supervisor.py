@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from dstui.core import secrets
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import gpu_share, launch, prebuild, slurm, sysmetrics
@@ -211,6 +212,7 @@ def main(batch_path: str) -> int:
     # keep the metrics on disk, retry on a later pass.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    secrets.mask_output()  # supervisor.log: no credentials, no hidden env value, tracebacks included
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     batch = BatchDir(Path(batch_path).resolve())
     try:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dstui.analysis import phases
 from dstui.analysis import runs as an
 from dstui.analysis.checks import CheckResult, check_of, sp_check_runs
+from dstui.analysis.forecast_check import forecast_vs_measured
 from dstui.analysis.parity import FP32_TOLERANCE, default_tolerance
 from dstui.analysis.revision_compare import Comparison, compare, samples_from_runs
 from dstui.analysis.runs import ConditionStats, Parity, RunData
@@ -55,6 +57,10 @@ class ReportContext:
         self.sp_checks: list[CheckResult] = []
         self.base_revision: str | None = None
         self.revisions: list[Comparison] = []
+        self.times: Any = None  # DataFrame: seconds per segment, one row per run with a breakdown
+        self.step_shares: dict[str, tuple[float, float, float]] = {}
+        self.memory_forecast: Any = None  # DataFrame: forecast vs measured peak per condition
+        self.forecast_missing = ""  # the module a forecast needed but could not import
 
     def compute(self, baseline: str | None) -> None:
         self.conds = an.condition_stats(self.runs)
@@ -73,7 +79,12 @@ class ReportContext:
         if an.wants_grid(self.runs):
             self.grid = an.grids(self.runs)
         self.unit, self.scale = charts.time_unit([c.iter_time_mean for c in self.train if c.iter_time_mean])
-
+        self.times = phases.time_table(self.runs)
+        self.step_shares = phases.step_share_by_batch(self.runs)
+        try:
+            self.memory_forecast = forecast_vs_measured(self.runs)
+        except ImportError as e:  # DeepSpeed's estimators: the optional training stack (dstui[train])
+            self.forecast_missing = f"{e.name or e}"
 
     def _compare_revisions(self, trained: list[ConditionStats]) -> None:
         """Revision vs baseline revision per condition: the same numbers as ``dstui compare``."""

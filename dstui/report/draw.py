@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dstui.analysis import runs as an
-from dstui.report import charts, charts_checks
+from dstui.report import charts, charts_checks, phases_chart
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import marker
 
@@ -71,6 +71,8 @@ def draw(ctx: ReportContext, out: Path) -> None:
         ctx.images["iter_series"] = charts.iter_time_series(
             series, out / "iter_time_per_step.png", unit=ctx.unit, scale=ctx.scale, warmup=warm
         ).name
+    if ctx.times is not None and not ctx.times.empty:
+        ctx.images["phases"] = phases_chart.phase_bars(ctx.times, out / "phases.png").name
     _draw_checks(ctx, out)
 
 

@@ -147,10 +147,19 @@ def write_json(path: Path, ctx: ReportContext) -> None:
             name: {level: frame.reset_index().to_dict(orient="records") for level, frame in levels.items()}
             for name, levels in (ctx.grid or {}).items()
         },
+        "time_breakdown": _clean(_times(ctx)),
+        "memory_forecast": _clean([] if ctx.memory_forecast is None else ctx.memory_forecast.to_dict(orient="records")),
         "runs": runs,
     }
     # one json.dumps then one write: json.dump streams thousands of small chunks
     path.write_text(json.dumps(doc, allow_nan=False, default=str), encoding="utf-8")
+
+
+def _times(ctx: ReportContext) -> dict[str, Any]:
+    """Seconds per segment per run (the report's table) and each batch's step share."""
+    rows = [] if ctx.times is None else ctx.times.reset_index(names="run").to_dict(orient="records")
+    shares = {b: {"step_share": s, "step_time_sum_s": t, "wall_s": w} for b, (s, t, w) in ctx.step_shares.items()}
+    return {"unit": "s", "runs": rows, "batches": shares}
 
 
 def _clean(obj: Any) -> Any:

@@ -30,7 +30,7 @@ from dstui.analysis.system import fetch_system
 from dstui.report import files as report_files
 from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
-from dstui.report.sections import checks, overview, performance, quality
+from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
 from dstui.report.sections.quality import ds_config_of
 
 
@@ -110,8 +110,10 @@ def render(ctx: ReportContext) -> str:
         performance.loss(ctx),
         performance.iter_time(ctx),
         performance.memory(ctx),
+        memory_forecast.forecast_vs_measured(ctx),
         performance.throughput(ctx),
         performance.system(ctx),
+        timing.where_time_went(ctx),
         checks.parity(ctx),
         checks.revisions(ctx),
         checks.verify(ctx),

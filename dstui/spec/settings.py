@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dstui.core import names
+from dstui.core import names, secrets
 
 Offload = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -115,12 +115,21 @@ class Settings(StrictModel):
     metrics_format: MetricsFormat = Field("jsonl", description="How dstui reads the program's metrics.")
     launcher: Launcher = Field(default_factory=Launcher, description="deepspeed launcher options.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    env_visible: list[str] = Field(default_factory=list, description="env names (or PREFIX_*) shown in files, params and logs; every other env value is masked (core.secrets).")
     extra_args: list[str] = Field(default_factory=list, description="More runner arguments (argv list).")
     hung_after_s: float = Field(600.0, gt=0, description="No new output for this long = hung.")
     stall_after_s: float | None = Field(
         None, gt=0, description="No new training step for this long = stalled (catches a run that prints while stuck)."
     )
     max_runtime_s: float | None = Field(None, gt=0, description="Kill a run that runs longer than this.")
+
+    @field_validator("env_visible")
+    @classmethod
+    def _env_names(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not secrets.ENV_NAME.match(n)]
+        if bad:
+            raise ValueError(f"not an environment variable name (or PREFIX_*): {bad[0]!r}")
+        return v
 
     @field_validator("command")
     @classmethod
@@ -145,4 +154,4 @@ class Settings(StrictModel):
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
-SUPERVISION_ONLY = ("stall_after_s", "max_runtime_s")  # not part of a run's key
+SUPERVISION_ONLY = ("stall_after_s", "max_runtime_s", "env_visible")  # how a run is watched or shown: not part of its key

@@ -291,7 +291,7 @@ def test_deleted_run_folder_under_a_live_batch(home: Path) -> None:
 
 
 def test_secrets_never_reach_mlflow(home: Path) -> None:
-    spec = spec_file(home, "secret", [{"name": "s", "args": ["--steps", "2"]}], steps=2, env={"HF_TOKEN": "hf_supersecret", "MY_FLAG": "1"})
+    spec = spec_file(home, "secret", [{"name": "s", "args": ["--steps", "2"]}], steps=2, env={"HF_TOKEN": "hf_supersecret", "MY_FLAG": "1"}, env_visible=["MY_FLAG"])
     assert dstui("run", str(spec), timeout=120).returncode == 0
     client = mlflow_client()
     (rd,) = only_batch(home).runs()
@@ -338,7 +338,7 @@ def test_credentials_in_env_and_tracking_uri_stay_out_of_every_file(home: Path) 
     data = {
         "name": "creds",
         "settings": {"kind": "command", "metrics_format": "jsonl", "steps": 2, "warmup_steps": 0,
-                     "env": {"DB_URL": db_url, "API_TOKEN": "tok77", "MY_FLAG": "1"}},
+                     "env": {"DB_URL": db_url, "API_TOKEN": "tok77", "MY_FLAG": "1"}, "env_visible": ["DB_URL", "MY_FLAG"]},
         "conditions": [
             {"name": "env-seen", "command": [sys.executable, "-c", check]},
             {"name": "s", "command": [sys.executable, FAKE, "--metrics-file", "{metrics_file}", "--steps", "2"]},

@@ -6,8 +6,10 @@ its stderr is what a rank writes into stdout.log.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,68 @@ def test_no_signal_no_signal_reason() -> None:
     assert signal_death("plain output\n", 1) is None
     assert signal_death("", 0) is None
     assert classify("OSError: [Errno 28] No space left on device\n", 1) == "disk full (No space left on device)"
+
+
+# ---- which rank: any number of ranks (issue 20) ----
+
+# Rank 2 of 3 dies by a signal; the others then fail the way gloo makes them (an exception over the
+# lost peer, exit 1) as soon as rank 2 is dead, so the starter may find several ranks dead at once.
+RANK_DEATH = """\
+import os, signal, sys, time
+rank, here = int(os.environ["RANK"]), os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(here, f"pid{rank}"), "w").write(str(os.getpid()))
+def crash():
+    os.kill(os.getpid(), getattr(signal, sys.argv[-1]))
+if rank == 2:
+    time.sleep(0.5)
+    crash()
+victim = os.path.join(here, "pid2")
+while not os.path.exists(victim):
+    time.sleep(0.01)
+pid = open(victim).read()
+while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(") ")[1][0] not in "ZX":
+    time.sleep(0.01)
+raise RuntimeError(f"[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer (rank {rank})")
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "expected"),
+    [("SIGSEGV", "rank 2: SIGSEGV in "), ("SIGKILL", "rank 2: SIGKILL (killed from outside: the kernel's OOM killer")],
+)
+def test_the_rank_that_died_is_named_among_three(tmp_path: Path, sig: str, expected: str) -> None:
+    script = tmp_path / "r.py"
+    script.write_text(RANK_DEATH)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "3", "--master-port", "1", "--", sys.executable, str(script), sig],
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert f"dstui ranks: rank 2 failed ({sig}); stopping the others" in log
+    reason = classify(log, proc.returncode)
+    assert reason.startswith(expected), (reason, log[-3000:])
+    if sig == "SIGSEGV":
+        assert reason.endswith("r.py:crash")
+    for rank in range(3):  # every rank is gone (stopped and reaped by the starter)
+        assert not Path(f"/proc/{(tmp_path / f'pid{rank}').read_text()}").exists()
+
+
+def test_a_death_by_signal_wins_over_the_exits_it_caused() -> None:
+    from dstui.execute.ranks import first_failure
+
+    assert first_failure([(0, 1), (1, 1), (2, -9)]) == (2, -9)  # zombies come back in start order
+    assert first_failure([(0, -6), (3, -11)]) == (3, -11)  # gloo's abort is a consequence
+    assert first_failure([(1, 1), (2, 1)]) == (1, 1)
+    log = "dstui ranks: rank 3 failed (SIGSEGV); stopping the others\ndstui ranks: rank 0 also failed (SIGABRT)\n"
+    assert signal_death(log, 139) == "rank 3: SIGSEGV"
+
+
+def test_deepspeeds_launcher_line_is_not_trusted_for_the_rank_with_several_ranks() -> None:
+    """Its 'exits with return code' line prints the last started rank's command whichever rank failed."""
+    launcher = (
+        "[INFO] [launch.py:164:main] nnodes=1, num_local_procs=3, node_rank=0\n"
+        "[ERROR] [launch.py:325:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=2'] exits with return code = -9\n"
+    )
+    assert signal_death(launcher, 247) == "killed by SIGKILL (killed from outside: the kernel's OOM killer when host memory ran out, or a kill -9)"
+    one = launcher.replace("num_local_procs=3", "num_local_procs=1").replace("local_rank=2", "local_rank=0")
+    assert signal_death(one, 247).startswith("rank 0: SIGKILL")

@@ -31,7 +31,7 @@ import train_args  # noqa: E402
 # A new setting must be declared for a runner (``runners`` on its Field) or listed here, on purpose.
 DSTUI_ONLY = {
     "kind", "gpus", "nodes", "ds_config", "ds_overrides", "command", "metrics_format", "launcher", "env",
-    "extra_args", "hung_after_s", "stall_after_s", "max_runtime_s",
+    "env_visible", "extra_args", "hung_after_s", "stall_after_s", "max_runtime_s",
 }  # fmt: skip
 # Flags of a runner's own that carry a setting's name with another meaning: --ds-config is the path of
 # the finished config dstui wrote, Settings.ds_config the template it was built from.

@@ -1,4 +1,4 @@
-"""Credentials are stripped from URIs and secret-named env values masked (issue 20), as pure functions."""
+"""Credentials are stripped from URIs and env values masked unless shown (issue 20), as pure functions."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ def test_uri_credentials_are_stripped_anywhere_in_text() -> None:
 
 
 def test_redact_masks_secret_names_and_strips_uris_everywhere() -> None:
-    spec = {"settings": {"env": {"HF_TOKEN": "hf_x", "DB_URL": "postgres://u:p@h/db", "N": "1"}, "command": ["--uri=http://a:b@h"]}}
-    assert redact(spec) == {"settings": {"env": {"HF_TOKEN": "***", "DB_URL": "postgres://***@h/db", "N": "1"}, "command": ["--uri=http://***@h"]}}
+    # shown names (env_visible) keep their values, less URI credentials; the rest is masked whole
+    spec = {"settings": {"env": {"HF_TOKEN": "hf_x", "DB_URL": "postgres://u:p@h/db", "N": "1"}, "env_visible": ["DB_URL", "N"], "command": ["--uri=http://a:b@h"]}}
+    assert redact(spec) == {"settings": {"env": {"HF_TOKEN": "***", "DB_URL": "postgres://***@h/db", "N": "1"}, "env_visible": ["DB_URL", "N"], "command": ["--uri=http://***@h"]}}
 
 
 def test_supervisor_takes_the_full_uri_from_its_environment(monkeypatch) -> None:

@@ -196,3 +196,43 @@ def test_phase_chart_and_table_from_mlflow_metrics(tmp_path: Path) -> None:
     assert batch_step_share(runs) == pytest.approx((8.0 / 30.0, 8.0, 30.0))
     png = phase_bars(table, tmp_path / "phases.png")
     assert png.stat().st_size > 1000
+
+
+def test_prebuild_starts_no_process_for_ops_built_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second batch finds the remembered .so files and spends no DeepSpeed import on them.
+
+    The op build itself is replaced by a script that prints what runners/prebuild_ops.py prints
+    (building a real op needs a GPU or minutes of C++ here); everything around it is dstui's.
+    """
+    import logging
+
+    from dstui.execute import batch, prebuild
+
+    monkeypatch.setenv("DSTUI_CACHE", str(tmp_path / "cache"))
+    so = tmp_path / "ext" / "cpu_adam" / "cpu_adam.so"
+    starts = tmp_path / "starts.txt"
+    fake = tmp_path / "fake_build.py"
+    fake.write_text(
+        "import pathlib, sys\n"
+        f"pathlib.Path({str(starts)!r}).open('a').write(sys.argv[1] + '\\n')\n"
+        f"so = pathlib.Path({str(so)!r}); so.parent.mkdir(parents=True, exist_ok=True); so.write_bytes(b'')\n"
+        "print('prebuild: ' + sys.argv[1] + ': ready in 0.0 s')\n"
+        "print('prebuild-so: ' + sys.argv[1] + ' ' + str(so))\n"
+    )
+    monkeypatch.setattr(prebuild, "PREBUILD_SCRIPT", fake)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nsettings: {gpus: 2, steps: 3, warmup_steps: 1}\n"
+                    "conditions:\n  - {name: b, zero_stage: 3, offload: cpu}\n")  # fmt: skip
+    log = logging.getLogger("test-prebuild")
+
+    def one_batch() -> None:
+        b = batch.create(batch.plan(spec, validate=False, progress=lambda _: None), runs_root=tmp_path / "runs")
+        prebuild.before_first_run(b, on_gpu=False, log=log)
+
+    one_batch()
+    assert starts.read_text().split() == ["CPUAdamBuilder"]
+    one_batch()  # remembered and present: no process
+    assert starts.read_text().split() == ["CPUAdamBuilder"]
+    so.unlink()  # gone (a cleaned cache): built again
+    one_batch()
+    assert starts.read_text().split() == ["CPUAdamBuilder", "CPUAdamBuilder"]

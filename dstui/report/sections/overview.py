@@ -70,6 +70,9 @@ def headlines(ctx: ReportContext) -> list[str]:
         if high.label != low.label:
             text += f" ({high.label}: {high.mem_peak_gb:.2f} GiB)"
         out.append(text + ".")
+    for batch, (share, steps, wall) in sorted(ctx.step_shares.items()):
+        out.append(f"Step share{f' of {batch}' if len(ctx.step_shares) > 1 else ''}: {share:.0%} of the wall "
+                   f"time went to optimizer steps ({steps:.1f} s of {wall:.1f} s) — see Where the time went.")  # fmt: skip
     if ctx.parity:
         npass = sum(p.verdict == "PASS" for p in ctx.parity)
         nfail = sum(p.verdict == "FAIL" for p in ctx.parity)
@@ -92,7 +95,11 @@ def headlines(ctx: ReportContext) -> list[str]:
             + (" ..." if len(failed) > 8 else "")
             + "."
         )
-    other = [r for r in ctx.runs if r.status not in an.FAILED_STATES and r.status != "done"]
+    skipped = [r for r in ctx.runs if r.status == "skipped"]
+    if skipped:
+        out.append(f"{len(skipped)} run(s) never launched: " + ", ".join(f"{r.run_name} ({r.reason or 'skipped'})"
+                                                                         for r in skipped[:8]) + ".")  # fmt: skip
+    other = [r for r in ctx.runs if r.status not in (*an.FAILED_STATES, "done", "skipped")]
     if other:
         out.append(
             f"{len(other)} run(s) not finished when this report was made: "
