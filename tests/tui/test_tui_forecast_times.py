@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import yaml
+from rich.text import Text
 from textual.widgets import DataTable, Static
 from tui_helpers import add_phases, fixture_batch, wait_for
 
@@ -27,36 +29,35 @@ GRID = {
 }
 
 
-def _memory_cells(screen: ComposeScreen) -> dict[str, object]:
-    table = screen.query_one("#runlist", DataTable)
-    return {str(key.value): table.get_cell(key, "mem/GPU") for key in table.rows}
+async def compose_forecast(tmp: Path, name: str, spec: dict) -> tuple[dict[str, Text], str, list]:
+    """Open the spec in Compose, wait for its check: (mem/GPU cell per run, the forecast note, the runs).
 
-
-async def _open_compose(pilot, app) -> ComposeScreen:  # noqa: ANN001
-    await pilot.press("1")
-    screen = app.screen
-    assert isinstance(screen, ComposeScreen)
-    note = screen.query_one("#memnote", Static)
-    assert await wait_for(pilot, lambda: "memory forecast" in str(note.render()), timeout=180), str(note.render())
-    return screen
+    A screenshot of the screen is left in ``tmp/<name>.svg``.
+    """
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(140, 34)) as pilot:
+        await pilot.press("1")
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        note = screen.query_one("#memnote", Static)
+        assert await wait_for(pilot, lambda: "memory forecast" in str(note.render()), timeout=180), str(note.render())
+        table = screen.query_one("#runlist", DataTable)
+        cells = {str(key.value): table.get_cell(key, "mem/GPU") for key in table.rows}
+        await pilot.pause(0.3)
+        app.save_screenshot(filename=f"{name}.svg", path=str(tmp))
+        return cells, str(note.render()), list(screen.runs)
 
 
 async def test_compose_forecast_per_run_coloured_against_the_declared_gpu(tui_env) -> None:  # noqa: ANN001
     from dstui.analysis import forecast
     from dstui.spec import dsconfig
 
-    path = tui_env / "mem.yaml"
-    path.write_text(yaml.safe_dump(GRID, sort_keys=False))
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(140, 34)) as pilot:
-        screen = await _open_compose(pilot, app)
-        cells = _memory_cells(screen)
-        runs = list(screen.runs)
-        assert "against 32.0 GiB" in str(screen.query_one("#memnote", Static).render())
-        await pilot.pause(0.3)
-        app.save_screenshot(filename="compose_forecast.svg", path=str(tui_env))
+    cells, note, runs = await compose_forecast(tui_env, "mem", GRID)
+    assert "against 32.0 GiB" in note
     # the numbers: DeepSpeed's estimators + the analytic activations, with each run's ds_config
-    configs = dsconfig.build_and_validate(runs, file=str(path), spec_dir=tui_env)
+    configs = dsconfig.build_and_validate(runs, file=str(tui_env / "mem.yaml"), spec_dir=tui_env)
     for run in runs:
         fc = forecast.forecast(run.settings, ds_config=configs[run.name])
         assert str(cells[run.name]) == forecast.column(fc, 32 * 2**30), run.name
@@ -74,13 +75,7 @@ async def test_compose_forecast_without_a_gpu_is_uncoloured_with_a_note(tui_env)
         pytest.skip("this machine has a GPU: the forecast is held against it")
     spec = {**GRID, "axes": {"zero_stage": [0, 3]}}
     spec.pop("gpu_memory_gib")
-    path = tui_env / "cpu.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(140, 34)) as pilot:
-        screen = await _open_compose(pilot, app)
-        cells = _memory_cells(screen)
-        note = str(screen.query_one("#memnote", Static).render())
+    cells, note, _ = await compose_forecast(tui_env, "cpu", spec)
     assert "no GPU here and no gpu_memory_gib in the spec: not checked for OOM" in note
     assert set(cells) == {"z0-r0", "z3-r0"}
     for cell in cells.values():
@@ -88,15 +83,11 @@ async def test_compose_forecast_without_a_gpu_is_uncoloured_with_a_note(tui_env)
 
 
 async def test_compose_forecast_of_a_command_run_is_a_dash(tui_env) -> None:  # noqa: ANN001
-    path = tui_env / "cmd.yaml"
-    path.write_text(yaml.safe_dump({
+    cells, _, _ = await compose_forecast(tui_env, "cmd", {
         "name": "cmd", "settings": {"kind": "command", "steps": 4, "warmup_steps": 1}, "gpu_memory_gib": 32,
         "conditions": [{"name": "echo", "command": ["{python}", "-c", "print(1)"]}],
-    }))  # fmt: skip
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(140, 34)) as pilot:
-        screen = await _open_compose(pilot, app)
-        assert {k: str(v) for k, v in _memory_cells(screen).items()} == {"echo-r0": "-"}
+    })  # fmt: skip
+    assert {k: str(v) for k, v in cells.items()} == {"echo-r0": "-"}
 
 
 async def test_runs_screen_shows_gpus_and_where_the_time_went(tui_env) -> None:  # noqa: ANN001

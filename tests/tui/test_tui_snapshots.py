@@ -14,6 +14,14 @@ from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.charts import MetricPlot
 
 
+async def compose_checked(pilot) -> None:  # noqa: ANN001
+    """Open Compose and wait for its DeepSpeed check and memory forecast (they start after a pause in typing)."""
+    await pilot.press("1")
+    await pilot.pause(1.0)
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause(0.3)
+
+
 def test_snapshot_runs(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
     assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30))
@@ -60,13 +68,7 @@ def test_snapshot_compose(tui_env, snap_compare):  # noqa: F811
     spec = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
 
-    async def run_before(pilot) -> None:  # noqa: ANN001
-        await pilot.press("1")
-        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
-
-    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
 
 def test_snapshot_compose_forecast(tui_env, snap_compare):  # noqa: F811
@@ -76,14 +78,7 @@ def test_snapshot_compose_forecast(tui_env, snap_compare):  # noqa: F811
         "name: mem\nsettings: {model: llama-1b, seq_length: 2048, dtype: bf16, gpus: 2, steps: 4}\n"
         "axes: {zero_stage: [0, 3], micro_batch: [1, 4]}\ngpu_memory_gib: 32\n"
     )
-
-    async def run_before(pilot) -> None:  # noqa: ANN001
-        await pilot.press("1")
-        await pilot.pause(1.0)  # the DeepSpeed check and the forecast start after a pause in typing
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
-
-    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
 
 def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
@@ -94,9 +89,7 @@ def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
     )
 
     async def run_before(pilot) -> None:  # noqa: ANN001
-        await pilot.press("1")
-        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
-        await pilot.app.workers.wait_for_complete()
+        await compose_checked(pilot)
         await pilot.press("ctrl+e")
         await pilot.pause(0.3)
 

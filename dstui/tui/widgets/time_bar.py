@@ -71,11 +71,16 @@ def share_text(share: tuple[float, float, float]) -> Text:
 class TimeBar(Static):
     """The highlighted run's time breakdown and the batch's step share; hidden when neither is known."""
 
+    _shown: tuple | None = None
+
     def show(self, name: str | None, statuses: list[dict[str, Any]]) -> None:
         """``name``: the highlighted run; ``statuses``: every run of the batch (status.json contents)."""
         own = next((st for st in statuses if st.get("name") == name), None)
         times = from_status(own) if own else None
         share = batch_step_share(statuses)
+        if (name, times, share) == self._shown:
+            return  # called every tick: redraw only what changed
+        self._shown = (name, times, share)
         parts = []
         if times is not None and any(getattr(times, k) is not None for k in SEGMENTS):
             parts.append(breakdown_text(str(name), times))
