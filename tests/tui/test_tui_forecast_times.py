@@ -142,3 +142,22 @@ def test_the_tui_launches_with_the_cli_default_parallel() -> None:
         defaults.append(p.parse_args(["x.yaml"]).parallel)
     assert defaults == [AUTO, AUTO]
     assert DstuiApp().parallel == AUTO
+
+
+async def test_runs_columns_widen_for_gpus_given_after_the_table_was_built(tui_env) -> None:  # noqa: ANN001
+    """A run that starts later gets its GPUs; the column grows to show all of them, not the header's width."""
+    from dstui.core.rundir import RunDir
+    from dstui.tui.widgets.cached_table import CachedTable
+
+    b = fixture_batch(tui_env)
+    app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.3)
+    async with app.run_test(size=(140, 34)) as pilot:
+        assert await wait_for(pilot, lambda: "z3-r0" in app.screen._rows, timeout=20)
+        table = app.screen.query_one("#runs", CachedTable)
+        gpus = table.ordered_columns[9]
+        assert str(gpus.label) == "gpus" and gpus.content_width < len("0,1,2,3,4,5,6,7")
+        RunDir(b.path / "z3-r0").update_status(gpu_slice=list(range(8)), reason="CUDA error: an illegal memory access")
+        assert await wait_for(pilot, lambda: app.screen._rows["z3-r0"][9] == "0,1,2,3,4,5,6,7", timeout=20)
+        assert await wait_for(pilot, lambda: gpus.content_width == len("0,1,2,3,4,5,6,7"), timeout=20)
+        reason = table.ordered_columns[10]
+        assert reason.content_width == len("CUDA error: an illegal memory access")

@@ -34,13 +34,17 @@ class CachedTable(DataTable):
         return False
 
     def update_row(self, key: str, cells: tuple) -> None:
-        """Patch the cells of one row that differ from what it shows."""
+        """Patch the cells of one row that differ from what it shows.
+
+        A column widens to fit a longer value (a reason that appears when a run fails, the
+        GPUs a run gets when it starts): the widths set when the rows were added would cut it.
+        """
         old = self.cells.get(key)
         if old == cells:
             return
         for i, (a, b) in enumerate(zip(old or (), cells, strict=False)):
             if a != b:
-                self.update_cell(key, self.ordered_columns[i].key, b)
+                self.update_cell(key, self.ordered_columns[i].key, b, update_width=True)
         self.cells[key] = cells
 
     def cursor_key(self) -> str | None:

@@ -90,4 +90,7 @@ class RunPreview(Vertical):
         table = self.query_one("#runlist", DataTable)
         for name in list(table.rows):
             table.update_cell(name, MEMORY, result.memory.get(str(name.value), Text("-")), update_width=True)
+        # the table widens the column when it next goes idle; a direct call posts it nothing, so
+        # without a prompt the new width could wait for an unrelated event (a key, a resize)
+        table.check_idle()
         self.query_one("#memnote", Static).update(Text(result.memory_note, style="dim"))
