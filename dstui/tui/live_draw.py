@@ -16,6 +16,7 @@ from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.phases import from_status
 from dstui.tui.series import RunSeries
 from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.time_bar import stacked_bar
 
 SYSTEM_VIEWS = {
     "gpu_util": ("GPU util", "%", 1.0),
@@ -24,6 +25,9 @@ SYSTEM_VIEWS = {
     "cpu": ("job CPU", "%", 1.0),
     "rss": ("job RSS", "GiB", 1024**3),
 }
+
+
+LOG_BAR_WIDTH = 20  # the log title is one line: run name, key hints and this bar fit 100 columns
 
 
 def byte_scale(max_value: float) -> tuple[float, str]:
@@ -118,9 +122,11 @@ def legend(series: Sequence[RunSeries], statuses: Sequence[dict[str, Any]]) -> T
 
 
 def log_title(run: str, status: dict[str, Any] | None) -> Text:
-    """'log RUN  (n: next run, o: full log)', and where the run's time went once it has ended."""
+    """'log RUN  (n: next run, o: full log)', and a small stacked bar of where the run's time went
+    once it has ended (the colours of the runs screen's time bar, which has the legend)."""
     text = Text.assemble(("log ", "dim"), (run, "bold"), ("  (n: next run, o: full log)", "dim"))
     times = from_status(status or {})
-    if times is not None:
-        text.append(f"  time {times.line()}", style="cyan")
+    if times is not None and times.wall is not None:
+        text.append("  time ", style="dim")
+        text.append_text(stacked_bar(times, LOG_BAR_WIDTH))
     return text

@@ -41,18 +41,25 @@ def bar_widths(seconds: list[float], width: int) -> list[int]:
     return out
 
 
-def breakdown_text(name: str, b: Breakdown, width: int = BAR_WIDTH) -> Text:
-    """Two lines: 'name  wall s  [stacked bar]  steps N% of wall' and the coloured segment legend."""
-    known = [(k, getattr(b, k)) for k in SEGMENTS if getattr(b, k) is not None]
-    text = Text.assemble(("time ", "dim"), (name, "bold"))
-    if b.wall is not None:
-        text.append(f"  {b.wall:.1f} s ")
+def _known(b: Breakdown) -> list[tuple[str, float]]:
+    return [(k, getattr(b, k)) for k in SEGMENTS if getattr(b, k) is not None]
+
+
+def stacked_bar(b: Breakdown, width: int = BAR_WIDTH) -> Text:
+    """'58.0 s [bar of `width` cells, one colour per segment]  steps 3% of wall' on one line."""
+    known = _known(b)
+    text = Text(f"{b.wall:.1f} s " if b.wall is not None else "")
     for (key, _), n in zip(known, bar_widths([max(0.0, s) for _, s in known], width), strict=True):
         text.append("█" * n, style=SEGMENT_STYLE[key])
     if b.step_share is not None:
         text.append(f"  steps {b.step_share:.0%} of wall", style="bold")
-    text.append("\n")
-    for key, seconds in known:
+    return text
+
+
+def breakdown_text(name: str, b: Breakdown, width: int = BAR_WIDTH) -> Text:
+    """Two lines: 'time name  wall s [stacked bar]  steps N% of wall' and the coloured segment legend."""
+    text = Text.assemble(("time ", "dim"), (name, "bold"), "  ", stacked_bar(b, width), "\n")
+    for key, seconds in _known(b):
         text.append("■ ", style=SEGMENT_STYLE[key])
         text.append(f"{key} {seconds:.1f}  ")
     return text
