@@ -72,11 +72,11 @@ def test_snapshot_compose(tui_env, snap_compare):  # noqa: F811
 
 
 def test_snapshot_compose_forecast(tui_env, snap_compare):  # noqa: F811
-    """mem/GPU coloured against a declared 32 GiB GPU: fits (green), within 10% (yellow), OOM (red)."""
+    """mem/GPU coloured against a declared 30 GiB GPU: fits (green), within 10% (yellow), OOM (red)."""
     spec = tui_env / "mem.yaml"
     spec.write_text(
         "name: mem\nsettings: {model: llama-1b, seq_length: 2048, dtype: bf16, gpus: 2, steps: 4}\n"
-        "axes: {zero_stage: [0, 3], micro_batch: [1, 4]}\ngpu_memory_gib: 32\n"
+        "axes: {zero_stage: [0, 3], micro_batch: [1, 4]}\ngpu_memory_gib: 30\n"
     )
     assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
