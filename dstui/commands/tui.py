@@ -10,7 +10,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", help="batch id to show first")
     p.add_argument("--live", action="store_true", help="open the live view on that batch")
     p.add_argument(
-        "--parallel", type=int, default=1, metavar="N", help="runs at a time for batches launched here (default 1)"
+        "--parallel",
+        type=int,
+        default=0,
+        metavar="N",
+        help="runs at a time for batches launched here, as `dstui run --parallel` (default 0 = auto: "
+        "as many as fit on disjoint GPUs of this box, one at a time without GPUs; 1 = one after another)",
     )
 
 
@@ -22,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         spec_path=getattr(args, "spec", None),
         batch_id=getattr(args, "batch", None),
         live=getattr(args, "live", False),
-        parallel=max(1, getattr(args, "parallel", 1) or 1),
+        parallel=max(0, getattr(args, "parallel", 0) or 0),
     )
     app.run()
     return int(app.return_code or 0)

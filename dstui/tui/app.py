@@ -17,6 +17,7 @@ from textual.worker import WorkerState
 
 from dstui.core.errors import DstuiError
 from dstui.tui.commands import DstuiCommands
+from dstui.tui.run_control import DEFAULT_PARALLEL
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
 from dstui.tui.screens.runs import RunsScreen
@@ -53,7 +54,7 @@ class DstuiApp(App):
         spec_path: str | Path | None = None,
         batch_id: str | None = None,
         live: bool = False,
-        parallel: int = 1,
+        parallel: int = DEFAULT_PARALLEL,
         supervise: bool = True,
         watch_s: float = 1.0,
     ) -> None:
@@ -61,7 +62,7 @@ class DstuiApp(App):
         self.spec_path: Path | None = Path(spec_path).resolve() if spec_path else None
         self.start_batch = batch_id
         self.start_live = live
-        self.parallel = parallel
+        self.parallel = parallel  # for batches launched here: `dstui run --parallel` (0 = auto)
         self.supervise = supervise  # take over unfinished batches on start (off in snapshots)
         self.watch_s = watch_s
 

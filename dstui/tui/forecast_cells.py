@@ -1,10 +1,11 @@
 """The memory-forecast column of the compose screen's run list, coloured against the GPU.
 
-For ``dstui/tui/screens/compose.py`` to call from its validation worker (a
-thread: the estimators import DeepSpeed, seconds the first time), e.g.::
+Called by the compose screen's validation worker (dstui/tui/compose_check.py, a
+thread: the estimators import DeepSpeed, seconds the first time)::
 
     cells = forecast_cells(runs, ds_configs, sysmetrics.gpu_memory_total(), spec.gpu_memory_gib)
-    # then a "mem/GPU" column: table.update_cell(run.name, "mem", cells[run.name])
+
+and shown in the run list's "mem/GPU" column (dstui/tui/widgets/run_preview.py).
 
 History from MLflow is not read here (it changes between keystrokes rarely and
 costs a store query); the analytic forecast is what a spec being edited gets.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -11,9 +12,11 @@ from tui_helpers import REPO, seed_spec, wait_for
 
 from dstui.core.rundir import FINAL_STATES, RunDir
 from dstui.execute import batch as batch_mod
+from dstui.execute.gpu_share import AUTO
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.log import LogScreen
 from dstui.tui.screens.runs import RunsScreen
+from dstui.tui.widgets.time_bar import TimeBar
 
 pytestmark = pytest.mark.anyio
 
@@ -53,6 +56,7 @@ async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
         assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=240), states(screen)
         row = screen._rows["echo-r0"]
         assert row[3] == "5/5" and row[5] == "1"  # progress and last loss (5.0 / 5)
+        assert screen.batch.info()["parallel"] == AUTO  # the default of `dstui run`, not one at a time
         # the log viewer shows the run's stdout
         await pilot.press("o")
         await pilot.pause(0.5)
@@ -120,3 +124,11 @@ async def test_e2e_real_cpu_smoke_from_ui(tui_env):  # noqa: F811
         assert await wait_for(pilot, lambda: len(screen._rows) == 4, timeout=180)
         ok = await wait_for(pilot, lambda: all(s in FINAL_STATES for s in states(screen)), timeout=1700)
         assert ok and states(screen) == ["done"] * 4, why_not_done(screen)
+        # where the time of a real run went: every segment, the step share, and the batch's share
+        bar = screen.query_one(TimeBar)
+        assert await wait_for(pilot, lambda: "step share" in str(bar.render()), timeout=30), str(bar.render())
+        text = str(bar.render())
+        assert text.startswith("time z0-r0") and "% of wall" in text, text
+        for seg in ("launch", "imports", "init", "compile", "steps", "teardown"):
+            assert re.search(rf"{seg} \d+\.\d", text), (seg, text)
+        assert [screen._rows[n][9] for n in screen._rows] == ["-"] * 4  # no GPUs here: DeepSpeed's default devices

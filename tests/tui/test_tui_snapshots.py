@@ -8,10 +8,18 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from tui_helpers import REPO, fixture_batch, make_store, wait_for
+from tui_helpers import REPO, add_phases, fixture_batch, make_store, wait_for
 
 from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.charts import MetricPlot
+
+
+async def compose_checked(pilot) -> None:  # noqa: ANN001
+    """Open Compose and wait for its DeepSpeed check and memory forecast (they start after a pause in typing)."""
+    await pilot.press("1")
+    await pilot.pause(1.0)
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause(0.3)
 
 
 def test_snapshot_runs(tui_env, snap_compare):  # noqa: F811
@@ -22,6 +30,14 @@ def test_snapshot_runs(tui_env, snap_compare):  # noqa: F811
 def test_snapshot_runs_80x24(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
     assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(80, 24))
+
+
+def test_snapshot_runs_times(tui_env, snap_compare):  # noqa: F811
+    """The gpus column and the time bar of a run that has a breakdown, with the batch's step share."""
+    b = fixture_batch(tui_env)
+    add_phases(b.path / "z0-r0", gpu_slice=[0, 1])
+    add_phases(b.path / "z1-r0", gpu_slice=[2, 3])
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30))
 
 
 def test_snapshot_live(tui_env, snap_compare):  # noqa: F811
@@ -52,13 +68,17 @@ def test_snapshot_compose(tui_env, snap_compare):  # noqa: F811
     spec = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
 
-    async def run_before(pilot) -> None:  # noqa: ANN001
-        await pilot.press("1")
-        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
-    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
+
+def test_snapshot_compose_forecast(tui_env, snap_compare):  # noqa: F811
+    """mem/GPU coloured against a declared 30 GiB GPU: fits (green), within 10% (yellow), OOM (red)."""
+    spec = tui_env / "mem.yaml"
+    spec.write_text(
+        "name: mem\nsettings: {model: llama-1b, seq_length: 2048, dtype: bf16, gpus: 2, steps: 4}\n"
+        "axes: {zero_stage: [0, 3], micro_batch: [1, 4]}\ngpu_memory_gib: 30\n"
+    )
+    assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
 
 def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
@@ -69,9 +89,7 @@ def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
     )
 
     async def run_before(pilot) -> None:  # noqa: ANN001
-        await pilot.press("1")
-        await pilot.pause(1.0)  # the DeepSpeed check starts after a pause in typing
-        await pilot.app.workers.wait_for_complete()
+        await compose_checked(pilot)
         await pilot.press("ctrl+e")
         await pilot.pause(0.3)
 

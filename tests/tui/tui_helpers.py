@@ -88,6 +88,28 @@ def fixture_batch(root: Path, batch_id: str = "fixture-20260101-000000", *, fina
     return BatchDir(path)
 
 
+def add_phases(rd_path: Path, *, gpu_slice: list[int] | None = None) -> None:
+    """Give a fixture run what a finished real run has: the runner's ``phases`` record and summary,
+    the wrapper's exit.json, the GPUs the supervisor gave it, and the breakdown the supervisor stores.
+
+    Breakdown (s): launch 2.0, imports 3.0, init 4.0, compile 1.5, steps 39.5, teardown 8.0;
+    wall 58.0; 2.0 s of optimizer steps (3% of wall).
+    """
+    from dstui.core import phases
+    from dstui.core.rundir import RunDir
+
+    rd = RunDir(rd_path)
+    marks = {"process_start": T0 + 2.0, "imports_done": T0 + 5.0, "group_up": T0 + 6.0, "model_built": T0 + 7.0,
+             "engine_ready": T0 + 9.0, "first_step_done": T0 + 11.0, "last_step_done": T0 + 50.0, "exit": T0 + 51.0}  # fmt: skip
+    with open(rd.metrics_file, "a") as fh:
+        fh.write(json.dumps({"type": "summary", "time": T0 + 50.5, "compile_time": 1.5, "step_time_sum": 2.0}) + "\n")
+        fh.write(json.dumps({"type": "phases", "time": T0 + 51.0, **marks}) + "\n")
+    write_json_atomic(rd.exit_file, {"ended": T0 + 58.0, "exit_code": 0})
+    if gpu_slice is not None:
+        rd.update_status(gpu_slice=gpu_slice)
+    phases.record(rd)  # what the supervisor does when the run ends
+
+
 async def wait_for(pilot, predicate, timeout: float = 60.0, step: float = 0.2) -> bool:  # noqa: ANN001
     """Let the app run until predicate() is true (real processes need real time)."""
     deadline = time.monotonic() + timeout

@@ -2,9 +2,14 @@
 
 Every edit re-runs :func:`dstui.spec.models.parse_spec` and :func:`dstui.spec.models.expand`
 (pure and cheap), so the run list, its count and the first error (the CLI's
-SpecError text) follow each keystroke. DeepSpeed's own config validation
-imports deepspeed, so it runs in a thread worker after a short pause in typing;
-a result for an older version of the spec is dropped.
+SpecError text) follow each keystroke. DeepSpeed's own config validation and
+the memory forecast per GPU import deepspeed, so they run in a thread worker
+(dstui/tui/compose_check.py) after a short pause in typing; a result for an
+older version of the spec is dropped.
+
+The form is :class:`~dstui.tui.widgets.spec_form.SpecForm` (it reports edits,
+this screen owns the spec mapping); the right side is
+:class:`~dstui.tui.widgets.run_preview.RunPreview`.
 """
 
 from __future__ import annotations
@@ -13,53 +18,31 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
-from textual.suggester import SuggestFromList
 from textual.timer import Timer
-from textual.widgets import Checkbox, DataTable, Footer, Header, Input, Label, OptionList, Static
-from textual.widgets.option_list import Option
+from textual.widgets import Footer, Header, Input, OptionList
 
 from dstui.core.errors import DstuiError, SpecError
-from dstui.core.paths import REPO_DIR
 from dstui.spec.models import ExperimentSpec, RunSpec, dump_spec, expand, parse_spec, save_spec
+from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
-from dstui.tui.widgets.toggle import Toggle
+from dstui.tui.compose_check import CheckResult
+from dstui.tui.widgets.run_preview import RunPreview
+from dstui.tui.widgets.spec_form import SpecForm
 
 VALIDATE_DELAY_S = 0.6
-RUN_COLUMNS = ("#", "run", "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model")
-
-
-def run_row(r: RunSpec) -> tuple:
-    s = r.settings
-    off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
-    comp = "dc" if s.deepcompile else ("tc" if s.compile else "-")
-    if s.kind == "command":
-        comp = "cmd"
-    return (
-        str(r.order), r.name, f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
-        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name,
-    )  # fmt: skip
-
-
-def _repo_rel(p: Path) -> str:
-    try:
-        return str(p.relative_to(REPO_DIR))
-    except ValueError:
-        return str(p)
 
 
 class Validated(Message):
-    def __init__(self, generation: int, error: str | None, note: str = "") -> None:
+    def __init__(self, generation: int, result: CheckResult) -> None:
         super().__init__()
         self.generation = generation
-        self.error = error
-        self.note = note
+        self.result = result
 
 
 class ComposeScreen(Screen):
@@ -67,6 +50,8 @@ class ComposeScreen(Screen):
     HELP = """Open a spec (type a path and Enter, or pick one from the list) or type a new file name to start one.
 A field with one value is a base setting; several values (toggles, or a comma list) make an axis,
 and the run list is their product. Errors are the same as `dstui list` prints.
+mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's
+gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.
 ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.
 ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."""
 
@@ -86,43 +71,21 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         self.error: str | None = None
         self.generation = 0
         self._validate_timer: Timer | None = None
-        self._validated: tuple[int, str | None] = (-1, None)
-
-    # -- layout ----------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="compose-body"):
-            with VerticalScroll(id="form"):
-                yield Label("spec file (Enter opens or starts one)", classes="form-title")
-                yield Input(placeholder="configs/experiments/my.yaml", id="path", compact=True)
-                yield OptionList(*[Option(_repo_rel(p), id=str(p)) for p in cm.experiment_files()], id="files")
-                yield self._row("name", Input(id="name", compact=True))
-                for field in cm.FORM_ORDER:
-                    if field in cm.CHOICES:
-                        boxes = [
-                            Toggle(cm.choice_text(v), id=f"ck-{field}-{i}", classes="choice")
-                            for i, v in enumerate(cm.CHOICES[field])
-                        ]
-                        yield self._row(cm.LABELS[field], Horizontal(*boxes, classes="choices"))
-                    else:
-                        inp = Input(id=f"in-{field}", compact=True, placeholder="comma list")
-                        if field == "model":
-                            inp.suggester = SuggestFromList(cm.model_presets())
-                            inp.placeholder = "preset or hub id, comma list"
-                        yield self._row(cm.LABELS[field], inp)
-                yield self._row("repeats", Input(id="repeats", compact=True, type="integer"))
-                yield self._row("baseline", Input(id="baseline", compact=True, placeholder="condition name"))
-                yield Static(id="revisions")
-            with Vertical(id="preview"):
-                yield Static(id="count")
-                yield Static(id="error")
-                yield Static(id="dsvalid")
-                yield DataTable(id="runlist", cursor_type="row", zebra_stripes=True)
+            yield SpecForm(id="form")
+            yield RunPreview(id="preview")
         yield Footer()
 
-    def _row(self, label: str, widget: Any) -> Horizontal:
-        return Horizontal(Label(label, classes="form-label"), widget, classes="form-row")
+    @property
+    def form(self) -> SpecForm:
+        return self.query_one(SpecForm)
+
+    @property
+    def preview(self) -> RunPreview:
+        return self.query_one(RunPreview)
 
     @staticmethod
     def _rel(p: Path) -> Path:
@@ -132,7 +95,7 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
             return p
 
     def on_mount(self) -> None:
-        self.query_one("#runlist", DataTable).add_columns(*RUN_COLUMNS)
+        self.preview.setup()
         spec = getattr(self.app, "spec_path", None)
         if spec:
             self.load(Path(spec))
@@ -163,30 +126,10 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         self.recompute()
 
     def _fill_form(self) -> None:
-        d = self.data
-        with self.prevent(Input.Changed, Checkbox.Changed):
-            self.query_one("#name", Input).value = str(d.get("name", ""))
-            for field in cm.FORM_ORDER:
-                values = cm.values_of(d, field)
-                if field in cm.CHOICES:
-                    for i, v in enumerate(cm.CHOICES[field]):
-                        self.query_one(f"#ck-{field}-{i}", Checkbox).value = v in values
-                else:
-                    self.query_one(f"#in-{field}", Input).value = cm.list_text(values)
-            self.query_one("#repeats", Input).value = str(d.get("repeats", 1))
-            self.query_one("#baseline", Input).value = str(d.get("baseline") or "")
-        self._show_revisions()
-        extras = [k for k in ("conditions", "exclude") if d.get(k)]
+        self.form.fill(self.data)
+        extras = [k for k in ("conditions", "exclude") if self.data.get(k)]
         if extras:
             self.notify("kept as they are: " + ", ".join(extras) + " (edit the YAML for those)", timeout=4)
-
-    def _show_revisions(self) -> None:
-        revs = [r for r in (self.data.get("revisions") or []) if isinstance(r, dict)]
-        lines = [Text.assemble(("revisions", "bold"), ("  ctrl+e edits", "dim"))]
-        lines += [Text(f"  {cm.revision_text(r)}") for r in revs]
-        if not revs:
-            lines.append(Text("  none: the installed DeepSpeed", style="dim"))
-        self.query_one("#revisions", Static).update(Text("\n").join(lines))
 
     def action_revisions(self) -> None:
         from dstui.tui.screens.revisions import RevisionEditor
@@ -197,7 +140,7 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         if data is None or data == self.data:
             return
         self.data = data
-        self._show_revisions()
+        self.form.show_revisions(data)
         self.recompute()
 
     def action_open(self) -> None:
@@ -246,37 +189,16 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
 
     # -- editing -------------------------------------------------------------
 
-    @on(Checkbox.Changed, ".choice")
-    def _choice_changed(self, event: Checkbox.Changed) -> None:
-        field = str(event.checkbox.id).split("-")[1]
-        values = [
-            v
-            for i, v in enumerate(cm.CHOICES[field])
-            if self.query_one(f"#ck-{field}-{i}", Checkbox).value
-        ]
-        self.data = cm.set_values(self.data, field, values)
+    def on_spec_form_field_edited(self, message: SpecForm.FieldEdited) -> None:
+        self.data = cm.set_values(self.data, message.field, message.values)
         self.recompute()
 
-    @on(Input.Changed)
-    def _input_changed(self, event: Input.Changed) -> None:
-        wid = event.input.id or ""
-        try:
-            if wid.startswith("in-"):
-                field = wid[3:]
-                self.data = cm.set_values(self.data, field, cm.parse_list(field, event.value))
-            elif wid == "name":
-                self.data = cm.set_top(self.data, "name", event.value.strip())
-            elif wid == "repeats":
-                value = event.value.strip()
-                self.data = cm.set_top(self.data, "repeats", int(value) if value else None)
-            elif wid == "baseline":
-                self.data = cm.set_top(self.data, "baseline", event.value.strip() or None)
-            else:
-                return
-        except ValueError as e:
-            self._show_error(str(e))
-            return
+    def on_spec_form_top_edited(self, message: SpecForm.TopEdited) -> None:
+        self.data = cm.set_top(self.data, message.key, message.value)
         self.recompute()
+
+    def on_spec_form_invalid(self, message: SpecForm.Invalid) -> None:
+        self.preview.show_error(message.error)
 
     def recompute(self) -> None:
         """parse_spec + expand on the current mapping; update the run list and count."""
@@ -288,72 +210,32 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
             self.error = None
         except DstuiError as e:
             self.spec, self.runs, self.error = None, [], str(e)
-        self._show_runs()
-        self._show_error(self.error)
+        self.preview.show_runs(self.spec, self.runs)
+        self.preview.show_error(self.error)
         self._schedule_validation()
 
-    def _show_runs(self) -> None:
-        table = self.query_one("#runlist", DataTable)
-        table.clear()
-        for r in self.runs:
-            table.add_row(*run_row(r), key=r.name)
-        count = self.query_one("#count", Static)
-        if self.spec is not None:
-            n_cond = len({r.condition for r in self.runs})
-            n_rev = max(1, len(self.spec.revisions))
-            count.update(
-                Text.assemble(
-                    (f"{len(self.runs)} runs", "bold"),
-                    f" = {n_cond} conditions × {n_rev} revision{'s' if n_rev > 1 else ''}"
-                    f" × {self.spec.repeats} repeat{'s' if self.spec.repeats > 1 else ''}",
-                )
-            )
-        else:
-            count.update(Text("0 runs", style="bold"))
-
-    def _show_error(self, text: str | None) -> None:
-        box = self.query_one("#error", Static)
-        box.update(Text(f"✗ {text}", style="bold red") if text else "")
-        box.display = bool(text)
-
-    # -- DeepSpeed validation (thread) ---------------------------------------
+    # -- DeepSpeed validation and memory forecast (thread) ---------------------
 
     def _schedule_validation(self) -> None:
         if self._validate_timer is not None:
             self._validate_timer.stop()
-        dsv = self.query_one("#dsvalid", Static)
-        if not self.runs:
-            dsv.update("")
-            return
-        dsv.update(Text("DeepSpeed check: pending…", style="dim"))
-        self._validate_timer = self.set_timer(VALIDATE_DELAY_S, self._start_validation)
+        self.preview.check_pending(bool(self.runs))
+        if self.runs:
+            self._validate_timer = self.set_timer(VALIDATE_DELAY_S, self._start_validation)
 
     def _start_validation(self) -> None:
         if self.runs:
             spec_dir = self.path.parent if self.path else Path.cwd()
-            self.validate_ds(self.generation, list(self.runs), str(self.path) if self.path else None, spec_dir)
+            declared = self.spec.gpu_memory_gib if self.spec else None
+            self.validate_ds(self.generation, list(self.runs), str(self.path) if self.path else None, spec_dir, declared)
 
     @work(thread=True, exclusive=True, group="ds-validate", exit_on_error=False, name="DeepSpeed check")
-    def validate_ds(self, generation: int, runs: list[RunSpec], file: str | None, spec_dir: Path) -> None:
-        from dstui.spec import dsconfig
-
-        try:
-            dsconfig.build_and_validate(runs, file=file, spec_dir=spec_dir)
-        except SpecError as e:
-            if "not installed" in e.message:
-                self.post_message(Validated(generation, None, "DeepSpeed not installed: config not checked"))
-            else:
-                self.post_message(Validated(generation, str(e)))
-            return
-        self.post_message(Validated(generation, None))
+    def validate_ds(
+        self, generation: int, runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: float | None = None
+    ) -> None:
+        self.post_message(Validated(generation, compose_check.check(runs, file, spec_dir, declared_gib)))
 
     def on_validated(self, message: Validated) -> None:
         if message.generation != self.generation:
             return  # an older version of the spec: stale
-        dsv = self.query_one("#dsvalid", Static)
-        if message.error:
-            dsv.update(Text(f"✗ {message.error}", style="bold red"))
-        elif message.note:
-            dsv.update(Text(message.note, style="yellow"))
-        else:
-            dsv.update(Text("✓ DeepSpeed configs valid", style="green"))
+        self.preview.show_check(message.result)

@@ -10,7 +10,6 @@ up work.
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,31 +18,13 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Static
 
-from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.tui import live_draw
 from dstui.tui.series import Delta, RunSeries
-from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.charts import MetricPlot
 
 LOG_TAIL_BYTES = 16384
-SYSTEM_VIEWS = {
-    "gpu_util": ("GPU util", "%", 1.0),
-    "gpu_mem": ("GPU memory", "GiB", 1024**3),
-    "gpu_power": ("GPU power", "W", 1.0),
-    "cpu": ("job CPU", "%", 1.0),
-    "rss": ("job RSS", "GiB", 1024**3),
-}
-
-
-def byte_scale(max_value: float) -> tuple[float, str]:
-    for scale, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
-        if max_value >= scale:
-            return float(scale), unit
-    return 1.0, "B"
-
-
-def time_scale(max_value: float) -> tuple[float, str]:
-    return (1e-3, "ms") if max_value < 1.0 else (1.0, "s")
 
 
 class LiveData(Message):
@@ -146,68 +127,31 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         if changed:
             self.redraw()
         if changed or status_changed:
-            self.update_legend()
+            self.query_one("#legend", Static).update(live_draw.legend(self.series, self.statuses))
         log = self.query_one("#log-tail", Log)
         lines = message.log_lines
         if lines and lines[0] == "\x00reset":
             log.clear()
             lines = lines[1:]
-            self.query_one("#log-title", Static).update(
-                Text.assemble(("log ", "dim"), (message.log_run, "bold"), ("  (n: next run, o: full log)", "dim"))
-            )
+            self._log_for = message.log_run
+        if message.log_lines[:1] == ["\x00reset"] or status_changed:
+            self._show_log_title()
         if lines:
             log.write_lines(lines)
 
+    def _show_log_title(self) -> None:
+        """The focused run's name, and its time breakdown once it has ended."""
+        status = next((st for rd, st in zip(self.runs, self.statuses, strict=True) if rd.name == self._log_for), None)
+        self.query_one("#log-title", Static).update(live_draw.log_title(self._log_for, status))
+
     def redraw(self) -> None:
-        key_src = "smooth" if self.smooth else "steps"
-        # loss and iteration time: raw (dimmed when smoothing) plus EMA
         for plot_id, key, label in (("#plot-loss", "loss", "loss"), ("#plot-iter", "iter_time", "iteration time")):
-            curves: list[Curve] = []
-            top = 0.0
-            for i, s in enumerate(self.series):
-                raw = s.steps[key]
-                if self.smooth:
-                    curves.append(Curve(s.name, i, raw.x, raw.y, raw=True))
-                sm = getattr(s, key_src)[key]
-                curves.append(Curve(s.name, i, sm.x, sm.y))
-                if len(raw):
-                    top = max(top, max(raw.y[-50:]))
-            plot = self.query_one(plot_id, MetricPlot)
-            if not any(len(c.x) for c in curves):
-                plot.set_empty("waiting for data")
-                continue
-            scale, unit = (1.0, "") if key == "loss" else time_scale(top)
-            title = label + (" (EMA)" if self.smooth else "")
-            plot.set_curves(curves, scale=scale, unit=unit, title=title)
-        # memory
-        curves = []
-        top = 0.0
-        for i, s in enumerate(self.series):
-            buf = s.steps[self.mem_key]
-            curves.append(Curve(s.name, i, buf.x, buf.y))
-            if len(buf):
-                top = max(top, max(buf.y))
-        scale, unit = byte_scale(top)
-        title = "peak memory" if self.mem_key == "mem_peak" else "allocated memory"
-        plot = self.query_one("#plot-mem", MetricPlot)
-        plot.title = title
-        if not any(len(c.x) for c in curves):
-            plot.set_empty("waiting for data")
-        else:
-            plot.set_curves(curves, scale=scale, unit=unit, title=title)
-        # system readings
-        key = self._system_key()
-        plot = self.query_one("#plot-sys", MetricPlot)
-        if key is None:
-            plot.set_empty("no system readings yet")
-        else:
-            name, unit, sc = SYSTEM_VIEWS[key]
-            curves = [Curve(s.name, i, s.system[key].x, s.system[key].y) for i, s in enumerate(self.series)]
-            plot.set_curves(curves, scale=sc, unit=unit, title=name)
+            live_draw.draw_steps(self.query_one(plot_id, MetricPlot), self.series, key, label, self.smooth)
+        live_draw.draw_memory(self.query_one("#plot-mem", MetricPlot), self.series, self.mem_key)
+        live_draw.draw_system(self.query_one("#plot-sys", MetricPlot), self.series, self._system_key())
 
     def available_system(self) -> list[str]:
-        have = {k for s in self.series for k, b in s.system.items() if len(b)}
-        return [k for k in SYSTEM_VIEWS if k in have]
+        return live_draw.available_system(self.series)
 
     def _system_key(self) -> str | None:
         avail = self.available_system()
@@ -216,33 +160,6 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         if self.system_key not in avail:
             self.system_key = avail[0]  # gpu_util when there are GPUs, else cpu
         return self.system_key
-
-    def update_legend(self) -> None:
-        parts: list[Text | str | tuple[str, str]] = []
-        for i, (s, st) in enumerate(zip(self.series, self.statuses, strict=True)):
-            rgb = color(i)
-            last = st.get("last") or {}
-            loss = s.steps["loss"].y[-1] if len(s.steps["loss"]) else last.get("loss")
-            mem = s.steps["mem_peak"].y[-1] if len(s.steps["mem_peak"]) else last.get("mem_peak")
-            sysl = s.system_last
-            if "gpu_util" in sysl:
-                sys_text = f" gpu {sysl['gpu_util']:.0f}%"
-                if "gpu_power" in sysl:
-                    sys_text += f" {sysl['gpu_power']:.0f}W"
-            elif "cpu" in sysl:
-                sys_text = f" cpu {sysl['cpu']:.0f}%"
-            else:
-                sys_text = ""
-            parts += [
-                (f"■ {s.name} ", f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"),
-                (f"{st.get('state', '?')} {st.get('steps_done') or 0}/{st.get('steps_total') or '?'}", "dim"),
-                f" loss {fmt_num(loss)} mem {fmt_bytes(mem)}{sys_text}",
-            ]
-            diverged = (st.get("diverged") or {}).get("message")
-            if diverged:  # the guard flagged this run (dstui/execute/guard.py): say so in red
-                parts.append((f" {diverged}", "bold red"))
-            parts.append("   ")
-        self.query_one("#legend", Static).update(Text.assemble(*parts))
 
     # -- keys ------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ start-up); the table is then sorted and filtered in memory.
 
 from __future__ import annotations
 
-import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -15,26 +14,16 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
-from dstui.analysis.intervals import RatioInterval, fieller_ratio
-from dstui.core.formatting import fmt_bytes, fmt_interval, fmt_num
+from dstui.tui.results_table import COLUMNS, View
+from dstui.tui.screens.text import TextScreen, mlflow_ui_screen
 
 ALL_BATCHES = "__all__"
-COLUMNS = (
-    ("condition", "label"),
-    ("runs", "runs"),
-    ("iter time (s) mean ± std", "iter_mean"),
-    ("tok/s", "tokens_per_s"),
-    ("peak mem", "mem_peak"),
-    ("final loss", "final_loss"),
-    ("Δ loss vs base", "delta"),
-    ("status / reason", "status"),
-    ("time / base [95% CI]", "ratio"),
-)
+__all__ = ["ResultsScreen", "TextScreen"]
 
 
 class Loaded(Message):
@@ -47,21 +36,6 @@ class Exported(Message):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
-
-
-class TextScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close")]
-
-    def __init__(self, title: str, body: str) -> None:
-        super().__init__()
-        self.title_text = title
-        self.body = body
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="text-box"):
-            yield Static(Text(self.title_text, style="bold"))
-            yield Static(self.body, id="text-body")
-            yield Static(Text("escape closes", style="dim"))
 
 
 class ResultsScreen(Screen):
@@ -161,101 +135,26 @@ Click a column header or press s to sort; / filters by name."""
 
     # -- table ---------------------------------------------------------------
 
+    def view(self) -> View:
+        """The table as the screen's current baseline, grouping, sort and filter make it."""
+        return View(self.results, self.baseline, self.per_run, self.sort_col, self.sort_reverse, self.filter_text)
+
     def rows(self) -> list[Any]:
-        if self.results is None:
-            return []
-        rows = list(self.results.runs if self.per_run else self.results.conditions)
-        if self.filter_text:
-            f = self.filter_text.lower()
-            rows = [r for r in rows if f in f"{r.label} {r.run_name} {r.batch} {r.status}".lower()]
-        key = COLUMNS[self.sort_col][1]
-        if self.sort_col == 0 and not self.sort_reverse:
-            return rows  # spec order
-        if key in ("label", "runs", "status"):
-            rows.sort(key=lambda r: str(r.run_name or r.label) if key == "label" else str(getattr(r, key)), reverse=self.sort_reverse)
-        else:
-            def num(r: Any) -> float:
-                if key == "ratio":
-                    ri = self._ratio(r)
-                    v = None if ri is None else ri.ratio
-                else:
-                    v = self._delta(r) if key == "delta" else getattr(r, key)
-                return float("inf") if v is None else v
-
-            rows.sort(key=num, reverse=self.sort_reverse)
-        return rows
-
-    def _base_loss(self) -> float | None:
-        if self.results is None or not self.baseline:
-            return None
-        for c in self.results.conditions:
-            if c.label == self.baseline:
-                return c.final_loss
-        return None
+        return self.view().rows()
 
     def _delta(self, r: Any) -> float | None:
-        base = self._base_loss()
-        if base is None or r.final_loss is None:
-            return None
-        return r.final_loss - base
+        return self.view().delta(r)
 
-    def _ratio(self, r: Any) -> RatioInterval | None:
-        """Iteration time against the baseline condition: the report's and compare's interval (Fieller)."""
-        if self.results is None or not self.baseline or self.per_run or r.label == self.baseline:
-            return None
-        base = next((c for c in self.results.conditions if c.label == self.baseline), None)
-        if base is None or not r.run_means or not base.run_means:
-            return None
-        return fieller_ratio(r.run_means, base.run_means)
+    def _ratio_text(self, r: Any) -> Text:
+        return self.view().ratio_text(r)
 
     def fill(self) -> None:
         table = self.query_one("#results", DataTable)
         table.clear()
-        res = self.results
-        for r in self.rows():
-            it = "-" if r.iter_mean is None else f"{r.iter_mean:.4f} ± {r.iter_std or 0:.4f}"
-            delta = self._delta(r)
-            is_base = r.label == self.baseline
-            label = Text(r.run_name or r.label, style="bold" if is_base else "")
-            if is_base and not self.per_run:
-                label.append(" (base)", style="cyan")
-            status = r.status + (f": {r.reason}" if r.reason else "")
-            table.add_row(
-                label,
-                r.runs if not self.per_run else r.batch[-15:],
-                it,
-                fmt_num(r.tokens_per_s, ".0f"),
-                fmt_bytes(r.mem_peak),
-                fmt_num(r.final_loss, ".5g"),
-                "base" if is_base else ("-" if delta is None else f"{delta:+.3g}"),
-                Text(status[:60], style="red" if "fail" in status or "kill" in status else ""),
-                "base" if is_base and not self.per_run else self._ratio_text(r),
-            )
-        sort_title, _ = COLUMNS[self.sort_col]
-        if res is None:
-            info = Text("")
-        elif not res.experiments:
-            info = Text(f"no experiments in MLflow yet ({res.tracking_uri}); finished runs show up here", style="dim")
-        else:
-            n = len(res.runs)
-            info = Text.assemble(
-                (f"{res.experiment}", "bold"),
-                f"  {n} runs, {len(res.conditions)} conditions",
-                ("  baseline ", "dim"), self.baseline or "-",
-                ("  sort ", "dim"), sort_title + (" ↓" if self.sort_reverse else " ↑"),
-                ("  filter ", "dim") if self.filter_text else "", self.filter_text,
-            )
-        self.query_one("#results-info", Static).update(info)
-
-    def _ratio_text(self, r: Any) -> Text:
-        ri = self._ratio(r)
-        if ri is None or ri.ratio is None:
-            return Text("-")
-        if not ri.bounded:
-            return Text(f"{ri.ratio:.3f} too few repeats" if "too few" in ri.note else f"{ri.ratio:.3f} unbounded",
-                        style="yellow")
-        style = "green" if ri.high < 1 else "red" if ri.low > 1 else ""  # type: ignore[operator]
-        return Text(f"{ri.ratio:.3f} {fmt_interval(ri.low, ri.high)}", style=style)
+        view = self.view()
+        for r in view.rows():
+            table.add_row(*view.cells(r))
+        self.query_one("#results-info", Static).update(view.info())
 
     @on(DataTable.HeaderSelected, "#results")
     def _header(self, event: DataTable.HeaderSelected) -> None:
@@ -312,15 +211,8 @@ Click a column header or press s to sort; / filters by name."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = paths.home() / "reports" / f"{self.experiment}-{stamp}"
         self.notify(f"exporting report to {out} …")
-        self.export(self.experiment, out, self.batch, self._baseline_condition())
-
-    def _baseline_condition(self) -> str | None:
-        if self.results is None or not self.baseline:
-            return None
-        for c in self.results.conditions:
-            if c.label == self.baseline:
-                return c.label
-        return None
+        base = self.view().base_condition()
+        self.export(self.experiment, out, self.batch, base.label if base is not None else None)
 
     @work(thread=True, exclusive=True, group="export", exit_on_error=False, name="report export")
     def export(self, experiment: str, out: Path, batch: str | None, baseline: str | None) -> None:
@@ -340,13 +232,4 @@ Click a column header or press s to sort; / filters by name."""
         self.notify(f"report written: {message.path}", timeout=10)
 
     def action_mlflow_ui(self) -> None:
-        from dstui.core import paths
-        from dstui.tracking import client as tracking
-
-        argv = tracking.run_ui_command(paths.tracking_uri())
-        body = (
-            f"{shlex.join(argv)}\n\n"
-            "over SSH: ssh -L 5000:127.0.0.1:5000 <this host>, then open http://127.0.0.1:5000\n"
-            "(`dstui ui --start` runs it)"
-        )
-        self.app.push_screen(TextScreen("MLflow UI for these runs", body))
+        self.app.push_screen(mlflow_ui_screen())

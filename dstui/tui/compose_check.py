@@ -1,0 +1,65 @@
+"""The compose screen's slow check, run in a thread worker: DeepSpeed's config validation and
+the memory forecast per run (no textual here).
+
+Both import DeepSpeed (seconds the first time), so neither may run on the UI
+thread. The forecast is DeepSpeed's model-state estimators plus the analytic
+activation estimate (dstui/analysis/forecast.py), held against the spec's
+``gpu_memory_gib`` or else the GPU of this machine; on a box without a GPU it
+is shown uncoloured with a note. A forecast that cannot be made (an unknown
+model, a broken install) leaves the cells at '-' and says why: it never
+stops the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.text import Text
+
+from dstui.core.errors import SpecError
+from dstui.spec.models import RunSpec
+
+
+@dataclass
+class CheckResult:
+    """What the preview shows once the check is done."""
+
+    error: str | None = None  # DeepSpeed refused a config (the CLI's SpecError text)
+    note: str = ""  # e.g. DeepSpeed is not installed here
+    memory: dict[str, Text] = field(default_factory=dict)  # run name -> '12.3 GiB', coloured
+    memory_note: str = ""  # what the forecast was held against
+
+
+def validate(runs: list[RunSpec], file: str | None, spec_dir: Path) -> tuple[dict[str, dict] | None, str | None, str]:
+    """(ds configs by run name or None, error, note): DeepSpeed's own validation of every config."""
+    from dstui.spec import dsconfig
+
+    try:
+        return dsconfig.build_and_validate(runs, file=file, spec_dir=spec_dir), None, ""
+    except SpecError as e:
+        if "not installed" in e.message:
+            return None, None, "DeepSpeed not installed: config not checked"
+        return None, str(e), ""
+
+
+def memory_cells(runs: Sequence[RunSpec], ds_configs: dict[str, dict] | None, declared_gib: float | None) -> tuple[dict[str, Text], str]:
+    """(run name -> forecast cell, a line saying what it was held against); never raises."""
+    try:
+        from dstui.analysis import forecast
+        from dstui.execute import sysmetrics
+        from dstui.tui.forecast_cells import forecast_cells
+
+        detected = sysmetrics.gpu_memory_total()
+        cells = forecast_cells(runs, ds_configs, detected, declared_gib)
+        return cells, forecast.capacity_note(forecast.gpu_capacity(declared_gib, detected))
+    except Exception as e:  # the forecast is advice: the run list and the DeepSpeed check stand without it
+        return {}, f"memory forecast not available: {type(e).__name__}: {e}"
+
+
+def check(runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: float | None) -> CheckResult:
+    """Validate the configs, then forecast memory with them (or without, when they are refused)."""
+    ds_configs, error, note = validate(runs, file, spec_dir)
+    memory, memory_note = memory_cells(runs, ds_configs, declared_gib)
+    return CheckResult(error, note, memory, memory_note)

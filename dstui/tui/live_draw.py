@@ -1,0 +1,132 @@
+"""What the live view draws from its runs' series: the four plots and the legend line.
+
+The live screen (dstui/tui/screens/live.py) reads the folders and owns the
+series; these functions only turn series into curves, scales and text, on
+the main thread, so the screen stays about reading and keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+
+from dstui.core.formatting import fmt_bytes, fmt_num
+from dstui.core.phases import from_status
+from dstui.tui.series import RunSeries
+from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.time_bar import stacked_bar
+
+SYSTEM_VIEWS = {
+    "gpu_util": ("GPU util", "%", 1.0),
+    "gpu_mem": ("GPU memory", "GiB", 1024**3),
+    "gpu_power": ("GPU power", "W", 1.0),
+    "cpu": ("job CPU", "%", 1.0),
+    "rss": ("job RSS", "GiB", 1024**3),
+}
+
+
+LOG_BAR_WIDTH = 20  # the log title is one line: run name, key hints and this bar fit 100 columns
+
+
+def byte_scale(max_value: float) -> tuple[float, str]:
+    for scale, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
+        if max_value >= scale:
+            return float(scale), unit
+    return 1.0, "B"
+
+
+def time_scale(max_value: float) -> tuple[float, str]:
+    return (1e-3, "ms") if max_value < 1.0 else (1.0, "s")
+
+
+def draw_steps(plot: MetricPlot, series: Sequence[RunSeries], key: str, label: str, smooth: bool) -> None:
+    """Loss or iteration time per step: raw (dimmed when smoothing) plus the EMA."""
+    curves: list[Curve] = []
+    top = 0.0
+    for i, s in enumerate(series):
+        raw = s.steps[key]
+        if smooth:
+            curves.append(Curve(s.name, i, raw.x, raw.y, raw=True))
+        sm = (s.smooth if smooth else s.steps)[key]
+        curves.append(Curve(s.name, i, sm.x, sm.y))
+        if len(raw):
+            top = max(top, max(raw.y[-50:]))
+    if not any(len(c.x) for c in curves):
+        plot.set_empty("waiting for data")
+        return
+    scale, unit = (1.0, "") if key == "loss" else time_scale(top)
+    plot.set_curves(curves, scale=scale, unit=unit, title=label + (" (EMA)" if smooth else ""))
+
+
+def draw_memory(plot: MetricPlot, series: Sequence[RunSeries], mem_key: str) -> None:
+    """Peak or allocated memory per step, in the largest binary unit that fits."""
+    curves = []
+    top = 0.0
+    for i, s in enumerate(series):
+        buf = s.steps[mem_key]
+        curves.append(Curve(s.name, i, buf.x, buf.y))
+        if len(buf):
+            top = max(top, max(buf.y))
+    scale, unit = byte_scale(top)
+    title = "peak memory" if mem_key == "mem_peak" else "allocated memory"
+    plot.title = title
+    if not any(len(c.x) for c in curves):
+        plot.set_empty("waiting for data")
+    else:
+        plot.set_curves(curves, scale=scale, unit=unit, title=title)
+
+
+def draw_system(plot: MetricPlot, series: Sequence[RunSeries], key: str | None) -> None:
+    if key is None:
+        plot.set_empty("no system readings yet")
+        return
+    name, unit, sc = SYSTEM_VIEWS[key]
+    curves = [Curve(s.name, i, s.system[key].x, s.system[key].y) for i, s in enumerate(series)]
+    plot.set_curves(curves, scale=sc, unit=unit, title=name)
+
+
+def available_system(series: Sequence[RunSeries]) -> list[str]:
+    """The system readings any of the runs has, in SYSTEM_VIEWS order (GPU ones first)."""
+    have = {k for s in series for k, b in s.system.items() if len(b)}
+    return [k for k in SYSTEM_VIEWS if k in have]
+
+
+def _system_text(sysl: dict[str, float]) -> str:
+    if "gpu_util" in sysl:
+        return f" gpu {sysl['gpu_util']:.0f}%" + (f" {sysl['gpu_power']:.0f}W" if "gpu_power" in sysl else "")
+    if "cpu" in sysl:
+        return f" cpu {sysl['cpu']:.0f}%"
+    return ""
+
+
+def legend(series: Sequence[RunSeries], statuses: Sequence[dict[str, Any]]) -> Text:
+    """One entry per run: colour, state, progress, last loss and memory, system reading, guard flag."""
+    parts: list[Text | str | tuple[str, str]] = []
+    for i, (s, st) in enumerate(zip(series, statuses, strict=True)):
+        rgb = color(i)
+        last = st.get("last") or {}
+        loss = s.steps["loss"].y[-1] if len(s.steps["loss"]) else last.get("loss")
+        mem = s.steps["mem_peak"].y[-1] if len(s.steps["mem_peak"]) else last.get("mem_peak")
+        parts += [
+            (f"■ {s.name} ", f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"),
+            (f"{st.get('state', '?')} {st.get('steps_done') or 0}/{st.get('steps_total') or '?'}", "dim"),
+            f" loss {fmt_num(loss)} mem {fmt_bytes(mem)}{_system_text(s.system_last)}",
+        ]
+        diverged = (st.get("diverged") or {}).get("message")
+        if diverged:  # the guard flagged this run (dstui/execute/guard.py): say so in red
+            parts.append((f" {diverged}", "bold red"))
+        parts.append("   ")
+    return Text.assemble(*parts)
+
+
+def log_title(run: str, status: dict[str, Any] | None) -> Text:
+    """'log RUN  (n: next run, o: full log)', and a small stacked bar of where the run's time went
+    once it has ended (the colours of the runs screen's time bar, which has the legend)."""
+    text = Text.assemble(("log ", "dim"), (run, "bold"), ("  (n: next run, o: full log)", "dim"))
+    times = from_status(status or {})
+    if times is not None and times.wall is not None:
+        text.append("  time ", style="dim")
+        text.append_text(stacked_bar(times, LOG_BAR_WIDTH))
+    return text

@@ -1,0 +1,76 @@
+"""The cells of the runs screen's two tables, from run folders (pure: cheap to compare).
+
+A row is rebuilt from a run's ``status.json`` on every tick; only cells that
+changed are sent to the table, so rows must compare equal when nothing moved.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+
+from dstui.core.formatting import eta, fmt_bytes, fmt_num
+from dstui.core.rundir import FINAL_STATES, BatchDir
+
+STATE_STYLE = {
+    "queued": "dim",
+    "starting": "yellow",
+    "running": "bold yellow",
+    "done": "green",
+    "failed": "bold red",
+    "killed": "magenta",
+    "skipped": "dim",
+}
+# "gpus" sits before "reason": the reason stays the last cell (tests and readers look there)
+RUN_COLUMNS = ("", "run", "state", "step", "ETA", "loss", "iter s", "tok/s", "peak mem", "gpus", "reason")
+BATCH_COLUMNS = ("batch", "runs", "state", "created")
+
+
+def gpus_text(st: dict[str, Any]) -> str:
+    """The GPUs the supervisor gave a run (``gpu_slice`` in status.json), '-' for DeepSpeed's default devices."""
+    gpu_slice = st.get("gpu_slice")
+    return ",".join(str(g) for g in gpu_slice) if gpu_slice else "-"
+
+
+def run_cells(st: dict, marked: bool) -> tuple:
+    """One runs-table row from a status.json."""
+    last = st.get("last") or {}
+    state = st.get("state", "?")
+    label = state + (f" {st['verdict']}" if st.get("verdict") else "")
+    total = st.get("steps_total") or "?"
+    diverged = (st.get("diverged") or {}).get("message")  # the guard's flag: the row turns red
+    name = Text(st.get("name", "?"), style="bold red") if diverged else st.get("name", "?")
+    return (
+        "✓" if marked else " ",
+        name,
+        Text(label, style=STATE_STYLE.get(state, "")),
+        f"{st.get('steps_done') or 0}/{total}",
+        eta(st),
+        fmt_num(last.get("loss")),
+        fmt_num(last.get("iter_time"), ".3f"),
+        fmt_num(last.get("tokens_per_s"), ".0f"),
+        fmt_bytes(last.get("mem_peak")),
+        gpus_text(st),
+        Text((st.get("reason") or diverged)[:60], style="red") if diverged else (st.get("reason") or "")[:60],
+    )
+
+
+def batch_cells(b: BatchDir, live: bool) -> tuple:
+    """One batches-table row: id, done/bad counts, finished / live / unsupervised, creation time."""
+    info = b.info()
+    runs = b.runs()
+    states = [r.state for r in runs]
+    done = sum(s == "done" for s in states)
+    bad = sum(s in ("failed", "killed") for s in states)
+    active = sum(s not in FINAL_STATES for s in states)
+    if info.get("finalized") and not active:
+        where = Text("finished", style="green" if not bad else "red")
+    elif live:
+        where = Text("live", style="bold yellow")
+    else:
+        where = Text("unsupervised", style="magenta")
+    created = time.strftime("%m-%d %H:%M", time.localtime(info.get("created", 0)))
+    counts = f"{done}/{len(runs)} done" + (f", {bad} bad" if bad else "")
+    return (b.id, counts, where, created)

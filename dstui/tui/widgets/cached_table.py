@@ -1,0 +1,63 @@
+"""A DataTable that remembers its rows' cells and sends only the cells that changed.
+
+The runs screen rebuilds every row from the run folders each second; redrawing
+a whole table that often flickers and costs CPU on a long batch, so a row whose
+key set is unchanged is patched cell by cell instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual.widgets import DataTable
+
+
+class CachedTable(DataTable):
+    """``sync(rows)`` makes the table show ``rows`` (key, cells) with as few updates as it can."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - DataTable's own arguments
+        super().__init__(*args, **kwargs)
+        self.cells: dict[str, tuple] = {}
+
+    def sync(self, rows: Iterable[tuple[str, tuple]]) -> bool:
+        """Show these rows; True when the table was rebuilt (other keys or another order)."""
+        rows = list(rows)
+        if [k for k, _ in rows] != list(self.cells):
+            self.clear()
+            self.cells = {}
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+                self.cells[key] = cells
+            return True
+        for key, cells in rows:
+            self.update_row(key, cells)
+        return False
+
+    def update_row(self, key: str, cells: tuple) -> None:
+        """Patch the cells of one row that differ from what it shows.
+
+        A column widens to fit a longer value (a reason that appears when a run fails, the
+        GPUs a run gets when it starts): the widths set when the rows were added would cut it.
+        """
+        old = self.cells.get(key)
+        if old == cells:
+            return
+        for i, (a, b) in enumerate(zip(old or (), cells, strict=False)):
+            if a != b:
+                self.update_cell(key, self.ordered_columns[i].key, b, update_width=True)
+        self.cells[key] = cells
+
+    def cursor_key(self) -> str | None:
+        """The key of the row under the cursor, None in an empty table."""
+        if self.row_count == 0:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+        return str(key) if key else None
+
+    def move_to(self, key: str) -> None:
+        """Put the cursor on the row with this key (no animation), if there is one."""
+        if key in self.cells:
+            self.move_cursor(row=list(self.cells).index(key), animate=False)

@@ -1,0 +1,96 @@
+"""The compose screen's right side: the runs a spec expands to, its errors, the DeepSpeed check
+and the memory forecast per GPU of each run.
+
+The run list follows every keystroke (expansion is cheap); the DeepSpeed check
+and the forecast come later from a worker (dstui/tui/compose_check.py), so
+the forecast cells read '…' until then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from dstui.spec.models import ExperimentSpec, RunSpec
+from dstui.tui.compose_check import CheckResult
+
+MEMORY = "mem/GPU"
+RUN_COLUMNS = ("#", "run", MEMORY, "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model")
+PENDING = Text("…", style="dim")
+
+
+def run_row(r: RunSpec) -> tuple:
+    s = r.settings
+    off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
+    comp = "dc" if s.deepcompile else ("tc" if s.compile else "-")
+    if s.kind == "command":
+        comp = "cmd"
+    return (
+        str(r.order), r.name, PENDING, f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
+        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name,
+    )  # fmt: skip
+
+
+class RunPreview(Vertical):
+    """Count, error, DeepSpeed check, forecast note and the run list of the spec being edited."""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="count")
+        yield Static(id="error")
+        yield Static(id="dsvalid")
+        yield Static(id="memnote")
+        yield DataTable(id="runlist", cursor_type="row", zebra_stripes=True)
+
+    def setup(self) -> None:
+        table = self.query_one("#runlist", DataTable)
+        for title in RUN_COLUMNS:
+            table.add_column(title, key=title)
+
+    def show_runs(self, spec: ExperimentSpec | None, runs: list[RunSpec]) -> None:
+        table = self.query_one("#runlist", DataTable)
+        table.clear()
+        for r in runs:
+            table.add_row(*run_row(r), key=r.name)
+        count = self.query_one("#count", Static)
+        if spec is not None:
+            n_cond = len({r.condition for r in runs})
+            n_rev = max(1, len(spec.revisions))
+            count.update(
+                Text.assemble(
+                    (f"{len(runs)} runs", "bold"),
+                    f" = {n_cond} conditions × {n_rev} revision{'s' if n_rev > 1 else ''}"
+                    f" × {spec.repeats} repeat{'s' if spec.repeats > 1 else ''}",
+                )
+            )
+        else:
+            count.update(Text("0 runs", style="bold"))
+
+    def show_error(self, text: str | None) -> None:
+        box = self.query_one("#error", Static)
+        box.update(Text(f"✗ {text}", style="bold red") if text else "")
+        box.display = bool(text)
+
+    def check_pending(self, any_runs: bool) -> None:
+        self.query_one("#dsvalid", Static).update(Text("DeepSpeed check: pending…", style="dim") if any_runs else "")
+        if not any_runs:
+            self.query_one("#memnote", Static).update("")
+
+    def show_check(self, result: CheckResult) -> None:
+        dsv = self.query_one("#dsvalid", Static)
+        if result.error:
+            dsv.update(Text(f"✗ {result.error}", style="bold red"))
+        elif result.note:
+            dsv.update(Text(result.note, style="yellow"))
+        else:
+            dsv.update(Text("✓ DeepSpeed configs valid", style="green"))
+        table = self.query_one("#runlist", DataTable)
+        for name in list(table.rows):
+            table.update_cell(name, MEMORY, result.memory.get(str(name.value), Text("-")), update_width=True)
+        # the table widens the column when it next goes idle; a direct call posts it nothing, so
+        # without a prompt the new width could wait for an unrelated event (a key, a resize)
+        table.check_idle()
+        self.query_one("#memnote", Static).update(Text(result.memory_note, style="dim"))
