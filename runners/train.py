@@ -9,7 +9,7 @@ Started one process per rank, by dstui's rank starter (single node) or DeepSpeed
         runners/train.py --model tiny-llama --zero-stage 3 --steps 10
 
 Its arguments are the dash-form of the dstui ``Settings`` fields
-(dstui/spec.py), so a RunSpec maps onto an argv one to one. Rank 0 appends
+(dstui/spec/flags.py), so a RunSpec maps onto an argv one to one. Rank 0 appends
 the records of docs/ARCHITECTURE.md to ``--metrics-file`` and prints the
 seed's human line for every logged step. The loop keeps host-device syncs to
 one per optimizer step (for the timing) plus the loss read-out on logged

@@ -17,6 +17,7 @@ from dstui.analysis.parity import FP32_TOLERANCE, default_tolerance
 from dstui.analysis.revision_compare import Comparison, compare, samples_from_runs
 from dstui.analysis.runs import ConditionStats, Parity, RunData
 from dstui.report import charts
+from dstui.tracking import tags as tag_keys
 
 DEFAULT_TOLERANCE = FP32_TOLERANCE
 
@@ -42,7 +43,7 @@ class ReportContext:
         self.tolerance_basis = "given" if tolerance is not None else ""
         self.method = method
         self.runs = runs
-        self.batches = an.distinct_tag(runs, "dstui.batch")
+        self.batches = an.distinct_tag(runs, tag_keys.BATCH)
         self.conds: list[ConditionStats] = []
         self.train: list[ConditionStats] = []
         self.verify_runs: list[RunData] = []

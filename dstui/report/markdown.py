@@ -32,6 +32,7 @@ from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
 from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
 from dstui.report.sections.quality import ds_config_of
+from dstui.tracking import tags as tag_keys
 
 
 def export_report(
@@ -133,7 +134,7 @@ def _commands(runs: Sequence[RunData]) -> dict[str, str]:
     """Exact argv of each run: tag dstui.cmd, else the artifact run/cmd.txt."""
     out = {}
     for r in runs:
-        cmd = r.tags.get("dstui.cmd", "")
+        cmd = r.tags.get(tag_keys.CMD, "")
         if not cmd and r.artifact_uri:
             cmd = read_artifact(r, "run/cmd.txt")
         out[r.run_id] = cmd

@@ -106,7 +106,7 @@ class RunSeries:
 
     def __post_init__(self) -> None:
         if self._metrics is None:
-            fmt = (self.rd.spec().get("settings") or {}).get("metrics_format", "jsonl")
+            fmt = self.rd.settings().get("metrics_format", "jsonl")
             self.fmt = fmt
             source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
             self._metrics = Follower(source)

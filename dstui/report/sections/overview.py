@@ -12,6 +12,7 @@ from dstui.core.secrets import strip_credentials
 from dstui.report import charts
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import IDENTITY_PARAMS, fnum, pm, table
+from dstui.tracking import tags as tag_keys
 
 _IDENTITY_PARAMS = IDENTITY_PARAMS
 
@@ -83,7 +84,7 @@ def headlines(ctx: ReportContext) -> list[str]:
         if na:
             text += f", {na} not comparable (no loss history)"
         out.append(text + ".")
-    verdicts = [r.tags.get("dstui.verdict") for r in ctx.verify_runs if r.tags.get("dstui.verdict")]
+    verdicts = [r.tags.get(tag_keys.VERDICT) for r in ctx.verify_runs if r.tags.get(tag_keys.VERDICT)]
     if verdicts:
         out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
     failed = [r for r in ctx.runs if r.status in an.FAILED_STATES]
@@ -123,7 +124,7 @@ def setup(ctx: ReportContext) -> str:
     for k in ("deepspeed", "torch", "transformers", "python"):
         vals = an.distinct_tag(ctx.runs, f"dstui.version.{k}")
         vrows.append([k, ", ".join(vals) if vals else "not recorded"])
-    sha = an.distinct_tag(ctx.runs, "dstui.deepspeed_git_sha")
+    sha = an.distinct_tag(ctx.runs, tag_keys.DEEPSPEED_GIT_SHA)
     vrows.append(["deepspeed git sha", ", ".join(s[:12] for s in sha) if sha else "not recorded"])
     if len({r.revision for r in ctx.runs}) > 1:
         for rev in sorted({r.revision for r in ctx.runs}):
