@@ -59,11 +59,8 @@ import common
 
 # "0": build ZeRO-3 models whole on the host and let deepspeed.initialize partition them (the old path).
 ENV = "DSTUI_ZERO_INIT"
-_HALF = (
-    "fp16",
-    "bf16",
-    "bfloat16",
-)  # the ds_config's half-precision sections (bfloat16: bf16's alias)
+# the ds_config's half-precision sections (bfloat16: bf16's alias)
+_HALF = ("fp16", "bf16", "bfloat16")
 
 
 def zero_stage(ds_config: dict[str, Any]) -> int:
@@ -76,7 +73,7 @@ def train_dtype(ds_config: dict[str, Any]) -> Any:
 
     if (ds_config.get("fp16") or {}).get("enabled"):
         return torch.float16
-    if any((ds_config.get(k) or {}).get("enabled") for k in ("bf16", "bfloat16")):
+    if any((ds_config.get(k) or {}).get("enabled") for k in _HALF[1:]):
         return torch.bfloat16
     return None
 
