@@ -114,8 +114,8 @@ def build_model(name: str, config: Any, *, load_weights: bool, attn_implementati
 
 
 def count_params(model: Any) -> int:
-    """Parameters counted before DeepSpeed partitions them (ZeRO-3 would show 0 afterwards)."""
-    return sum(p.numel() for p in model.parameters())
+    """All the model's parameter elements; a ZeRO-3 parameter counts its whole shape (``ds_numel``), not its empty stand-in."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def text_config(config: Any) -> Any:

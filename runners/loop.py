@@ -38,6 +38,7 @@ def train(
             hostname=common.hostname(),
             tokens_per_step=tr.tokens_per_step,
             params=tr.params,
+            model_init=tr.model_init,
             flops_per_token=tr.flops_per_token,
             peak_tflops=tr.peak,
             data=tr.data_source,

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import common
+import placement
 from common import RunnerError
 from phases import PhaseClock
 
@@ -58,18 +59,6 @@ class Trainer:
             import ulysses
 
             mpu = ulysses.register(args, config, heads, kv_heads)
-        with self._build_place():
-            model = common.build_model(
-                args.model, config, load_weights=args.load_weights, attn_implementation="sdpa"
-            )
-        if args.activation_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        self.params = common.count_params(model)
-        if clock is not None:
-            clock.mark("model_built")
-
         cfg = dict(ds_config)
         if args.deepcompile or (self.sp > 1 and args.sp_mode == "deepcompile"):
             cfg = dsconfig.deep_merge(cfg, {"compile": {"deepcompile": True}})
@@ -78,6 +67,18 @@ class Trainer:
         else:
             cfg.pop("sequence_parallel_size", None)
         self.ds_config = cfg
+
+        # on its device; under ZeRO-3 partitioned while it is built (runners/placement.py)
+        model, self.model_init = placement.build(
+            args, config, cfg, accel=self.accel, on_cpu=self.dev["on_cpu"], mpu=mpu
+        )
+        if args.activation_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.params = self.model_init["params"]
+        if clock is not None:
+            clock.mark("model_built")
 
         init: dict[str, Any] = {"model": model, "config": cfg}
         if args.torch_adam or "optimizer" not in cfg:
@@ -112,24 +113,6 @@ class Trainer:
         self.batches = self._data()
         if clock is not None:
             clock.mark("engine_ready")  # the engine and this rank's data
-
-    def _build_place(self) -> Any:
-        """Where the model's parameters are created: on the accelerator it will train on.
-
-        Creating (and random-initialising) a 1B model on the host and copying it
-        over costs seconds on every run; creating it on the GPU costs milliseconds.
-        On the CPU nothing changes, so CPU losses stay bit-identical to the old
-        path. On a GPU the initial weights come from the device's generator: the
-        same for every ZeRO stage and every run of the same seed, but not the
-        values a host-initialised model had.
-        """
-        import contextlib
-
-        import torch
-
-        if self.dev["on_cpu"] or self.args.load_weights:
-            return contextlib.nullcontext()
-        return torch.device(self.accel.current_device_name())
 
     def _data(self) -> Any:
         """This rank's batch iterator. Every rank draws its own shard of the packed blocks."""
