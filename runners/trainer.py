@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import common
+import corpus
 import placement
 from common import RunnerError
 from phases import PhaseClock
@@ -119,7 +120,7 @@ class Trainer:
         a = self.args
         # Enough blocks for the run (synthetic data is generated to size; text wraps into epochs).
         needed = a.steps * self.grad_accum * self.micro_batch * self.world
-        tokens, self.data_source = common.load_tokens(
+        tokens, self.data_source = corpus.load_tokens(
             a.dataset,
             dataset_config=a.dataset_config,
             percent=a.dataset_percent,
@@ -133,8 +134,8 @@ class Trainer:
             raise RunnerError(
                 f"the data has token ids up to {int(tokens.max())}, beyond the vocabulary ({self.vocab})"
             )
-        blocks = common.pack(tokens, a.seq_length)
-        self.shard = common.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
+        blocks = corpus.pack(tokens, a.seq_length)
+        self.shard = corpus.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
         if self.sp > 1:
             import ulysses
 

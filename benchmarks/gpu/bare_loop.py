@@ -36,6 +36,7 @@ for _p in (str(REPO), str(REPO / "runners")):
         sys.path.insert(0, _p)
 
 import common  # noqa: E402
+import corpus  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         opt_params = work
     build_s = time.perf_counter() - t_build
 
-    tokens, _ = common.load_tokens(
+    tokens, _ = corpus.load_tokens(
         a.dataset,
         dataset_config=None,
         percent=100.0,
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
     )
     batches = iter(
-        common.ShardedBatches(common.pack(tokens, a.seq_length), a.micro_batch, 1, 0, a.seed)
+        corpus.ShardedBatches(corpus.pack(tokens, a.seq_length), a.micro_batch, 1, 0, a.seed)
     )
     autocast = torch.autocast(
         device_type=dev.type, dtype=torch.bfloat16, enabled=a.mode == "autocast"
