@@ -316,7 +316,9 @@ def test_killing_one_rank_fails_the_job_and_leaves_no_orphan(home: Path) -> None
     rd = wait_for(lambda: b.runs() and b.runs()[0], what="run")
     wait_for(lambda: (rd.status().get("steps_done") or 0) >= 2, timeout=300, what="training steps")
     pgid = rd.status()["pgid"]
-    ranks = [p for p in psutil.process_iter(["cmdline"]) if "--local_rank=1" in " ".join(p.info["cmdline"] or [])]
+    # this run's rank 1 only (its argv names the run's metrics file): other tests run side by side
+    ranks = [p for p in psutil.process_iter(["cmdline"])
+             if {"--local_rank=1", str(rd.metrics_file)} <= set(p.info["cmdline"] or [])]  # fmt: skip
     assert ranks, "rank 1 not found"
     ranks[0].send_signal(signal.SIGKILL)
     wait_for(lambda: finalized(b), timeout=180, what="batch finalized")
