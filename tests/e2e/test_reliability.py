@@ -79,7 +79,7 @@ def jsonl_steps(rd: RunDir) -> list[tuple[int, float]]:
 
 
 def test_supervisor_kill9_and_takeover_is_exactly_once(home: Path) -> None:
-    steps = 60
+    steps = 120  # time for three kills and takeovers while it runs, on a loaded machine too
     spec = spec_file(home, "kill-sup", [{"name": "long", "args": ["--steps", str(steps), "--interval", "0.15"]}], steps=steps)
     client = mlflow_client()
     client.search_experiments()
@@ -220,7 +220,8 @@ def test_only_runs_the_chosen_conditions_and_resume_keeps_the_rest(home: Path) -
 
 
 def test_one_supervisor_per_batch(home: Path) -> None:
-    spec = spec_file(home, "lock", [{"name": "slow", "args": ["--steps", "40", "--interval", "0.2"]}], steps=40)
+    # long enough to be still running at the cancel after four CLI calls on a loaded machine
+    spec = spec_file(home, "lock", [{"name": "slow", "args": ["--steps", "400", "--interval", "0.2"]}], steps=400)
     dstui("run", "--detach", str(spec), check=True)
     b = only_batch(home)
     wait_for(lambda: is_supervised(b), what="supervisor up")
