@@ -1,38 +1,129 @@
-"""Shared fixtures: every test gets its own dstui home and MLflow store.
+"""Shared fixtures, and how the suite runs side by side.
 
 Tiers by folder: ``unit/`` (no process launched unless marked e2e), ``tui/`` (Textual Pilot and
 snapshots), ``e2e/`` (real processes: supervisors, DeepSpeed). Everything under ``e2e/`` is
 marked ``e2e`` here, so ``pytest -m "not e2e"`` is the fast inner loop.
+
+Side by side (pytest-xdist, the README's ``-n auto``): most e2e tests wait on processes, daemons
+and clocks far more than they compute, so several run at once. A module whose tests share
+something one worker owns (a module-scoped batch, a Slurm cluster, a revision-env cache, counts
+kept from one test to the next) says ``pytestmark = pytest.mark.xdist_group(NAME)``, and
+``--dist loadgroup`` (pyproject's addopts) gives the whole group to one worker, in file order.
+Under xdist the groups start longest first (:data:`LONGEST_FIRST`), so a long one is never left
+for the end. Session fixtures belong to one worker; ``helpers.shared_once`` shares a result
+between all of them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
+#: xdist groups in the order they start, the longest first (docs/BENCHMARKS.md, "Test suite
+#: time", has their durations); ungrouped tests follow in file order
+LONGEST_FIRST = (
+    "bisect", "revisions", "compare-loss", "slurm", "runner", "smoke-batch", "guard",
+    "team-server", "spec-fuzz",
+)  # fmt: skip
 
+#: how many workers ``-n auto`` starts per core: the full suite mostly waits on processes,
+#: the fast loop (``-m "not e2e"``) computes
+WORKERS_PER_CORE = {"full": 2, "fast": 1}
+MAX_WORKERS = 8
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `mlflow server` / `mlflow ui` (team-server, ui tests) would start MLflow's job runner and
+    # seven Huey consumers, each importing mlflow (~20 CPU-seconds a server); dstui runs no
+    # MLflow jobs, and the tests do not either
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    # One intra-op thread per rank: DeepSpeed jobs run side by side here, and torch's default
+    # (a thread per core) makes oversubscribed OpenMP threads spin. Two smoke batches at once
+    # on 2 cores: 167 s and 206 CPU-s with the default, 94 s and 174 CPU-s with one thread.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _group(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.e2e)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist compares them
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item) or "", len(rank)))  # stable: file order within
 
 
-@pytest.fixture(scope="module")
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+    """``--dist loadgroup``, with nothing long queued behind something long.
+
+    A worker starts a test only once it holds the next one (xdist passes ``nextitem`` to the
+    test protocol), so whatever it holds next waits for the test it runs. Stock loadgroup tops
+    a worker up whenever it has two tests or fewer left; here only at one, and a worker on the
+    last tests of a long group gets the queue's last unit (a short ungrouped test) rather than
+    the next long group.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongestFirstScheduling(LoadGroupScheduling):
+        def _reschedule(self, node) -> None:  # noqa: ANN001
+            if self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
+        def _assign_work_unit(self, node) -> None:  # noqa: ANN001
+            left = [scope for scope, tests in self.assigned_work.get(node, {}).items() if not all(tests.values())]
+            if len(self.workqueue) > 1 and any(scope in LONGEST_FIRST for scope in left):
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirstScheduling(config, log)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: 2 workers per core for the full suite, 1 for the fast loop; env var wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0))
+    fast = "not e2e" in (config.option.markexpr or "")
+    return max(1, min(MAX_WORKERS, cores * WORKERS_PER_CORE["fast" if fast else "full"]))
+
+
+@pytest.fixture(scope="session")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty MLflow SQLite store; copying it saves ~5 s of migrations per test."""
-    from mlflow import MlflowClient
+    """A migrated, empty MLflow SQLite store; copying it saves seconds of migrations per test."""
+    from helpers import shared_once
 
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
+    def migrate(folder: Path) -> dict:
+        from mlflow import MlflowClient
+
+        MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+        return {"path": str(folder / "mlflow.db")}
+
+    return Path(shared_once(tmp_path_factory, "empty-mlflow-db", migrate)["path"])
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated DSTUI_HOME with its own SQLite MLflow store."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
+    """An isolated DSTUI_HOME with its own SQLite MLflow store.
+
+    The store is a copy of ``empty_db``: MLflow's migrations cost a new store 1.5-2.5 CPU-seconds
+    in every process that opens it first (supervisor, CLI, the test). A test marked
+    ``no_store`` gets the folder without one (it checks that nothing creates it, say).
+    """
     h = tmp_path / "home"
     h.mkdir()
     monkeypatch.setenv("DSTUI_HOME", str(h))
@@ -40,5 +131,31 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{h}/mlruns/mlflow.db")
     (h / "mlruns").mkdir()
+    if request.node.get_closest_marker("no_store") is None:
+        shutil.copy(request.getfixturevalue("empty_db"), h / "mlruns" / "mlflow.db")
     monkeypatch.chdir(h)
     return h
+
+
+@pytest.fixture(scope="session")
+def smoke_batch(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``dstui run configs/experiments/smoke.yaml`` (4 runs of 2 gloo ranks, ZeRO 0-3), once for all workers.
+
+    Its own DSTUI_HOME and MLflow store. Tests only read it: the run folders, the MLflow store,
+    the CLI's output. Returns ``home``, ``uri`` (MLflow), ``returncode``, ``stdout``, ``stderr``.
+    """
+    import subprocess
+    import sys
+
+    from helpers import SPECS, shared_once
+
+    def launch(home: Path) -> dict:
+        (home / "mlruns").mkdir()
+        uri = f"sqlite:///{home}/mlruns/mlflow.db"
+        env = {k: v for k, v in os.environ.items() if k != "DSTUI_RUNS_DIR"}
+        env.update(DSTUI_HOME=str(home), MLFLOW_TRACKING_URI=uri)
+        proc = subprocess.run([sys.executable, "-m", "dstui", "run", str(SPECS / "smoke.yaml")], cwd=home, env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        return {"home": str(home), "uri": uri, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+    return shared_once(tmp_path_factory, "smoke-batch", launch)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "configs" / "experiments"
@@ -29,3 +36,55 @@ def mlflow_client(uri: str | None = None):
     from mlflow import MlflowClient
 
     return MlflowClient(uri or os.environ["MLFLOW_TRACKING_URI"])
+
+
+def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temp folder of this whole test session: shared by every xdist worker (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> dict:
+    """``make(folder)`` once per test session, whichever worker asks first; the others wait and read its result.
+
+    A session fixture is per xdist worker: a real batch shared by tests on two workers would run
+    twice. Here the first caller runs it under a file lock, in ``folder``, and records the JSON
+    result (or that it failed: later callers fail alike instead of running it again).
+    """
+    root = session_root(tmp_path_factory)
+    folder = root / f"shared-{name}"
+    done = root / f"shared-{name}.json"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            try:
+                result = {"ok": make(folder)}
+            except BaseException as e:
+                done.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+                raise
+            done.write_text(json.dumps(result))
+    result = json.loads(done.read_text())
+    if "error" in result:
+        pytest.fail(f"shared {name} failed in another test: {result['error']}")
+    return result["ok"]
+
+
+def compiler_cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment that puts ccache in front of the C++ compiler, for runs in revision envs ({} without ccache).
+
+    Each revision env JIT-builds DeepSpeed's CPU shm op into its own folder (~60 CPU-seconds on
+    2 cores), from sources that are identical across releases (0.18.0 to 0.18.2 here). With
+    ``CCACHE_BASEDIR`` over the session's temp folder the command lines of two envs match (paths
+    relative to the build folder), so the second build of the same sources is a cache hit: the
+    same object files, seconds instead of a minute. The cache lives for this session only.
+    """
+    ccache = shutil.which("ccache")
+    if ccache is None or os.environ.get("CXX"):
+        return {}
+    root = session_root(tmp_path_factory)
+    wrapper = root / "ccache-bin" / "c++"  # ccache run as "c++" calls the next c++ on PATH
+    wrapper.parent.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # another worker may have made it meanwhile
+        wrapper.symlink_to(ccache)
+    return {"CXX": str(wrapper), "CCACHE_DIR": str(root / "ccache"), "CCACHE_BASEDIR": str(root)}

@@ -30,10 +30,18 @@ def history(client, run, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.e2e
-def test_smoke_spec_end_to_end(home: Path) -> None:
-    """2 gloo ranks, ZeRO 0-3, tracked live in MLflow, read back through MlflowClient."""
-    proc = dstui("run", str(SPECS / "smoke.yaml"), timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+@pytest.mark.xdist_group("smoke-batch")  # the worker that launches the shared batch reads it first
+@pytest.mark.timeout(1800)  # the batch itself runs in the fixture, within this test's time
+def test_smoke_spec_end_to_end(smoke_batch: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 gloo ranks, ZeRO 0-3, tracked live in MLflow, read back through MlflowClient.
+
+    The batch is the session's ``smoke_batch`` (conftest): `dstui run configs/experiments/smoke.yaml`.
+    """
+    assert smoke_batch["returncode"] == 0, smoke_batch["stdout"] + smoke_batch["stderr"]
+    home = Path(smoke_batch["home"])
+    monkeypatch.setenv("DSTUI_HOME", str(home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_batch["uri"])
+    monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
     (batch,) = list_batches(home / "runs")
     client = mlflow_client()
     runs = children(client, "smoke")
@@ -84,6 +92,7 @@ def _write_spec(path: Path, data: dict) -> Path:
     return path
 
 
+@pytest.mark.no_store  # nothing may create it
 @pytest.mark.parametrize(
     ("data", "expect"),
     [
@@ -172,6 +181,7 @@ def test_user_command_in_seed_format_is_followed_live(home: Path) -> None:
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.no_store  # nothing may go to it
 def test_team_mlflow_server(home: Path, tmp_path: Path) -> None:
     """A team points dstui at a shared `mlflow server`: a real one on 127.0.0.1."""
     port = free_port()

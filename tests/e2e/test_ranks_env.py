@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dstui.execute.launch import free_port
+
 DUMP = Path(__file__).resolve().parent.parent / "programs" / "dump_rank_env.py"
 DIFFER_BY_CONSTRUCTION = {"DUMP_DIR"}
 
@@ -32,11 +34,12 @@ def _comparable(env: dict[str, str]) -> dict[str, str]:
 
 
 def test_same_rank_environment_as_deepspeeds_launcher(tmp_path: Path) -> None:
+    port = str(free_port())  # one port for both (it is in the environment); not a fixed one: tests run side by side
     deepspeed = _dump(
-        [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", "29517",
+        [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port,
          str(DUMP), "--x", "1"], tmp_path / "ds")  # fmt: skip
     dstui = _dump(
-        [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2", "--master-port", "29517", "--",
+        [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2", "--master-port", port, "--",
          sys.executable, str(DUMP), "--x", "1"], tmp_path / "dstui")  # fmt: skip
     for rank in (0, 1):
         assert dstui[rank]["argv"] == deepspeed[rank]["argv"] == [f"--local_rank={rank}", "--x", "1"]

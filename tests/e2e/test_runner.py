@@ -3,11 +3,16 @@
 All launches run in one module-scoped fixture, two at a time, and the tests
 read their results: the launcher and rank start-up (imports) dominates, and
 overlapping two of them keeps the file fast on a 2-core machine.
+
+The four ZeRO-stage runs are the session's smoke batch (conftest's ``smoke_batch``:
+``dstui run configs/experiments/smoke.yaml``, the runner started the way dstui
+starts it, with the ds_config dstui generates), which test_pipeline.py and
+others read too: the records are checked here, in their run folders, rather
+than from four more launches of the same runs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -17,21 +22,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers import SPECS
 
 from dstui.core.records import parse_seed_line, read_records
+from dstui.core.rundir import RunDir
 from dstui.execute.launch import free_port
-from dstui.spec import dsconfig
 from dstui.spec.models import Settings
 
-# ten launches of two ranks: more than the default 600 s on a loaded 2-core machine
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# launches of two ranks: more than the default 600 s on a loaded 2-core machine
+# one xdist worker runs the module: every test reads the launches of one module fixture
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800), pytest.mark.xdist_group("runner")]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "runners" / "train.py"
 STEPS = 4
 STAGES = (0, 1, 2, 3)
+SMOKE = yaml.safe_load((SPECS / "smoke.yaml").read_text())["settings"]  # the z0-z3 runs' settings
 MAX_PARALLEL = 2
-DIRECT = {"z1", "z3"}  # started by dstui.execute.ranks; the others by DeepSpeed's launcher
+# started by DeepSpeed's launcher; the others (and the smoke batch) by dstui.execute.ranks
+DEEPSPEED_LAUNCHER = {"standalone", "t5"}
 COMMON = [
     "--model",
     "tiny-llama",
@@ -82,20 +92,18 @@ def _start(
     return proc, metrics, time.monotonic()
 
 
+def _smoke_run(home: Path, stage: int) -> Result:
+    """Run z<stage> of the shared smoke batch as a Result: its exit code, stdout.log and records."""
+    (rd,) = [RunDir(p) for p in (home / "runs").glob(f"smoke-*/z{stage}-r0")]
+    st = rd.status()
+    wall = (st.get("ended") or 0) - (st.get("started") or 0)
+    return Result(st.get("exit_code", -1), rd.log_file.read_text(), read_records(rd.metrics_file), wall)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
+def runs(tmp_path_factory: pytest.TempPathFactory, smoke_batch: dict) -> dict[str, Result]:
     tmp = tmp_path_factory.mktemp("runner")
     launches: dict[str, list[str]] = {}
-    for stage in STAGES:
-        # The dstui path: a generated ds_config file, used as-is by the runner.
-        # torch's AdamW: DeepSpeed's would JIT-compile FusedAdam first (minutes on 2 cores)
-        s = Settings(zero_stage=stage, seq_length=64, steps=STEPS, warmup_steps=1, seed=7, torch_adam=True)
-        cfg = dsconfig.deep_merge(dsconfig.load_template("base.json"), dsconfig.from_settings(s))
-        cfg_path = tmp / f"ds_z{stage}.json"
-        cfg_path.write_text(json.dumps(cfg))
-        launches[f"z{stage}"] = [
-            *COMMON, "--zero-stage", str(stage), "--torch-adam", "--ds-config", str(cfg_path),
-        ]  # fmt: skip
     # Standalone: no --ds-config, other paths of the loop (bf16, accumulation, log interval).
     launches["standalone"] = [
         "--model",
@@ -133,7 +141,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
     while pending:
         batch, pending = pending[:MAX_PARALLEL], pending[MAX_PARALLEL:]
         started = {
-            name: _start(args, tmp / f"{name}.jsonl", direct=name in DIRECT) for name, args in batch
+            name: _start(args, tmp / f"{name}.jsonl", direct=name not in DEEPSPEED_LAUNCHER)
+            for name, args in batch
         }
         for name, (proc, metrics, t0) in started.items():
             try:
@@ -144,6 +153,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
                 out += "\n<test: timed out>"
             records = read_records(metrics) if metrics is not None else []
             results[name] = Result(proc.returncode, out, records, time.monotonic() - t0)
+    # The dstui path: the ds_config dstui generated, used as-is by the runner (torch's AdamW:
+    # DeepSpeed's would JIT-compile FusedAdam first, minutes on 2 cores)
+    assert smoke_batch["returncode"] == 0, smoke_batch["stdout"] + smoke_batch["stderr"]
+    for stage in STAGES:
+        results[f"z{stage}"] = _smoke_run(Path(smoke_batch["home"]), stage)
     return results
 
 
@@ -163,13 +177,13 @@ def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
     assert header["world_size"] == 2
     assert header["device"] == "cpu" and header["peak_tflops"] is None
     assert header["ds_config"]["zero_optimization"]["stage"] == stage
-    assert header["tokens_per_step"] == 1 * 1 * 64 * 2
+    assert header["tokens_per_step"] == SMOKE["micro_batch"] * SMOKE["grad_accum"] * SMOKE["seq_length"] * 2
     assert header["params"] > 0 and header["flops_per_token"] > 6 * header["params"]
     assert set(header["versions"]) >= {"deepspeed", "torch", "transformers", "python"}
     assert header["config"]["zero_stage"] == stage
 
     steps = r.of("step")
-    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert [s["step"] for s in steps] == list(range(1, SMOKE["steps"] + 1))
     for s in steps:
         for field in (
             "loss",
@@ -185,7 +199,8 @@ def test_zero_stage_records(runs: dict[str, Result], stage: int) -> None:
         assert "mfu" not in s  # no known peak on CPU: no made-up MFU
 
     (summary,) = r.of("summary")
-    assert summary["status"] == "ok" and summary["steps"] == STEPS and summary["warmup_steps"] == 1
+    assert summary["status"] == "ok" and summary["steps"] == SMOKE["steps"]
+    assert summary["warmup_steps"] == SMOKE["warmup_steps"]
     assert summary["final_loss"] == steps[-1]["loss"]
     for field in (
         "iter_time_mean",
@@ -213,7 +228,7 @@ def test_seed_line_printed(runs: dict[str, Result]) -> None:
     r = runs["z0"]
     _ok(r)
     parsed = [p for p in map(parse_seed_line, r.out.splitlines()) if p]
-    assert [p["step"] for p in parsed] == list(range(1, STEPS + 1))  # rank 0 only, once per step
+    assert [p["step"] for p in parsed] == list(range(1, SMOKE["steps"] + 1))  # rank 0 only, once per step
     steps = r.of("step")
     assert parsed[0]["loss"] == pytest.approx(steps[0]["loss"], abs=1e-6)
     assert parsed[-1]["mem_peak"] == steps[-1]["mem_peak"]
@@ -258,7 +273,7 @@ def test_sp_check_derives_its_tolerance_and_catches_a_wrong_head_split(
 
 
 def test_phases_record_orders_the_life_of_a_run(runs: dict[str, Result]) -> None:
-    for name in ("z0", "z1"):  # DeepSpeed's launcher and dstui's rank starter
+    for name in ("standalone", "z1"):  # DeepSpeed's launcher and dstui's rank starter
         (phases,) = runs[name].of("phases")
         marks = [phases[m] for m in ("process_start", "imports_done", "group_up", "model_built",
                                      "engine_ready", "first_step_done", "last_step_done", "exit")]  # fmt: skip

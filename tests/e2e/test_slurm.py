@@ -37,6 +37,9 @@ from dstui.execute.executor import executor_for
 from dstui.execute.slurm_cli import JobInfo
 from dstui.execute.supervisor import is_supervised
 
+# one xdist worker runs the module in order: one Slurm cluster (a session fixture) for the module; a blocker job holds its node
+pytestmark = pytest.mark.xdist_group("slurm")
+
 
 def fake_spec(home: Path, name: str, conditions: list[dict], slurm: dict | None = None, **settings) -> Path:
     """A Slurm spec of fake-runner runs (one rank each)."""
@@ -167,9 +170,9 @@ def test_bad_slurm_input_is_one_line_and_submits_nothing(home: Path, slurm_clust
 
 
 def smoke_spec(home: Path, executor: str) -> Path:
+    """The shipped smoke spec's ZeRO-1 condition, as it is, on ``executor``."""
     data = yaml.safe_load((SPECS / "smoke.yaml").read_text())
     data["name"] = f"smoke-{executor}"
-    data["settings"].update(steps=4, warmup_steps=1)
     data["axes"] = {"zero_stage": [1]}
     data["executor"] = executor
     p = home / f"smoke-{executor}.yaml"
@@ -178,15 +181,24 @@ def smoke_spec(home: Path, executor: str) -> Path:
 
 
 @pytest.mark.e2e
-def test_smoke_through_slurm_equals_local(home: Path, slurm_cluster: SlurmCluster) -> None:
-    """The CPU smoke condition (2 gloo ranks) as a Slurm job: same losses as the local executor, step by step."""
-    client = mlflow_client()
+@pytest.mark.timeout(1800)  # may wait for the shared smoke batch, which another worker runs
+def test_smoke_through_slurm_equals_local(home: Path, slurm_cluster: SlurmCluster, smoke_batch: dict) -> None:
+    """The CPU smoke condition (2 gloo ranks) as a Slurm job: same losses as the local executor, step by step.
+
+    The local side is z1 of the session's smoke batch (conftest's ``smoke_batch``, the local
+    executor): the same spec and condition, so not launched a second time here.
+    """
     histories = {}
-    for executor in ("slurm", "local"):
-        out = dstui("run", "--quiet", str(smoke_spec(home, executor)), timeout=600)
-        assert out.returncode == 0, out.stdout + out.stderr
-        exp = client.get_experiment_by_name(f"smoke-{executor}")
-        (child,) = client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")
+    out = dstui("run", "--quiet", str(smoke_spec(home, "slurm")), timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = "tags.`dstui.role` = 'run'"
+    for executor, uri, experiment, which in (
+        ("slurm", os.environ["MLFLOW_TRACKING_URI"], "smoke-slurm", runs),  # its one run
+        ("local", smoke_batch["uri"], "smoke", runs + " and tags.`dstui.condition` = 'z1'"),
+    ):
+        client = mlflow_client(uri)
+        exp = client.get_experiment_by_name(experiment)
+        (child,) = client.search_runs([exp.experiment_id], which)
         assert child.info.status == "FINISHED"
         histories[executor] = history(client, child.info.run_id)
         if executor == "slurm":
@@ -194,5 +206,6 @@ def test_smoke_through_slurm_equals_local(home: Path, slurm_cluster: SlurmCluste
             assert (rd.path / "job.sh").is_file() and rd.status()["slurm_state"] == "COMPLETED"
             assert child.data.tags["dstui.slurm_job"] == rd.status()["job_id"]
             assert "world_size" in child.data.params and child.data.params["world_size"] == "2"
-    assert [s for s, _ in histories["slurm"]] == [1, 2, 3, 4]
+    steps = yaml.safe_load((SPECS / "smoke.yaml").read_text())["settings"]["steps"]
+    assert [s for s, _ in histories["slurm"]] == list(range(1, steps + 1))
     assert histories["slurm"] == histories["local"]

@@ -21,6 +21,9 @@ from helpers import SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import BatchDir, list_batches
 
+# one xdist worker runs the module in order: one PostgreSQL + mlflow server (a session fixture) for the module
+pytestmark = pytest.mark.xdist_group("team-server")
+
 
 def reingest_into(batch: BatchDir, runs_root: Path, tracking_uri: str) -> BatchDir:
     """A copy of a finished batch whose supervisor sends everything again, to another store."""

@@ -63,6 +63,7 @@ def _first_departing_step(a: dict[int, float], b: dict[int, float], atol: float)
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("guard")  # four real DeepSpeed runs: started early under xdist
 async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None:  # noqa: ANN001
     """One `dstui run` (4 tiny DeepSpeed jobs, 2 CPU ranks), watched by the TUI while it runs."""
     import os

@@ -1,16 +1,17 @@
-"""Runs screen: launch from the UI, cancel (process group gone), retry, log, leave and come back."""
+"""Runs screen: launch from the UI, cancel (process group gone), retry, log, leave and come back; a real batch."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from textual.widgets import Log
 from tui_helpers import REPO, seed_spec, wait_for
 
-from dstui.core.rundir import FINAL_STATES, RunDir
+from dstui.core.rundir import FINAL_STATES, RunDir, list_batches
 from dstui.execute import batch as batch_mod
 from dstui.execute.gpu_share import AUTO
 from dstui.tui.app import DstuiApp
@@ -113,14 +114,22 @@ async def test_leave_and_come_back_takes_over(tui_env):  # noqa: F811
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-async def test_e2e_real_cpu_smoke_from_ui(tui_env):  # noqa: F811
-    """The real bundled runner under DeepSpeed on CPU (2 ranks, ZeRO 0-3), launched from the UI."""
+@pytest.mark.xdist_group("smoke-batch")  # beside test_pipeline's reader of the same batch
+async def test_e2e_real_cpu_smoke_from_ui(tui_env, smoke_batch, monkeypatch):  # noqa: F811
+    """The real bundled runner under DeepSpeed on CPU (2 ranks, ZeRO 0-3), in the runs screen.
+
+    The batch is the session's one real smoke batch (conftest's ``smoke_batch``, also read by
+    tests/e2e/test_pipeline.py), not a second launch of it; launching from the UI is
+    test_launch_from_ui_reaches_done's.
+    """
     if shutil.which("deepspeed") is None and not (REPO / "runners" / "train.py").exists():
         pytest.skip("no runner")
-    app = DstuiApp(spec_path=REPO / "configs/experiments/smoke.yaml", supervise=False)
+    monkeypatch.setenv("DSTUI_HOME", smoke_batch["home"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_batch["uri"])
+    (batch,) = list_batches(Path(smoke_batch["home"]) / "runs")
+    app = DstuiApp(batch_id=batch.id, supervise=False)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
-        await pilot.press("l")
         assert await wait_for(pilot, lambda: len(screen._rows) == 4, timeout=180)
         ok = await wait_for(pilot, lambda: all(s in FINAL_STATES for s in states(screen)), timeout=1700)
         assert ok and states(screen) == ["done"] * 4, why_not_done(screen)

@@ -1,7 +1,7 @@
 """ZeRO vs plain PyTorch parity runner (runners/compare_loss.py, seed 002).
 
 Unit tests of the comparison semantics run in-process. The ``e2e`` tests start
-the real DeepSpeed launcher with two gloo ranks on the CPU. They are launched
+two gloo ranks on the CPU with dstui's rank starter (as ``dstui run`` does). They are launched
 together on first use (two at a time: each job holds ~2 GB of RSS), so the
 whole module costs a few launches' worth of wall time, not one per test.
 
@@ -53,6 +53,9 @@ RUNNER = REPO / "runners" / "compare_loss.py"
 sys.path.insert(0, str(REPO / "runners"))
 
 import parity  # noqa: E402
+
+# one xdist worker runs the module in order: the e2e tests read jobs one module fixture launches together
+pytestmark = pytest.mark.xdist_group("compare-loss")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -220,8 +223,10 @@ def uses(*names: str) -> Callable[[F], F]:
 def _run(job: Job, slots: threading.Semaphore) -> None:
     with slots:
         start = time.monotonic()
-        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-               "--master_port", str(free_port()), str(RUNNER), *job.argv,
+        # dstui's rank starter, what `dstui run` uses on one node (test_ranks_env.py: the ranks get
+        # what DeepSpeed's launcher gives them); the launcher would import DeepSpeed twice per job
+        cmd = [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2",
+               "--master-port", str(free_port()), "--", sys.executable, str(RUNNER), *job.argv,
                "--metrics-file", str(job.metrics)]
         env = {k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_PARITY_INJECT")}
         env.update(job.env)

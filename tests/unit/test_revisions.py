@@ -26,6 +26,9 @@ from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions import envs as R
 from dstui.spec.models import Revision
 
+# one xdist worker runs the module in order: the e2e tests build into one env cache and reuse each other's envs
+pytestmark = pytest.mark.xdist_group("revisions")
+
 OLD, NEW = "0.18.0", "0.19.8"
 GIT_ENV = {
     **os.environ,
@@ -238,9 +241,9 @@ def test_pypi_releases_built_isolated_and_cached(cache: Path, freeze_before: str
     lines.clear()
     t0 = time.monotonic()
     again = R.resolve_all(revs, cache_dir=cache, progress=lines.append)
-    TIMES["pypi cached resolve (2 envs)"] = cached = time.monotonic() - t0
+    TIMES["pypi cached resolve (2 envs)"] = time.monotonic() - t0
     assert again == got
-    assert cached < 1.5, f"cached resolve took {cached:.2f}s"
+    # cached: no pip, no venv (not a clock: tests run side by side on a loaded machine; TIMES has it)
     assert not any("pip" in ln or "creating" in ln for ln in lines), lines
     assert all("using cached environment" in ln for ln in lines)
     assert {n: (Path(r.env_dir or "") / R.MARKER).stat().st_mtime_ns for n, r in again.items()} == markers
@@ -270,9 +273,11 @@ def test_git_refs_never_touch_the_clone(cache: Path, ds_repo: Path, freeze_befor
         assert R.check_reported_version(r, {"versions": {"deepspeed": info["version"]}, "deepspeed_git_sha": info["git_hash"]}) is None
 
     t0 = time.monotonic()
-    assert R.resolve_all(revs, cache_dir=cache, progress=lambda s: None) == got
+    lines: list[str] = []
+    assert R.resolve_all(revs, cache_dir=cache, progress=lines.append) == got
     TIMES["git cached resolve (2 envs)"] = time.monotonic() - t0
-    assert TIMES["git cached resolve (2 envs)"] < 1.5
+    # cached: no export, no pip, no venv (not a clock: tests run side by side; TIMES has it)
+    assert lines and all("using cached environment" in ln for ln in lines), lines
     assert clone_state(ds_repo) == before
     assert base_freeze() == freeze_before
 
@@ -527,15 +532,17 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
 def test_revisions_through_the_pipeline(
-    cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The CPU smoke condition under a PyPI release, a git ref and the installed DeepSpeed."""
-    from helpers import dstui, mlflow_client
+    from helpers import compiler_cache_env, dstui, mlflow_client
 
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.chdir(home)
-    env = {"DSTUI_HOME": str(home), "DSTUI_CACHE": str(cache), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db"}
+    env = {"DSTUI_HOME": str(home), "DSTUI_CACHE": str(cache), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
+           **compiler_cache_env(tmp_path_factory)}  # the envs' shm op builds: a hit where sources match
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     import deepspeed  # the installed one, for the 'here' revision
 
@@ -572,11 +579,10 @@ def test_revisions_through_the_pipeline(
     info = json.loads(next((home / "runs").glob("revs-*/batch.json")).read_text())
     assert info["runs"] == ["base-stable-r0", "base-main-r0", "base-here-r0"]
     assert clone_state(ds_repo) == before
-    # a second batch reuses the cached envs: resolving takes about a second
-    t0 = time.monotonic()
+    # a second batch reuses the cached envs: no pip, no build (so resolving takes about a second)
     dry = dstui("run", "--dry-run", "--no-validate", str(spec), env=env, timeout=120)
     assert dry.returncode == 0, dry.stderr
-    assert time.monotonic() - t0 < 15  # includes interpreter start-up; no pip, no build
+    assert "pip:" not in dry.stdout and "creating the environment" not in dry.stdout, dry.stdout
     assert "using cached environment" in dry.stdout
     out = dstui("compare", "--experiment", "revs", "--baseline", "here", env=env, timeout=120)
     assert out.returncode == 0, out.stderr

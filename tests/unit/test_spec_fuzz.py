@@ -18,6 +18,9 @@ from dstui.core.errors import DstuiError
 from dstui.execute import batch
 from dstui.spec.models import SETTING_NAMES
 
+# one xdist worker runs the module in order: test_report_fuzz_counts reads the counts the fuzz test leaves
+pytestmark = pytest.mark.xdist_group("spec-fuzz")
+
 scalars = st.one_of(
     st.none(),
     st.booleans(),
