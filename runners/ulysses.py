@@ -19,7 +19,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from common import RunnerError, ShardedBatches
+from common import RunnerError
+from corpus import ShardedBatches
 
 # torch 2.13 deprecates the autograd-aware all_gather in favour of a private
 # API; the public one is what DeepSpeed's tutorial uses, so keep it, quietly.

@@ -65,6 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=lambda item: rank.get(_group(item) or "", len(rank)))  # stable: file order within
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) these two are never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
     """``--dist loadgroup``, with nothing long queued behind something long.
 
@@ -93,6 +94,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
     return LongestFirstScheduling(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: 2 workers per core for the full suite, 1 for the fast loop; env var wins."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstui.core import ds_answers
 from dstui.core.paths import CONFIGS_DIR
 
 MODELS_DIR = CONFIGS_DIR / "models"
@@ -146,30 +147,43 @@ def model_states(
     fp32 training adds the difference of the 16-bit terms; fp32 without ZeRO
     is plain PyTorch (4 + 4 + 8 bytes per parameter): 16 bytes as well.
     """
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
     p = shape.params
     total = gpus * nodes
     cpu_offload = offload != "none" or offload_params != "none"
     if zero_stage == 0:
         return 16 * p
     if zero_stage in (1, 2):
-        gpu = estimate_zero2_model_states_mem_needs(p, gpus, nodes, cpu_offload=cpu_offload)[1]
+        gpu = _zero2_states(p, gpus, nodes, cpu_offload)
         if dtype == "fp32":  # 4-byte instead of 2-byte parameters, and gradients when on the GPU
             gpu += 2 * p if cpu_offload else 2 * p + 2 * p // total
         return gpu
-    gpu = estimate_zero3_model_states_mem_needs(
-        p,
-        shape.largest_layer_params,
-        gpus,
-        nodes,
-        cpu_offload=cpu_offload,
-        cpu_offload_params=offload_params != "none",
-    )[1]
+    gpu = _zero3_states(p, shape.largest_layer_params, gpus, nodes, cpu_offload, offload_params != "none")
     if dtype == "fp32" and offload_params == "none":
         gpu += 2 * p // total
     return gpu
+
+
+def _zero2_states(params: int, gpus: int, nodes: int, cpu_offload: bool) -> int:
+    """DeepSpeed's ZeRO-1/2 estimator (GPU bytes), remembered per install: it costs a DeepSpeed import."""
+
+    def ask() -> int:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        return int(estimate_zero2_model_states_mem_needs(params, gpus, nodes, cpu_offload=cpu_offload)[1])
+
+    return ds_answers.remembered("zero2-states", [params, gpus, nodes, cpu_offload], ask)
+
+
+def _zero3_states(params: int, largest_layer: int, gpus: int, nodes: int, cpu_offload: bool, offload_params: bool) -> int:
+    """DeepSpeed's ZeRO-3 estimator (GPU bytes), remembered per install like :func:`_zero2_states`."""
+
+    def ask() -> int:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        return int(estimate_zero3_model_states_mem_needs(
+            params, largest_layer, gpus, nodes, cpu_offload=cpu_offload, cpu_offload_params=offload_params)[1])  # fmt: skip
+
+    return ds_answers.remembered("zero3-states", [params, largest_layer, gpus, nodes, cpu_offload, offload_params], ask)
 
 
 def forward_free(

@@ -42,7 +42,7 @@ class MlflowRuns(StoreConnection):
                     tag_keys.RUNS: len(self.info.get("runs", [])),
                     **tracking.host_tags(),
                 }
-                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags)
+                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags, start_time=self.info.get("created"))
             self.info = self.batch.update_info(mlflow_parent_run_id=pid)
             return pid
         except Exception as e:
@@ -90,7 +90,7 @@ class MlflowRuns(StoreConnection):
             from dstui.revisions.envs import ResolvedRevision
 
             run_tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
-        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent)
+        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent, start_time=st.get("started"))
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")

@@ -96,7 +96,7 @@ class MlflowSink(MlflowRuns):
                 now_ms = int(time.time() * 1000)
                 tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
             tracking.log_artifacts(c, rid, rd.path)
-            tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"))
+            tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"), end_time=st.get("ended"))
         except Exception as e:
             self.down(e)
             return False

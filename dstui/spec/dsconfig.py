@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dstui.core import ds_answers
 from dstui.core.errors import SpecError
 from dstui.core.paths import CONFIGS_DIR
 from dstui.spec.models import RunSpec, Settings
@@ -165,7 +166,16 @@ class _WorldSize:
 
 
 def validate(cfg: dict[str, Any], *, world_size: int, condition: str | None = None, file: str | None = None) -> None:
-    """Check a config with DeepSpeed's own models; raise SpecError naming the field."""
+    """Check a config with DeepSpeed's own models; raise SpecError naming the field.
+
+    A config this DeepSpeed install accepted before is not checked again
+    (:mod:`dstui.core.ds_answers`); a refusal is always DeepSpeed's fresh word.
+    """
+    ds_answers.remembered("config-accepted", {"config": cfg, "world_size": world_size},
+                          lambda: _ask_deepspeed(cfg, world_size=world_size, condition=condition, file=file))  # fmt: skip
+
+
+def _ask_deepspeed(cfg: dict[str, Any], *, world_size: int, condition: str | None, file: str | None) -> bool:
     try:
         from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:  # pragma: no cover - deepspeed is a runtime need
@@ -180,6 +190,7 @@ def validate(cfg: dict[str, Any], *, world_size: int, condition: str | None = No
         raise SpecError(f"DeepSpeed: {err['msg']} (in {e.title})", file=file, condition=condition, field=field) from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
         raise SpecError(f"DeepSpeed: {e}", file=file, condition=condition, field="ds_config") from None
+    return True
 
 
 def world_size(s: Settings) -> int:

@@ -143,11 +143,19 @@ def create_run(
     *,
     tags: dict[str, str],
     parent_id: str | None = None,
+    start_time: float | None = None,
 ) -> str:
+    """A run whose start is ``start_time`` (epoch seconds) when given, not the moment of this call.
+
+    A supervisor may create the run late (the store was down) or again (a batch
+    replayed into another store); the run's own launch time keeps reports of
+    both stores the same.
+    """
     tags = {k: value_text(v) for k, v in tags.items() if v is not None}
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
-    run = c.create_run(experiment_id, run_name=name, tags=tags)
+    start_ms = int(start_time * 1000) if start_time else None
+    run = c.create_run(experiment_id, run_name=name, tags=tags, start_time=start_ms)
     return run.info.run_id
 
 
@@ -187,8 +195,9 @@ def log_metrics(c: MlflowClient, run_id: str, points: Iterable[tuple[str, float,
     return n
 
 
-def finish(c: MlflowClient, run_id: str, status: str) -> None:
-    c.set_terminated(run_id, status=status)
+def finish(c: MlflowClient, run_id: str, status: str, end_time: float | None = None) -> None:
+    """Terminate the run at ``end_time`` (epoch seconds: the job's exit) when known, else now."""
+    c.set_terminated(run_id, status=status, end_time=int(end_time * 1000) if end_time else None)
 
 
 def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "run") -> None:

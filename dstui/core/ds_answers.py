@@ -1,0 +1,75 @@
+"""Answers from the installed DeepSpeed, remembered on disk per install.
+
+dstui asks DeepSpeed itself whether a config is valid and how much memory its
+ZeRO stages keep per GPU. Asking means importing DeepSpeed, which pulls in torch
+and much more: 5-6 s of every ``dstui list``, ``dstui run`` or TUI start, for
+the same few questions each time. The answers depend only on the question and
+on the install, so they are kept under dstui's cache, keyed by both.
+
+The install is named without importing it: its version, where it lives, and
+the modification time of its config module, so an upgrade, another env or an
+edited source tree is a new key. Only answers are kept: a question whose
+answer raised (a refused config) is asked again, so its message is always
+DeepSpeed's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dstui.core.paths import cache_dir
+
+T = TypeVar("T")
+
+FOLDER = "deepspeed-answers"
+
+
+@functools.lru_cache(maxsize=1)
+def install_id() -> str | None:
+    """The installed DeepSpeed, named without importing it; None when it cannot be told (not installed)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("deepspeed")
+        if found is None or not found.origin:
+            return None
+        module = Path(found.origin).parent / "runtime" / "config.py"
+        return f"{importlib.metadata.version('deepspeed')}|{module}|{module.stat().st_mtime_ns}"
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _answer_file(kind: str, question: Any) -> Path | None:
+    install = install_id()
+    if install is None:
+        return None
+    blob = json.dumps({"kind": kind, "question": question, "install": install}, sort_keys=True, default=str)
+    return cache_dir() / FOLDER / kind / hashlib.sha256(blob.encode()).hexdigest()
+
+
+def remembered(kind: str, question: Any, ask: Callable[[], T]) -> T:
+    """``ask()``'s JSON answer to ``question`` from the cache, or asked now and kept.
+
+    ``question`` must hold everything the answer depends on besides the install.
+    A cache that cannot be read or written only costs the next call its import.
+    """
+    path = _answer_file(kind, question)
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())["answer"]
+    answer = ask()
+    if path is not None:
+        with contextlib.suppress(OSError, TypeError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"answer": answer}))
+            tmp.replace(path)  # whole or not at all: a concurrent reader never sees half
+    return answer
