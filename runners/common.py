@@ -220,6 +220,28 @@ def deepspeed_git_sha() -> str | None:
     return sha if sha and sha != "unknown" else None
 
 
+#: Packages ``import deepspeed`` pulls in that no rank uses: DeepSpeed's autotuner imports
+#: mlflow if it can (for its own trial logging; dstui's supervisor does the tracking).
+UNUSED_IN_RANKS = ("mlflow",)
+
+
+def skip_unused_imports() -> list[str]:
+    """Mark :data:`UNUSED_IN_RANKS` as absent in this process; return what was marked.
+
+    mlflow is installed beside DeepSpeed in dstui's own environment, and importing
+    it costs each rank ~1.9 s of a ~7 s import (torch, deepspeed, transformers)
+    here: measured with and without, see docs/BENCHMARKS.md. DeepSpeed's guard
+    (``try: import mlflow``) then simply finds it missing. ``DSTUI_RANK_IMPORTS=all``
+    keeps everything importable. Must run before deepspeed is imported.
+    """
+    if os.environ.get("DSTUI_RANK_IMPORTS") == "all":
+        return []
+    marked = [name for name in UNUSED_IN_RANKS if name not in sys.modules]
+    for name in marked:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    return marked
+
+
 def isolate_op_cache() -> str | None:
     """Give this DeepSpeed install its own JIT-op build folder (unless TORCH_EXTENSIONS_DIR is set).
 

@@ -73,6 +73,7 @@ for _p in (str(_REPO), str(_RUNNERS)):
 import common  # noqa: E402
 
 common.isolate_op_cache()
+common.skip_unused_imports()
 
 import deepspeed  # noqa: E402
 import parity_inject  # noqa: E402

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     common.isolate_op_cache()
+    common.skip_unused_imports()
     for lock in common.clear_stale_op_locks():
         print(
             f"train.py: removed a stale JIT-build lock left by a killed build: {lock}",

@@ -27,13 +27,14 @@ E2E_DIR = Path(__file__).resolve().parent / "e2e"
 #: xdist groups in the order they start, the longest first (docs/BENCHMARKS.md, "Test suite
 #: time", has their durations); ungrouped tests follow in file order
 LONGEST_FIRST = (
-    "bisect", "revisions", "compare-loss", "slurm", "runner", "smoke-batch", "guard",
+    "revisions", "bisect", "runner", "zero-init", "compare-loss", "guard", "slurm", "smoke-batch",
     "team-server", "spec-fuzz",
 )  # fmt: skip
 
 #: how many workers ``-n auto`` starts per core: the full suite mostly waits on processes,
-#: the fast loop (``-m "not e2e"``) computes
-WORKERS_PER_CORE = {"full": 2, "fast": 1}
+#: the fast loop (``-m "not e2e"``) mostly computes, with Textual's pauses between (on 2 cores:
+#: 77 s with 2 workers, 66 s with 3, 73 s with 4; docs/BENCHMARKS.md)
+WORKERS_PER_CORE = {"full": 2, "fast": 1.5}
 MAX_WORKERS = 8
 
 
@@ -101,7 +102,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cores = len(os.sched_getaffinity(0))
     fast = "not e2e" in (config.option.markexpr or "")
-    return max(1, min(MAX_WORKERS, cores * WORKERS_PER_CORE["fast" if fast else "full"]))
+    return max(1, min(MAX_WORKERS, round(cores * WORKERS_PER_CORE["fast" if fast else "full"])))
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,9 +32,19 @@ T = TypeVar("T")
 FOLDER = "deepspeed-answers"
 
 
-@functools.lru_cache(maxsize=1)
 def install_id() -> str | None:
-    """The installed DeepSpeed, named without importing it; None when it cannot be told (not installed)."""
+    """The installed DeepSpeed, named without importing it; None when it cannot be told (not installed).
+
+    A DeepSpeed blocked in this process (``sys.modules["deepspeed"] = None``) is
+    not installed as far as its answers go, whatever was found before.
+    """
+    if "deepspeed" in sys.modules and sys.modules["deepspeed"] is None:
+        return None
+    return _found_install()
+
+
+@functools.lru_cache(maxsize=1)
+def _found_install() -> str | None:
     import importlib.metadata
     import importlib.util
 

@@ -220,7 +220,8 @@ def test_only_runs_the_chosen_conditions_and_resume_keeps_the_rest(home: Path) -
 
 
 def test_one_supervisor_per_batch(home: Path) -> None:
-    spec = spec_file(home, "lock", [{"name": "slow", "args": ["--steps", "40", "--interval", "0.2"]}], steps=40)
+    # long enough (300 s) that it is still running after the CLI calls below on a loaded box; it is cancelled
+    spec = spec_file(home, "lock", [{"name": "slow", "args": ["--steps", "3000", "--interval", "0.1"]}], steps=3000)
     dstui("run", "--detach", str(spec), check=True)
     b = only_batch(home)
     wait_for(lambda: is_supervised(b), what="supervisor up")

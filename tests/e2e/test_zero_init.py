@@ -22,7 +22,8 @@ import pytest
 from dstui.core.records import read_records
 from dstui.execute.launch import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# one worker runs the module fixture (under xdist each worker would run its own copy)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800), pytest.mark.xdist_group("zero-init")]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "runners" / "train.py"
