@@ -124,8 +124,14 @@ class Follower:
     bad_lines: int = 0
     _partial: bytes = field(default=b"", repr=False)
 
-    def read_lines(self, max_bytes: int = 8 << 20) -> list[tuple[str, int]]:
-        """Complete new lines with the offset just after each one."""
+    def read_lines(self, max_bytes: int = 8 << 20, *, final: bool = False) -> list[tuple[str, int]]:
+        """Complete new lines with the offset just after each one.
+
+        A line is complete at its newline, except with ``final`` (its writer has
+        exited): then the text after the last newline is a line too. A record the
+        writer finished but whose newline never came (the disk filled up between
+        the two) is still a record; a cut-off one fails to parse like any bad line.
+        """
         try:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -145,6 +151,8 @@ class Follower:
             pos = self.offset + nl + 1
             out.append((chunk[start:nl].decode("utf-8", "replace"), pos))
             start = nl + 1
+        if final and start < len(chunk) and len(chunk) < max_bytes:  # the unterminated tail, at the end of the file
+            out.append((chunk[start:].decode("utf-8", "replace"), self.offset + len(chunk)))
         if out:
             self.offset = out[-1][1]
         return out

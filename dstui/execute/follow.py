@@ -119,12 +119,13 @@ class RunFollower:
             rd.update_status(**verdict)
         liveness.settle(rd, exit_info)
 
-    def _read(self, t: Tracked) -> list[ingest.Point]:
+    def _read(self, t: Tracked, *, final: bool = False) -> list[ingest.Point]:
         """New points of a run; if reading fails half-way (a full disk), the offsets go back too,
-        so the same lines are read again later instead of being skipped."""
+        so the same lines are read again later instead of being skipped. ``final``: the job has
+        exited (an unterminated last line counts)."""
         mark = t.mark()
         try:
-            return ingest.read_points(t, lambda rec: self._on_header(t, rec))
+            return ingest.read_points(t, lambda rec: self._on_header(t, rec), final=final)
         except OSError:
             t.restore(mark)
             raise
@@ -147,7 +148,7 @@ class RunFollower:
         # drain whatever the job wrote last (reads are capped per call, so loop)
         while True:
             before = (t.metrics.offset, t.system.offset)
-            t.pending.extend(self._read(t))
+            t.pending.extend(self._read(t, final=True))
             self.sink.flush(t, force=True)
             if t.pending:
                 return  # MLflow is down: try again on the next pass

@@ -98,14 +98,19 @@ def read_points(
     on_header: Callable[[dict], None],
     *,
     update_status: bool = True,
+    final: bool = False,
 ) -> list[Point]:
-    """Every new point of a run since the saved offsets; updates the run's status as it goes."""
+    """Every new point of a run since the saved offsets; updates the run's status as it goes.
+
+    ``final``: the job has exited, so an unterminated last line is read too
+    (:meth:`dstui.core.records.Follower.read_lines`).
+    """
     rd = t.rd
     fmt = metrics_format(rd)
     points: list[Point] = []
     last: dict[str, Any] = {}
     steps_done = None
-    for line, _ in t.metrics.read_lines():
+    for line, _ in t.metrics.read_lines(final=final):
         if fmt == "seed":
             rec = parse_seed_line(line)
             if rec is None:
@@ -132,7 +137,7 @@ def read_points(
                 points.append((f"summary.{key}", value, ts, step))
             if update_status:
                 merge_summary(rd, rec)
-    for line, _ in t.system.read_lines():
+    for line, _ in t.system.read_lines(final=final):
         try:
             rec = json.loads(line)
         except ValueError:

@@ -90,7 +90,7 @@ class MlflowRuns(StoreConnection):
             from dstui.revisions.envs import ResolvedRevision
 
             run_tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
-        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent, start_time=st.get("started"))
+        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent, start_time=st.get("starting") or st.get("started"))
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")

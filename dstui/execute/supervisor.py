@@ -169,7 +169,8 @@ class Supervisor:
         run = launch.load_runspec(rd)
         rev = rd.spec().get("revision_info") or {}
         executor = executor_for(rd.status())
-        rd.update_status(state="starting")
+        # the MLflow child's start time: the same moment in any store it is created in later
+        rd.update_status(state="starting", starting=time.time())
         self.sink.child_run_id(rd)
         try:
             handle = executor.start(
@@ -192,6 +193,7 @@ class Supervisor:
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
 
     def _submit(self, rd: RunDir) -> None:
+        rd.update_status(starting=time.time())
         self.sink.child_run_id(rd)
         try:
             self.slurm.submit(rd)  # type: ignore[union-attr]

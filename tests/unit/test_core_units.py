@@ -59,6 +59,20 @@ def test_follower_hands_out_complete_lines_only(tmp_path: Path) -> None:
     assert Follower(p, offset=f.offset).read_lines() == []
 
 
+def test_follower_takes_the_unterminated_tail_once_the_writer_is_gone(tmp_path: Path) -> None:
+    """A full disk can stop a writer between a record and its newline: the final read still takes that record."""
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 30}\n{"step": 31}')
+    f = Follower(p)
+    assert [line for line, _ in f.read_lines()] == ['{"step": 30}']
+    assert f.read_lines() == []  # still writing, as far as anyone knows
+    assert f.read_lines(final=True) == [('{"step": 31}', p.stat().st_size)]
+    assert f.offset == p.stat().st_size and f.read_lines(final=True) == []
+    # a tail beyond the read cap is not the file's end: only whole lines up to the cap
+    p.write_text('{"step": 1}\n' + "x" * 64)
+    assert [line for line, _ in Follower(p).read_lines(max_bytes=20, final=True)] == ['{"step": 1}']
+
+
 @pytest.mark.parametrize(
     ("tail", "code", "expected"),
     [
