@@ -10,7 +10,7 @@ loop ``-m "not e2e"``) as a child process and reports:
 * the time per xdist group and per test file, from pytest's JUnit XML
   (a group runs whole on one worker, so the longest group bounds the wall time from below).
 
-    python benchmarks/suite_time.py [--fast] [--workers N] [--fresh-home] [-- extra pytest args]
+    python benchmarks/suite_time.py [--fast] [--workers N] [--fresh-home] [--log FILE] [-- extra pytest args]
 
 ``--fresh-home`` runs with an empty HOME (no JIT-op builds, DeepSpeed answers or
 caches from earlier runs), as CI's fresh machine does. Prints a table and one JSON
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--fast", action="store_true", help='the inner loop: -m "not e2e"')
     ap.add_argument("--workers", default="auto", help="pytest-xdist -n (default: auto, tests/conftest.py decides)")
     ap.add_argument("--fresh-home", action="store_true", help="an empty HOME, like CI's fresh machine")
+    ap.add_argument("--log", type=Path, help="also write pytest's whole output here")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = ap.parse_args()
 
@@ -82,6 +83,8 @@ def main() -> int:
         start = time.monotonic()
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         wall = time.monotonic() - start
+        if args.log:
+            args.log.write_text(proc.stdout + proc.stderr)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if not junit.exists():
             print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
@@ -91,6 +94,9 @@ def main() -> int:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     cores = len(os.sched_getaffinity(0))
     print(f"{' '.join(cmd[1:])}\nexit {proc.returncode}; {dict(outcomes)}")
+    for line in proc.stdout.splitlines():  # what failed, as pytest's short summary names it
+        if line.startswith(("FAILED", "ERROR")):
+            print(line[:300])
     print(f"wall {wall:.0f} s; CPU {cpu:.0f} s over {cores} cores (the CPU alone needs >= {cpu / cores:.0f} s)")
     print("\n| xdist group | test seconds |\n| --- | --- |")
     for name, t in sorted(groups.items(), key=lambda kv: -kv[1]):
