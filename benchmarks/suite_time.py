@@ -67,7 +67,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="dstui-suite-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-n", args.workers, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        cmd = [sys.executable, "-m", "pytest", "-n", args.workers, "-q", f"--junitxml={junit}"]  # the bisect tests use pytest's cache
         if args.fast:
             cmd += ["-m", "not e2e"]
         cmd += args.pytest_args
