@@ -19,13 +19,13 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dstui.core.paths import cache_dir
+from dstui.core.rundir import write_json_atomic
 
 T = TypeVar("T")
 
@@ -78,9 +78,6 @@ def remembered(kind: str, question: Any, ask: Callable[[], T]) -> T:
             return json.loads(path.read_text())["answer"]
     answer = ask()
     if path is not None:
-        with contextlib.suppress(OSError, TypeError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"answer": answer}))
-            tmp.replace(path)  # whole or not at all: a concurrent reader never sees half
+        with contextlib.suppress(OSError):  # whole or not at all: a concurrent reader never sees half
+            write_json_atomic(path, {"answer": answer})
     return answer
