@@ -9,12 +9,17 @@ so load from other users of a shared machine hits both paths alike:
   and runs go one after another (``--parallel 1``): what dstui did before;
 * new: dstui starts the ranks itself (dstui.execute.ranks) and runs share the
   box on disjoint GPUs where it has them (``--parallel 0``, the default).
+* no-bytecode-cache: new, but without the bytecode cache dstui gives the
+  processes it starts where the environment forbids bytecode
+  (``DSTUI_BYTECODE_CACHE=0``; dstui.execute.bytecode). ``--paths
+  no-bytecode-cache new --warmup`` measures that cache alone.
 
 Measured: the wall time of the whole `dstui run` process, and per run the
 time breakdown the supervisor stored (dstui.core.phases: launch, imports,
 init, compile, steps, teardown; the batch's step share).
 
     python benchmarks/turnaround.py [--spec configs/experiments/smoke.yaml] [--rounds 2] [--only z0 z3]
+                                    [--paths old new] [--warmup]
 
 Prints a table and one JSON object; docs/BENCHMARKS.md records the results.
 """
@@ -40,6 +45,7 @@ from dstui.core.rundir import list_batches  # noqa: E402
 PATHS = {
     "old": ({"DSTUI_RANK_LAUNCHER": "deepspeed"}, ["--parallel", "1"]),
     "new": ({}, ["--parallel", "0"]),
+    "no-bytecode-cache": ({"DSTUI_BYTECODE_CACHE": "0"}, ["--parallel", "0"]),
 }
 
 
@@ -84,15 +90,23 @@ def main() -> int:
     p.add_argument("--spec", type=Path, default=REPO / "configs" / "experiments" / "smoke.yaml")
     p.add_argument("--rounds", type=int, default=2, help="old+new pairs, order alternating")
     p.add_argument("--only", nargs="*", default=[], help="run only these conditions (dstui run --only)")
+    p.add_argument("--paths", nargs=2, choices=sorted(PATHS), default=["old", "new"], metavar="PATH",
+                   help=f"the two paths to compare, first = 'old' in the table (of: {', '.join(PATHS)})")
     p.add_argument("--first", choices=["old", "new"], default="old", help="the path round 1 starts with")
+    p.add_argument("--warmup", action="store_true",
+                   help="one uncounted batch of the new path first (fills caches that outlive a batch)")
     a = p.parse_args()
+    named = dict(zip(("old", "new"), a.paths, strict=True))
+    if a.warmup:
+        res = run_batch(named["new"], a.spec.resolve(), a.only)
+        print(f"warm-up {named['new']}: {res['wall']:.1f} s", file=sys.stderr, flush=True)
     results: dict[str, list[dict]] = {"old": [], "new": []}
     for i in range(a.rounds):
         order = ("old", "new") if a.first == "old" else ("new", "old")
         for path in order if i % 2 == 0 else order[::-1]:
-            res = run_batch(path, a.spec.resolve(), a.only)
+            res = run_batch(named[path], a.spec.resolve(), a.only)
             results[path].append(res)
-            print(f"round {i + 1} {path}: {res['wall']:.1f} s", file=sys.stderr, flush=True)
+            print(f"round {i + 1} {named[path]}: {res['wall']:.1f} s", file=sys.stderr, flush=True)
     walls = {k: statistics.fmean(r["wall"] for r in v) for k, v in results.items()}
     segs = {k: mean_segments(v) for k, v in results.items()}
     print(f"{'path':5} {'batch wall':>10} " + " ".join(f"{s:>9}" for s in (*phases.SEGMENTS, "run wall")))
@@ -102,7 +116,8 @@ def main() -> int:
     outside = {k: statistics.fmean(r["outside_runs"] for r in v) for k, v in results.items()}
     print(f"outside the runs (CLI, validation, supervisor, gaps): old {outside['old']:.1f} s, new {outside['new']:.1f} s")
     print(f"new/old batch wall: {walls['new'] / walls['old']:.2f}")
-    print(json.dumps({"spec": str(a.spec), "rounds": a.rounds, "only": a.only, "wall": walls,
+    print(f"old = {named['old']}, new = {named['new']}")
+    print(json.dumps({"spec": str(a.spec), "rounds": a.rounds, "only": a.only, "paths": named, "wall": walls,
                       "ratio": walls["new"] / walls["old"], "segments": segs, "results": results}))
     return 0
 

@@ -14,6 +14,7 @@ import sys
 from dstui import __version__
 from dstui.core import secrets
 from dstui.core.errors import DstuiError
+from dstui.execute import bytecode
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,6 +65,8 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the real command line, not a call from Python
+        bytecode.reexec_with_cache()
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is None and not any(a in ("-h", "--help", "--version") for a in argv):

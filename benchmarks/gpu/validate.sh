@@ -10,6 +10,8 @@
 #   benchmarks/gpu/validate.sh mfu     # 1 GPU: bare PyTorch loop vs the runner (MFU), syncs, top ops
 #   benchmarks/gpu/validate.sh watch   # 2 GPUs: cost of watching, dstui vs bare launcher, interleaved
 #   benchmarks/gpu/validate.sh bench|all   # mfu+watch | batch+mfu+watch (more than one command)
+#   benchmarks/gpu/validate.sh forecast    # issue 14 on 1 GPU: the held-out memory-forecast grid
+#                                      # (benchmarks/gpu/forecast_holdout1.yaml), forecast_check.py
 #   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
 #                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
 #                                      # condition twice: first compile vs a repeat from the cache
@@ -208,9 +210,10 @@ phase_turnaround() {  # ~6 min on 1 GPU (llama-1b): issue 12's GPU goals
     start_smi "$WORK/nvsmi-turn.csv"
     say "turnaround: old vs new path, ${TURN_ROUNDS:-2} rounds, --only ${TURN_EAGER:-z1} ($spec)"
     timeout "$(( $(left) - 200 ))" $PY benchmarks/turnaround.py --spec "$spec" --only ${TURN_EAGER:-z1} \
-        --rounds "${TURN_ROUNDS:-2}" >"$b/turnaround.json" 2>"$b/turnaround.err"
+        --rounds "${TURN_ROUNDS:-2}" --paths ${TURN_PATHS:-old new} ${TURN_WARMUP:+--warmup} \
+        >"$b/turnaround.json" 2>"$b/turnaround.err"
     say "turnaround.py exited $?"; tail -8 "$b/turnaround.err"; head -c 1500 "$b/turnaround.json" | head -8
-    for i in 1 2; do  # the same DSTUI_HOME: the repeat finds the first run's compile cache
+    for i in $(seq 1 "${TURN_DC_RUNS:-2}"); do  # the same DSTUI_HOME: the repeat finds the first run's compile cache
         say "compile cache: ${TURN_DC:-z1-dc} run $i"
         timeout "$(( $(left) - 40 ))" $PY -m dstui run "$spec" --only ${TURN_DC:-z1-dc} --quiet
         say "run $i exited $?"
@@ -226,9 +229,35 @@ phase_turnaround() {  # ~6 min on 1 GPU (llama-1b): issue 12's GPU goals
     ls -la "$OUT"
 }
 
+phase_forecast() {  # ~7 min on 1 GPU: the held-out memory-forecast grid (issue 14), then the check
+    local spec=${FORECAST_SPEC:-benchmarks/gpu/forecast_holdout1.yaml} name fb gib
+    name=$(spec_name "$spec")
+    gib=$($PY -c "import torch; print(round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))")
+    say "forecast grid $spec on a ${gib}-GiB GPU (limit $(( $(left) - 60 ))s)"
+    timeout "$(( $(left) - 60 ))" $PY -m dstui run "$spec" --quiet ${ONLY:+--only $ONLY}
+    say "dstui run exited $?"
+    fb=$(ls -dt "$DSTUI_HOME/runs/$name"-* | head -1)
+    cancel_leftovers "$fb"
+    $PY -m dstui status "$(basename "$fb")" --no-takeover 2>&1 | tail -25 || true
+    $PY benchmarks/gpu/forecast_check.py "$fb/" --gpu-mem-gib "$gib" --json "$WORK/forecast_check.json" \
+        | tee "$WORK/forecast_check.md" || true
+    tar -C "$WORK" -czf "$OUT/forecast-data.tgz" forecast_check.json forecast_check.md \
+        "home/runs/$(basename "$fb")" build-*.log 2>/dev/null || true
+    # where a llama-1b run's start-up goes (issue 12): its command again, the rank under cProfile
+    if [ "$(left)" -gt 90 ] && [ -d "$fb/${PROFILE_RUN:-l1b-z1-mb2-r0}" ]; then
+        say "profiling the start-up of ${PROFILE_RUN:-l1b-z1-mb2-r0}"
+        timeout "$(( $(left) - 20 ))" $PY benchmarks/gpu/profile_run.py "$fb/${PROFILE_RUN:-l1b-z1-mb2-r0}" \
+            --out "$WORK/prof" --steps 2 --top 60 >"$WORK/prof.txt" 2>&1
+        grep -E "^phases|function calls" "$WORK/prof.txt"
+        tar -C "$WORK" -czf "$OUT/prof.tgz" prof prof.txt 2>/dev/null || true
+    fi
+    ls -la "$OUT"
+}
+
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
+case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
@@ -236,9 +265,10 @@ case $PHASE in
     mfu) phase_mfu ;;
     watch) phase_watch ;;
     turnaround) phase_turnaround ;;
+    forecast) phase_forecast ;;
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

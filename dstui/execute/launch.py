@@ -21,6 +21,7 @@ from pathlib import Path
 from dstui.core import names, paths, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import PRIVATE_SPEC_FILE, RunDir, read_json, write_json_atomic
+from dstui.execute import bytecode
 from dstui.spec import flags
 from dstui.spec.models import RunSpec, Settings
 
@@ -207,6 +208,7 @@ def build_env(
         env["TORCH_EXTENSIONS_DIR"] = str(Path(rev_env) / "torch_extensions")
     for name, folder in compile_cache_dirs(rev_env, python=(revision or {}).get("python")).items():
         env.setdefault(name, folder)  # a user's own cache setting wins
+    env = bytecode.apply(env, env_dir=rev_env)
     env.update(run.settings.env)
     env.update(
         {

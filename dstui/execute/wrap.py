@@ -17,6 +17,7 @@ import sys
 import time
 
 from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
+from dstui.execute import bytecode
 
 USAGE = "usage: python -m dstui.execute.wrap RUN_DIR -- ARGV..."
 
@@ -94,7 +95,7 @@ def start_supervisor(batch: str, env: dict[str, str] | None) -> subprocess.Popen
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            env=env,
+            env=bytecode.apply(dict(os.environ) if env is None else env),
         )
 
 
