@@ -12,6 +12,8 @@
 #   benchmarks/gpu/validate.sh bench|all   # mfu+watch | batch+mfu+watch (more than one command)
 #   benchmarks/gpu/validate.sh forecast    # issue 14 on 1 GPU: the held-out memory-forecast grid
 #                                      # (benchmarks/gpu/forecast_holdout1.yaml), forecast_check.py
+#   benchmarks/gpu/validate.sh profile     # issue 12: a condition (z1-dc) once, then its repeat with the
+#                                      # rank under cProfile (benchmarks/gpu/profile_run.py)
 #   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
 #                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
 #                                      # condition twice: first compile vs a repeat from the cache
@@ -244,19 +246,35 @@ phase_forecast() {  # ~7 min on 1 GPU: the held-out memory-forecast grid (issue 
     tar -C "$WORK" -czf "$OUT/forecast-data.tgz" forecast_check.json forecast_check.md \
         "home/runs/$(basename "$fb")" build-*.log 2>/dev/null || true
     # where a llama-1b run's start-up goes (issue 12): its command again, the rank under cProfile
-    if [ "$(left)" -gt 90 ] && [ -d "$fb/${PROFILE_RUN:-l1b-z1-mb2-r0}" ]; then
-        say "profiling the start-up of ${PROFILE_RUN:-l1b-z1-mb2-r0}"
-        timeout "$(( $(left) - 20 ))" $PY benchmarks/gpu/profile_run.py "$fb/${PROFILE_RUN:-l1b-z1-mb2-r0}" \
-            --out "$WORK/prof" --steps 2 --top 60 >"$WORK/prof.txt" 2>&1
-        grep -E "^phases|function calls" "$WORK/prof.txt"
-        tar -C "$WORK" -czf "$OUT/prof.tgz" prof prof.txt 2>/dev/null || true
-    fi
+    profile_one "$fb/${PROFILE_RUN:-l1b-z1-mb2-r0}"
+    ls -la "$OUT"
+}
+
+profile_one() {  # $1 = a finished 1-rank run folder: replayed (2 steps) with the rank under cProfile
+    [ "$(left)" -gt 90 ] && [ -d "$1" ] || { say "no time or no run folder to profile ($1)"; return 0; }
+    say "profiling $(basename "$1") again under cProfile"
+    timeout "$(( $(left) - 20 ))" $PY benchmarks/gpu/profile_run.py "$1" --out "$WORK/prof" --steps 2 --top 60 \
+        >"$WORK/prof.txt" 2>&1
+    grep -E "^phases|function calls" "$WORK/prof.txt"
+    tar -C "$WORK" -czf "$OUT/prof.tgz" prof prof.txt 2>/dev/null || true
+}
+
+phase_profile() {  # a condition once (fills the compile caches), then its repeat under cProfile (issue 12)
+    local spec=${PROFILE_SPEC:-benchmarks/gpu/turnaround1.yaml} only=${PROFILE_ONLY:-z1-dc} name pb
+    name=$(spec_name "$spec")
+    say "$spec --only $only, then the repeat under cProfile"
+    timeout "$(( $(left) - 200 ))" $PY -m dstui run "$spec" --quiet --only "$only"
+    say "dstui run exited $?"
+    pb=$(ls -dt "$DSTUI_HOME/runs/$name"-* | head -1)
+    cancel_leftovers "$pb"
+    profile_one "$pb/$only-r0"
     ls -la "$OUT"
 }
 
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
+case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
@@ -266,9 +284,10 @@ case $PHASE in
     watch) phase_watch ;;
     turnaround) phase_turnaround ;;
     forecast) phase_forecast ;;
+    profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|profile|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"
