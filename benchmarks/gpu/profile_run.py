@@ -56,6 +56,9 @@ def replay_argv(cmd: list[str], metrics: Path, steps: int | None) -> list[str]:
         elif arg == "--steps" and steps is not None:
             out += [arg, str(steps)]
             next(it)
+        elif arg == "--warmup-steps" and steps is not None:
+            out += [arg, str(max(0, min(int(cmd[i + 1]), steps - 1)))]  # the runner wants it below steps
+            next(it)
         else:
             out.append(arg)
     return out
