@@ -4,7 +4,8 @@ The run's own command (``cmd.txt``: dstui's rank starter, then the runner) is
 replayed with this script standing in for the runner (``--rank-wrapper``): it
 calls the runner's ``main()`` under cProfile and dumps the profile before the
 runner's hard exit. The metrics go to a scratch file, so the run folder stays
-as it was. Prints the phase record
+as it was; the environment gets the caches dstui gives a run (compile caches,
+bytecode), so a replay of a repeat is profiled as a repeat. Prints the phase record
 of the replay and the functions with the most cumulative and own time.
 
     python benchmarks/gpu/profile_run.py <runs/batch/run-folder> --out prof/ [--steps 2]
@@ -23,7 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 WRAPPER = "--rank-wrapper"
 
 
@@ -40,6 +40,20 @@ def as_rank() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # as the runner's exit_now: no interpreter teardown
+
+
+def run_env() -> dict[str, str]:
+    """What dstui adds to a run's environment (revision-less run): compile caches, bytecode cache.
+
+    Without these the replay would compile into torch's default caches, i.e.
+    profile a first compile where the run it replays was a repeat.
+    """
+    from dstui.execute import bytecode, launch
+
+    env = dict(os.environ)
+    for name, folder in launch.compile_cache_dirs(None).items():
+        env.setdefault(name, folder)
+    return bytecode.apply(env)
 
 
 def replay_argv(cmd: list[str], metrics: Path, steps: int | None) -> list[str]:
@@ -83,7 +97,7 @@ def main() -> int:
     metrics.unlink(missing_ok=True)
     argv = replay_argv(cmd, metrics, args.steps)
     print(" ".join(shlex.quote(a) for a in argv), flush=True)
-    code = subprocess.call(argv, env={**os.environ, "DSTUI_PROFILE_OUT": str(prof)})
+    code = subprocess.call(argv, env={**run_env(), "DSTUI_PROFILE_OUT": str(prof)})
     prof = prof.with_name(prof.name + ".rank0")
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         rec = json.loads(line)
