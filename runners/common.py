@@ -222,6 +222,31 @@ def deepspeed_git_sha() -> str | None:
 
 #: Packages ``import deepspeed`` pulls in that no rank uses: DeepSpeed's autotuner imports
 #: mlflow if it can (for its own trial logging; dstui's supervisor does the tracking).
+# (torch's counter group, its key prefix, the name in the summary) of torch.compile's caches
+_COMPILE_CACHES = (("inductor", "fxgraph_cache_", "fxgraph"), ("aot_autograd", "autograd_cache_", "autograd"))
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """How torch.compile's caches answered in this process: did a repeat find its graphs?
+
+    ``compile_cache_fxgraph_hit`` (Inductor's FX graph cache), ``..._miss``,
+    ``..._bypass`` and the same for AOTAutograd's cache (``autograd``), from
+    torch's own counters; only outcomes that happened, nothing when the run
+    compiled nothing. A repeat of a compiled condition that still shows misses
+    recompiles, whatever the cache folders hold (docs/gpu-validation/README.md 6c).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    out: dict[str, int] = {}
+    for group, prefix, name in _COMPILE_CACHES:
+        for outcome in ("hit", "miss", "bypass"):
+            count = int(utils.counters[group].get(prefix + outcome, 0))
+            if count:
+                out[f"compile_cache_{name}_{outcome}"] = count
+    return out
+
+
 UNUSED_IN_RANKS = ("mlflow",)
 
 

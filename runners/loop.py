@@ -101,6 +101,7 @@ def train(
         }
         if tr.peak:
             summary["mfu_mean"] = statistics.fmean(tflops) / tr.peak
+        summary.update(common.compile_cache_counts())
         writer.write(SUMMARY, **summary)
     destroy = getattr(tr.engine, "destroy", None)
     if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)

@@ -211,7 +211,7 @@ phase_turnaround() {  # ~6 min on 1 GPU (llama-1b): issue 12's GPU goals
     name=$(spec_name "$spec")
     start_smi "$WORK/nvsmi-turn.csv"
     say "turnaround: old vs new path, ${TURN_ROUNDS:-2} rounds, --only ${TURN_EAGER:-z1} ($spec)"
-    timeout "$(( $(left) - 200 ))" $PY benchmarks/turnaround.py --spec "$spec" --only ${TURN_EAGER:-z1} \
+    [ -n "${SKIP_TURN:-}" ] || timeout "$(( $(left) - 200 ))" $PY benchmarks/turnaround.py --spec "$spec" --only ${TURN_EAGER:-z1} \
         --rounds "${TURN_ROUNDS:-2}" --paths ${TURN_PATHS:-old new} ${TURN_WARMUP:+--warmup} \
         >"$b/turnaround.json" 2>"$b/turnaround.err"
     say "turnaround.py exited $?"; tail -8 "$b/turnaround.err"; head -c 1500 "$b/turnaround.json" | head -8

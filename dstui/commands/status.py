@@ -63,6 +63,9 @@ def time_lines(runs: list[RunDir]) -> list[str]:
         times = phases.from_status(st)
         if times is not None:
             lines.append(f"  time  {rd.name}: {times.line()}")
+        caches = phases.compile_cache_line(st.get("summary"))
+        if caches:
+            lines.append(f"  cache {rd.name}: {caches}")
     share = phases.batch_step_share(statuses)
     if share is not None:
         lines.append(

@@ -62,6 +62,24 @@ class Breakdown:
         return head + ", ".join(parts) + share
 
 
+_CACHE_NAMES = {"fxgraph": "Inductor graphs", "autograd": "AOTAutograd"}
+
+
+def compile_cache_line(summary: dict[str, Any] | None) -> str | None:
+    """'Inductor graphs 2 hit, 1 miss; AOTAutograd 3 miss' from a summary's compile_cache_* counts, if any."""
+    summary = summary or {}
+    parts = []
+    for key, label in _CACHE_NAMES.items():
+        counts = []
+        for outcome in ("hit", "miss", "bypass"):
+            value = summary.get(f"compile_cache_{key}_{outcome}")
+            if isinstance(value, (int, float)) and value:
+                counts.append(f"{int(value)} {outcome}")
+        if counts:
+            parts.append(f"{label} " + ", ".join(counts))
+    return "; ".join(parts) or None
+
+
 def _gap(later: float | None, earlier: float | None) -> float | None:
     return None if later is None or earlier is None else max(0.0, later - earlier)
 

@@ -52,7 +52,19 @@ REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "runners" / "compare_loss.py"
 sys.path.insert(0, str(REPO / "runners"))
 
-import parity  # noqa: E402
+
+
+class _LazyParity:
+    """runners/parity.py, imported at first use: it imports torch, which every xdist worker would
+    otherwise pay at collection although one worker runs this module (its xdist group)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import parity as module
+
+        return getattr(module, name)
+
+
+parity = _LazyParity()
 
 # one xdist worker runs the module in order: the e2e tests read jobs one module fixture launches together
 pytestmark = pytest.mark.xdist_group("compare-loss")

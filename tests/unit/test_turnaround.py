@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from dstui.core import phases
 from dstui.core.records import PHASES, SUMMARY, MetricsWriter
@@ -236,3 +237,64 @@ def test_prebuild_starts_no_process_for_ops_built_before(tmp_path: Path, monkeyp
     so.unlink()  # gone (a cleaned cache): built again
     one_batch()
     assert starts.read_text().split() == ["CPUAdamBuilder", "CPUAdamBuilder"]
+
+
+def test_status_names_the_compile_caches_answers(tmp_path: Path) -> None:
+    from dstui.commands.status import time_lines
+
+    counts = {
+        "compile_cache_fxgraph_hit": 1,
+        "compile_cache_fxgraph_miss": 1,
+        "compile_cache_autograd_miss": 2,
+    }
+    assert phases.compile_cache_line(counts) == "Inductor graphs 1 hit, 1 miss; AOTAutograd 2 miss"
+    assert (
+        phases.compile_cache_line({"compile_time": 3.0}) is None
+        and phases.compile_cache_line(None) is None
+    )
+    rd = RunDir(tmp_path / "z1-dc-r0")
+    rd.path.mkdir()
+    rd.update_status(state="done", summary={"steps": 3, **counts})
+    assert "  cache z1-dc-r0: Inductor graphs 1 hit, 1 miss; AOTAutograd 2 miss" in time_lines([rd])
+
+
+COMPILE_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import common
+f = torch.compile(lambda x: (x * 2 + 1).relu().sum())
+f(torch.randn(8, requires_grad=True)).backward()
+print(json.dumps(common.compile_cache_counts()))
+"""
+
+
+@pytest.mark.e2e
+def test_a_repeat_finds_the_first_compile_in_the_cache_and_the_counts_say_so(
+    tmp_path: Path,
+) -> None:
+    """Two real processes with one Inductor cache folder (as dstui gives runs): a miss, then a hit."""
+    from dstui.execute.launch import compile_cache_dirs
+
+    env = {
+        **os.environ,
+        **{k: str(tmp_path / Path(v).name) for k, v in compile_cache_dirs(None).items()},
+    }
+    seen = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", COMPILE_PROBE, str(REPO / "runners")], env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert (
+        seen[0].get("compile_cache_fxgraph_miss", 0) >= 1
+        and "compile_cache_fxgraph_hit" not in seen[0]
+    )
+    assert (
+        seen[1].get("compile_cache_fxgraph_hit", 0) >= 1
+        and "compile_cache_fxgraph_miss" not in seen[1]
+    )
+    with_nothing = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import json, common; "
+                                   "print(json.dumps(common.compile_cache_counts()))", str(REPO / "runners")],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+    assert json.loads(with_nothing.stdout) == {}  # no torch.compile in the process: no counts
