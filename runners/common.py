@@ -220,8 +220,6 @@ def deepspeed_git_sha() -> str | None:
     return sha if sha and sha != "unknown" else None
 
 
-#: Packages ``import deepspeed`` pulls in that no rank uses: DeepSpeed's autotuner imports
-#: mlflow if it can (for its own trial logging; dstui's supervisor does the tracking).
 # (torch's counter group, its key prefix, the name in the summary) of torch.compile's caches
 _COMPILE_CACHES = (("inductor", "fxgraph_cache_", "fxgraph"), ("aot_autograd", "autograd_cache_", "autograd"))
 
@@ -247,6 +245,8 @@ def compile_cache_counts() -> dict[str, int]:
     return out
 
 
+#: Packages ``import deepspeed`` pulls in that no rank uses: DeepSpeed's autotuner imports
+#: mlflow if it can (for its own trial logging; dstui's supervisor does the tracking).
 UNUSED_IN_RANKS = ("mlflow",)
 
 

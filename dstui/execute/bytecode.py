@@ -5,7 +5,7 @@ without compiled bytecode (``pip install --no-compile``). Then every Python
 process compiles torch, transformers and DeepSpeed from source on import: on
 the lent H100 image (no ``__pycache__`` under torch at all) that is 15-20 s
 per rank, per supervisor, per op check, paid again by every run of a batch
-(docs/gpu-validation/README.md, "Bytecode").
+(docs/gpu-validation/README.md, section 6b).
 
 dstui does not touch the install for this: where bytecode cannot be kept, the
 processes it starts get ``PYTHONPYCACHEPREFIX`` pointing into dstui's cache
