@@ -136,3 +136,20 @@ def test_runs_without_phase_times_do_not_break_the_report(store: tuple[Any, str,
     assert "## Where the time went\n\nNo run of this report recorded phase times" in md
     assert not (out / "phases.png").exists() and "Step share" not in md
     assert json.loads((out / "data.json").read_text())["time_breakdown"]["runs"] == []
+
+
+def test_time_section_says_how_the_compile_caches_answered(store: tuple[Any, str, str], tmp_path: Path) -> None:  # noqa: F811
+    from mlflow.entities import Metric
+
+    client, exp_id, _ = store
+    parent = make_parent(client, exp_id, BATCH)
+    first = child(client, exp_id, parent, "z1-r0", start_s=0, times=times(1.0, 2.0, 3.0, 60.0, 2.0, 1.0, step_sum=62.0))
+    repeat = child(client, exp_id, parent, "z1-r1", start_s=90, times=times(1.0, 2.0, 3.0, 40.0, 2.0, 1.0, step_sum=42.0))
+    child(client, exp_id, parent, "z0-r0", start_s=150, times=times(1.0, 2.0, 3.0, 0.1, 2.0, 1.0, step_sum=2.0))  # eager
+    for rid, counts in ((first, {"fxgraph_miss": 2}), (repeat, {"fxgraph_hit": 1, "fxgraph_miss": 1})):
+        client.log_batch(rid, metrics=[Metric(f"summary.compile_cache_{k}", v, T0_MS, 0) for k, v in counts.items()])
+    md = export_report(EXP, tmp_path / "rep", batch=BATCH).read_text()
+    section = md.split("## Where the time went\n", 1)[1].split("\n## ", 1)[0]
+    assert "- `z1-r0`: Inductor graphs 2 miss" in section
+    assert "- `z1-r1`: Inductor graphs 1 hit, 1 miss" in section
+    assert "`z0-r0`:" not in section  # compiled nothing: no line

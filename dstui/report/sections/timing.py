@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from dstui.analysis import phases
-from dstui.core.phases import SEGMENTS
+from dstui.core.phases import SEGMENTS, compile_cache_line
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import img, table
 
@@ -32,6 +32,24 @@ def _s(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0%}"
+
+
+def _compile_caches(ctx: ReportContext) -> list[str]:
+    """How torch.compile's caches answered per compiled run (MLflow ``summary.compile_cache_*``).
+
+    Beside the compile segment because it explains it: a repeat whose graphs
+    still miss compiles again, whatever the cache folders hold.
+    """
+    names = phases.row_names(ctx.runs)
+    found = []
+    for run in ctx.runs:
+        counts = {k.removeprefix("summary."): v for k, v in run.metrics.items() if k.startswith("summary.compile_cache_")}
+        if line := compile_cache_line(counts):
+            found.append(f"- `{names[run.run_id]}`: {line}")
+    if not found:
+        return []
+    return ["", "torch.compile's caches, as the runs' processes found them (a graph that misses is compiled again):",
+            "", *found]  # fmt: skip
 
 
 def where_time_went(ctx: ReportContext) -> str:
@@ -55,6 +73,7 @@ def where_time_went(ctx: ReportContext) -> str:
     rows = [[name, *(_s(row[seg]) for seg in SEGMENTS), _s(row["wall"]), _pct(row["step_share"])]
             for name, row in frame.iterrows()]  # fmt: skip
     lines.append(table(["run", *(f"{seg} (s)" for seg in SEGMENTS), "wall (s)", "step share"], rows))
+    lines += _compile_caches(ctx)
     if missing:
         lines += ["", "No time breakdown for " + ", ".join(f"`{m}`" for m in missing)
                   + " (imported, recorded before phase times existed, or never reached its runner): "
