@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import DataTable, Static
 from tui_helpers import add_phases, fixture_batch, wait_for
 
+from dstui.core.rundir import RunDir
 from dstui.execute.gpu_share import AUTO
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
@@ -161,3 +162,20 @@ async def test_runs_columns_widen_for_gpus_given_after_the_table_was_built(tui_e
         assert await wait_for(pilot, lambda: gpus.content_width == len("0,1,2,3,4,5,6,7"), timeout=20)
         reason = table.ordered_columns[10]
         assert reason.content_width == len("CUDA error: an illegal memory access")
+
+
+async def test_time_bar_says_how_the_compile_caches_answered(tui_env) -> None:  # noqa: ANN001
+    b = fixture_batch(tui_env)
+    add_phases(b.path / "z0-r0")
+    add_phases(b.path / "z1-r0")
+    RunDir(b.path / "z0-r0").update_status(summary={"compile_time": 1.5, "compile_cache_fxgraph_hit": 1,
+                                                     "compile_cache_fxgraph_miss": 1})  # fmt: skip
+    app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.3)
+    async with app.run_test(size=(120, 34)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: "z1-r0" in screen._rows, timeout=20)
+        bar = screen.query_one(TimeBar)
+        assert await wait_for(pilot, lambda: "compile cache Inductor graphs 1 hit, 1 miss" in str(bar.render()))
+        await pilot.press("down")  # z1-r0 compiled nothing: its time, no cache line
+        assert await wait_for(pilot, lambda: "time z1-r0" in str(bar.render()))
+        assert "compile cache" not in str(bar.render())

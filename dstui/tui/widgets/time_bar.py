@@ -15,7 +15,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from dstui.core.phases import SEGMENTS, Breakdown, batch_step_share, from_status
+from dstui.core.phases import SEGMENTS, Breakdown, batch_step_share, compile_cache_line, from_status
 
 SEGMENT_STYLE = {
     "launch": "grey62",
@@ -76,7 +76,8 @@ def share_text(share: tuple[float, float, float]) -> Text:
 
 
 class TimeBar(Static):
-    """The highlighted run's time breakdown and the batch's step share; hidden when neither is known."""
+    """The highlighted run's time breakdown (and how torch.compile's caches answered it) and the batch's
+    step share; hidden when none is known."""
 
     _shown: tuple | None = None
 
@@ -84,13 +85,16 @@ class TimeBar(Static):
         """``name``: the highlighted run; ``statuses``: every run of the batch (status.json contents)."""
         own = next((st for st in statuses if st.get("name") == name), None)
         times = from_status(own) if own else None
+        caches = compile_cache_line(own.get("summary")) if own else None
         share = batch_step_share(statuses)
-        if (name, times, share) == self._shown:
+        if (name, times, caches, share) == self._shown:
             return  # called every tick: redraw only what changed
-        self._shown = (name, times, share)
+        self._shown = (name, times, caches, share)
         parts = []
         if times is not None and any(getattr(times, k) is not None for k in SEGMENTS):
             parts.append(breakdown_text(str(name), times))
+        if caches:  # why the compile segment is what it is: a repeat whose graphs miss compiles again
+            parts.append(Text.assemble(("compile cache ", "dim"), caches))
         if share is not None:
             parts.append(share_text(share))
         self.display = bool(parts)
