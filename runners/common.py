@@ -220,8 +220,8 @@ def deepspeed_git_sha() -> str | None:
     return sha if sha and sha != "unknown" else None
 
 
-# (torch's counter group, its key prefix, the name in the summary) of torch.compile's caches
-_COMPILE_CACHES = (("inductor", "fxgraph_cache_", "fxgraph"), ("aot_autograd", "autograd_cache_", "autograd"))
+# torch's (counter group, key prefix) for each cache dstui.core.phases.COMPILE_CACHES names
+_TORCH_COUNTERS = {"fxgraph": ("inductor", "fxgraph_cache_"), "autograd": ("aot_autograd", "autograd_cache_")}
 
 
 def compile_cache_counts() -> dict[str, int]:
@@ -233,15 +233,18 @@ def compile_cache_counts() -> dict[str, int]:
     compiled nothing. A repeat of a compiled condition that still shows misses
     recompiles, whatever the cache folders hold (docs/gpu-validation/README.md 6c).
     """
+    from dstui.core.phases import CACHE_OUTCOMES, COMPILE_CACHES, compile_cache_key
+
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:
         return {}
     out: dict[str, int] = {}
-    for group, prefix, name in _COMPILE_CACHES:
-        for outcome in ("hit", "miss", "bypass"):
+    for name in COMPILE_CACHES:
+        group, prefix = _TORCH_COUNTERS[name]
+        for outcome in CACHE_OUTCOMES:
             count = int(utils.counters[group].get(prefix + outcome, 0))
             if count:
-                out[f"compile_cache_{name}_{outcome}"] = count
+                out[compile_cache_key(name, outcome)] = count
     return out
 
 

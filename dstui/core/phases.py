@@ -62,17 +62,24 @@ class Breakdown:
         return head + ", ".join(parts) + share
 
 
-_CACHE_NAMES = {"fxgraph": "Inductor graphs", "autograd": "AOTAutograd"}
+#: torch.compile's caches a runner counts (runners/common.compile_cache_counts), by name in its summary
+COMPILE_CACHES = {"fxgraph": "Inductor graphs", "autograd": "AOTAutograd"}
+CACHE_OUTCOMES = ("hit", "miss", "bypass")
+
+
+def compile_cache_key(cache: str, outcome: str) -> str:
+    """The summary key of one cache's count of one outcome: ``compile_cache_fxgraph_hit``."""
+    return f"compile_cache_{cache}_{outcome}"
 
 
 def compile_cache_line(summary: dict[str, Any] | None) -> str | None:
     """'Inductor graphs 2 hit, 1 miss; AOTAutograd 3 miss' from a summary's compile_cache_* counts, if any."""
     summary = summary or {}
     parts = []
-    for key, label in _CACHE_NAMES.items():
+    for key, label in COMPILE_CACHES.items():
         counts = []
-        for outcome in ("hit", "miss", "bypass"):
-            value = summary.get(f"compile_cache_{key}_{outcome}")
+        for outcome in CACHE_OUTCOMES:
+            value = summary.get(compile_cache_key(key, outcome))
             if isinstance(value, (int, float)) and value:
                 counts.append(f"{int(value)} {outcome}")
         if counts:

@@ -18,7 +18,8 @@ The ``dstui`` command itself starts again once with the cache
 (:func:`reexec_with_cache`) when it finds itself in such an environment: its
 own imports (mlflow, pandas, textual) are the same story.
 
-Stdlib only: the run wrapper's supervisor start and the CLI's first line use it.
+No third-party imports (stdlib and dstui.core.paths): the run wrapper's supervisor start and
+the CLI's first line use it.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import os
 import sys
 from pathlib import Path
 
+from dstui.core import paths
+
 OFF_SWITCH = "DSTUI_BYTECODE_CACHE"
 
 
 def default_root() -> Path:
-    """``<dstui cache>/bytecode``; the same folder ``dstui.core.paths.cache_dir`` names, without importing it."""
-    base = os.environ.get("DSTUI_CACHE") or str(Path.home() / ".cache" / "dstui")
-    return Path(base).resolve() / "bytecode"
+    """``<dstui cache>/bytecode``."""
+    return paths.cache_dir() / "bytecode"
 
 
 def torch_has_bytecode(env_dir: str | None = None) -> bool | None:
@@ -89,9 +91,10 @@ def reexec_with_cache() -> None:
     starts itself again. If the exec fails, this process simply goes on.
     """
     env = dict(os.environ)
-    if not needs_cache(env):
+    cached = apply(env)
+    if cached == env:
         return
     try:
-        os.execve(sys.executable, list(sys.orig_argv), apply(env))
+        os.execve(sys.executable, list(sys.orig_argv), cached)
     except OSError:
         return

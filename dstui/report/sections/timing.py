@@ -43,8 +43,8 @@ def _compile_caches(ctx: ReportContext) -> list[str]:
     names = phases.row_names(ctx.runs)
     found = []
     for run in ctx.runs:
-        counts = {k.removeprefix("summary."): v for k, v in run.metrics.items() if k.startswith("summary.compile_cache_")}
-        if line := compile_cache_line(counts):
+        summary = {k.removeprefix("summary."): v for k, v in run.metrics.items() if k.startswith("summary.")}
+        if line := compile_cache_line(summary):
             found.append(f"- `{names[run.run_id]}`: {line}")
     if not found:
         return []
