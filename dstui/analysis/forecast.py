@@ -286,7 +286,9 @@ def forecast_runs(
 ) -> dict[str, Forecast | None]:
     """A forecast per run name for a plan (``RunSpec`` list), with MLflow history when reachable."""
     fit = None
-    if history and runs:
+    # only a train run of a known shape can use what MLflow measured: a batch of the user's own
+    # commands (or unknown models) skips the store, and with it ~2 CPU-s of mlflow import
+    if history and any(r.settings.kind != "command" and model_shape(r.settings.model) for r in runs):
         from dstui.core import paths
         from dstui.tracking import client as tracking
 

@@ -197,6 +197,25 @@ def test_history_fit_recovers_known_coefficients(home) -> None:
     assert fc.forecast(s2, ds_config={}, fit=fit).source == "analytic"
 
 
+def test_the_store_is_opened_only_for_runs_a_fit_can_serve(home, monkeypatch) -> None:
+    """A batch of the user's own commands (or of unknown models) never opens MLflow (~2 CPU-s)."""
+    from dstui.tracking import client as tracking
+
+    opened: list[str] = []
+    real = tracking.client
+    monkeypatch.setattr(tracking, "client", lambda uri=None: opened.append(str(uri)) or real(uri))
+
+    def run(name: str, **settings) -> object:
+        return type("R", (), {"name": name, "settings": Settings(**settings)})()
+
+    cmd = run("cmd", kind="command", command=["true"])
+    unknown = run("hub", model="someone/not-a-preset")
+    assert fc.forecast_runs([cmd, unknown]) == {"cmd": None, "hub": None}
+    assert opened == []
+    got = fc.forecast_runs([cmd, run("llama", model="llama-125m", gpus=2, seq_length=512)])
+    assert len(opened) == 1 and got["llama"] is not None and got["llama"].source == "analytic"
+
+
 def test_too_little_history_falls_back_to_analytic() -> None:
     fit = fc.ActivationFit()
     s = Settings(model="llama-125m", gpus=2, seq_length=512)
