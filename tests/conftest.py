@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # (a thread per core) makes oversubscribed OpenMP threads spin. Two smoke batches at once
     # on 2 cores: 167 s and 206 CPU-s with the default, 94 s and 174 CPU-s with one thread.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Some images set PYTHONDONTWRITEBYTECODE=1 (this machine's does). The suite starts hundreds
+    # of Python processes (xdist workers, CLIs, supervisors, ranks), and each would compile
+    # dstui, runners/ and the rewritten test modules from source again; site-packages keep the
+    # bytecode pip wrote at install either way. Writing it (into the gitignored __pycache__/ of
+    # this checkout) took the fast loop from 145 to 107-112 CPU-s (docs/BENCHMARKS.md).
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        sys.dont_write_bytecode = False
 
 
 def _group(item: pytest.Item) -> str | None:

@@ -13,7 +13,9 @@ from dstui.spec.models import expand_file
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
 
-pytestmark = pytest.mark.anyio
+# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
+# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("imports-deepspeed")]
 
 
 def listed(path) -> list[tuple[str, str]]:  # noqa: ANN001

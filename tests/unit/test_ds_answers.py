@@ -13,6 +13,10 @@ from dstui.core import ds_answers
 from dstui.core.errors import SpecError
 from dstui.spec import dsconfig
 
+# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
+# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
+pytestmark = pytest.mark.xdist_group("imports-deepspeed")
+
 GOOD = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
 
 # a fresh process: whether answering needed DeepSpeed shows in sys.modules

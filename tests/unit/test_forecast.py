@@ -24,6 +24,10 @@ from dstui.analysis.forecast_model import (
 )
 from dstui.spec.models import Settings
 
+# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
+# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
+pytestmark = pytest.mark.xdist_group("imports-deepspeed")
+
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gpt2", "llama-1b"])
 def test_parameter_counts_match_the_built_model(preset: str) -> None:
