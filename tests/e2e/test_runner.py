@@ -1,8 +1,8 @@
 """End-to-end tests of runners/train.py: real DeepSpeed launcher, 2 gloo ranks on CPU, no mocks.
 
-All launches run in one module-scoped fixture, two at a time, and the tests
-read their results: the launcher and rank start-up (imports) dominates, and
-overlapping two of them keeps the file fast on a 2-core machine.
+All launches run in one module-scoped fixture, beside the smoke batch (below),
+and the tests read their results: the launcher and rank start-up (imports)
+dominates, and overlapping two jobs keeps the file fast on a 2-core machine.
 
 The four ZeRO-stage runs are the session's smoke batch (conftest's ``smoke_batch``:
 ``dstui run configs/experiments/smoke.yaml``, the runner started the way dstui
@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def _smoke_run(home: Path, stage: int) -> Result:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, smoke_batch: dict) -> dict[str, Result]:
+def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Result]:
     tmp = tmp_path_factory.mktemp("runner")
     launches: dict[str, list[str]] = {}
     # Standalone: no --ds-config, other paths of the loop (bf16, accumulation, log interval).
@@ -134,25 +135,48 @@ def runs(tmp_path_factory: pytest.TempPathFactory, smoke_batch: dict) -> dict[st
     # Seq2seq (seed 004 profiled T5): the encoder-decoder path, ZeRO-3 partitions both halves.
     launches["t5"] = [*COMMON, "--model", "tiny-t5", "--zero-stage", "3", "--torch-adam"]
 
-    # Two launches at a time: overlapping start-up (imports) helps on 2 cores, but more
-    # than two jobs of two ranks each only thrash (load 30 seen with all seven at once).
+    # These launches run beside the smoke batch (4 runs, one after another), one at a time while
+    # it runs and two at a time after: more than two jobs of two ranks each only thrash (load 30
+    # seen with all seven at once). Before, the batch ran first and the launches after it: this
+    # module was the suite's longest item (709 s of a 1088-s run).
     results: dict[str, Result] = {}
-    pending = list(launches.items())
-    while pending:
-        batch, pending = pending[:MAX_PARALLEL], pending[MAX_PARALLEL:]
-        started = {
-            name: _start(args, tmp / f"{name}.jsonl", direct=name not in DEEPSPEED_LAUNCHER)
-            for name, args in batch
-        }
-        for name, (proc, metrics, t0) in started.items():
-            try:
-                out, _ = proc.communicate(timeout=540)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                out += "\n<test: timed out>"
-            records = read_records(metrics) if metrics is not None else []
-            results[name] = Result(proc.returncode, out, records, time.monotonic() - t0)
+    smoke_done = threading.Event()
+    failed: list[BaseException] = []
+
+    def launch_all() -> None:
+        pending = list(launches.items())
+        while pending:
+            width = MAX_PARALLEL if smoke_done.is_set() else 1
+            batch, pending = pending[:width], pending[width:]
+            started = {
+                name: _start(args, tmp / f"{name}.jsonl", direct=name not in DEEPSPEED_LAUNCHER)
+                for name, args in batch
+            }
+            for name, (proc, metrics, t0) in started.items():
+                try:
+                    out, _ = proc.communicate(timeout=540)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, _ = proc.communicate()
+                    out += "\n<test: timed out>"
+                records = read_records(metrics) if metrics is not None else []
+                results[name] = Result(proc.returncode, out, records, time.monotonic() - t0)
+
+    def guarded() -> None:
+        try:
+            launch_all()
+        except BaseException as exc:  # re-raised in the fixture's thread below
+            failed.append(exc)
+
+    launcher = threading.Thread(target=guarded, name="runner-launches")
+    launcher.start()
+    try:
+        smoke_batch = request.getfixturevalue("smoke_batch")
+    finally:
+        smoke_done.set()
+        launcher.join()
+    if failed:
+        raise failed[0]
     # The dstui path: the ds_config dstui generated, used as-is by the runner (torch's AdamW:
     # DeepSpeed's would JIT-compile FusedAdam first, minutes on 2 cores)
     assert smoke_batch["returncode"] == 0, smoke_batch["stdout"] + smoke_batch["stderr"]
