@@ -39,6 +39,7 @@ WORKERS_PER_CORE = {"full": 2, "fast": 1.5}
 MAX_WORKERS = 8
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's tmpdir plugin has made config._tmp_path_factory
 def pytest_configure(config: pytest.Config) -> None:
     # `mlflow server` / `mlflow ui` (team-server, ui tests) would start MLflow's job runner and
     # seven Huey consumers, each importing mlflow (~20 CPU-seconds a server); dstui runs no
@@ -55,6 +56,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # this checkout) took the fast loop from 145 to 107-112 CPU-s (docs/BENCHMARKS.md).
     if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
         sys.dont_write_bytecode = False
+    # One ccache for every DeepSpeed JIT op build of the session (helpers.compiler_cache_env),
+    # set by the controller before xdist starts its workers, so every process sees the same CXX.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        from helpers import compiler_cache_env
+
+        os.environ.update(compiler_cache_env(config._tmp_path_factory.getbasetemp()))  # noqa: SLF001 - pytest's own
 
 
 def _group(item: pytest.Item) -> str | None:

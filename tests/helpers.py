@@ -70,21 +70,24 @@ def shared_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Calla
     return result["ok"]
 
 
-def compiler_cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment that puts ccache in front of the C++ compiler, for runs in revision envs ({} without ccache).
+def compiler_cache_env(root: Path) -> dict[str, str]:
+    """Environment that puts ccache in front of the C++ compiler for DeepSpeed's JIT op builds ({} without ccache).
 
-    Each revision env JIT-builds DeepSpeed's CPU shm op into its own folder (~60 CPU-seconds on
-    2 cores), from sources that are identical across releases (0.18.0 to 0.18.2 here). With
-    ``CCACHE_BASEDIR`` over the session's temp folder the command lines of two envs match (paths
-    relative to the build folder), so the second build of the same sources is a cache hit: the
-    same object files, seconds instead of a minute. The cache lives for this session only.
+    tests/conftest.py sets it for the whole session (``root``: the session's temp folder). Each
+    revision env JIT-builds DeepSpeed's CPU shm op into its own folder (~60 CPU-seconds on
+    2 cores), from sources that are identical across releases (0.18.0 to 0.18.2 here), and the
+    installed DeepSpeed's ops are built once per op folder. With ``CCACHE_BASEDIR`` over the
+    session's temp folder the command lines of two envs match (paths relative to the build
+    folder), so the second build of the same sources is a cache hit: the same object files,
+    seconds instead of minutes. Every process must see the same ``CXX``: ninja rebuilds an op
+    whose command line changed (seen: the shm op built three times in one run when only the
+    revision tests used ccache). The cache lives for this session only.
     """
     ccache = shutil.which("ccache")
     if ccache is None or os.environ.get("CXX"):
         return {}
-    root = session_root(tmp_path_factory)
     wrapper = root / "ccache-bin" / "c++"  # ccache run as "c++" calls the next c++ on PATH
     wrapper.parent.mkdir(exist_ok=True)
-    with contextlib.suppress(FileExistsError):  # another worker may have made it meanwhile
+    with contextlib.suppress(FileExistsError):
         wrapper.symlink_to(ccache)
     return {"CXX": str(wrapper), "CCACHE_DIR": str(root / "ccache"), "CCACHE_BASEDIR": str(root)}

@@ -18,7 +18,7 @@ store): no build and no run, and a range without a change says so.
 
 Cost: 3 env builds, 3 one-rank runs of 4 steps (each env JIT-builds DeepSpeed's
 CPU shm op once: with ccache installed the 2nd and 3rd are cache hits, see
-helpers.compiler_cache_env), one failed build. Measured in docs/BENCHMARKS.md.
+tests/helpers.py: compiler_cache_env), one failed build. Measured in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import compiler_cache_env, mlflow_client
+from helpers import mlflow_client
 
 # one xdist worker runs the module in order: one home and env cache for both tests; the second reuses the first's measurements
 pytestmark = pytest.mark.xdist_group("bisect")
@@ -159,9 +159,9 @@ def bench(tmp_path_factory: pytest.TempPathFactory, history: dict[str, str], req
         **os.environ,
         "DSTUI_HOME": str(home),
         "DSTUI_CACHE": str(home / "cache"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
         # the three envs JIT-build DeepSpeed's shm op from the same sources: compiled once
-        **compiler_cache_env(tmp_path_factory),
+        # (the session's ccache is in os.environ: tests/conftest.py)
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
     }
     env.pop("DSTUI_RUNS_DIR", None)
     repo = Path(request.config.cache.mkdir("dstui-bisect")) / "repo"

@@ -168,6 +168,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         except BaseException as exc:  # re-raised in the fixture's thread below
             failed.append(exc)
 
+    # The Ulysses launches use DeepSpeed's AdamW, whose CPU op is JIT-built at its first use:
+    # built here beside the smoke batch (with dstui's own prebuild script) rather than inside
+    # the first Ulysses launch after the batch's shm op build (293 s seen there under load).
+    prebuild = subprocess.Popen([sys.executable, str(REPO / "runners" / "prebuild_ops.py"), "FusedAdamBuilder"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     launcher = threading.Thread(target=guarded, name="runner-launches")
     launcher.start()
     try:
@@ -175,6 +180,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     finally:
         smoke_done.set()
         launcher.join()
+        prebuild.communicate(timeout=600)  # done long before: the launches that need it waited on its lock
     if failed:
         raise failed[0]
     # The dstui path: the ds_config dstui generated, used as-is by the runner (torch's AdamW:

@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "runners"), str(REPO)]
 
 import common  # noqa: E402
+
+common.isolate_op_cache()  # the runners' JIT-op folder: one shm op build for the suite, not a second one
 import deepspeed  # noqa: E402
 import placement  # noqa: E402
 import torch  # noqa: E402

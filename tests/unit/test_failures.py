@@ -69,7 +69,9 @@ def test_no_signal_no_signal_reason() -> None:
 RANK_DEATH = """\
 import os, signal, sys, time
 rank, here = int(os.environ["RANK"]), os.path.dirname(os.path.abspath(__file__))
-open(os.path.join(here, f"pid{rank}"), "w").write(str(os.getpid()))
+mine = os.path.join(here, f"pid{rank}")
+open(mine + ".tmp", "w").write(str(os.getpid()))
+os.replace(mine + ".tmp", mine)  # whole or absent: a peer must never read an empty pid
 def crash():
     os.kill(os.getpid(), getattr(signal, sys.argv[-1]))
 if rank == 2:

@@ -533,16 +533,15 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
 @pytest.mark.timeout(1800)
 def test_revisions_through_the_pipeline(
     cache: Path, ds_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The CPU smoke condition under a PyPI release, a git ref and the installed DeepSpeed."""
-    from helpers import compiler_cache_env, dstui, mlflow_client
+    from helpers import dstui, mlflow_client
 
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.chdir(home)
-    env = {"DSTUI_HOME": str(home), "DSTUI_CACHE": str(cache), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
-           **compiler_cache_env(tmp_path_factory)}  # the envs' shm op builds: a hit where sources match
+    # the envs' shm op builds go through the session's ccache (conftest): a hit where sources match
+    env = {"DSTUI_HOME": str(home), "DSTUI_CACHE": str(cache), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db"}
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     import deepspeed  # the installed one, for the 'here' revision
 
