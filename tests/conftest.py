@@ -53,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # of Python processes (xdist workers, CLIs, supervisors, ranks), and each would compile
     # dstui, runners/ and the rewritten test modules from source again; site-packages keep the
     # bytecode pip wrote at install either way. Writing it (into the gitignored __pycache__/ of
-    # this checkout) took the fast loop from 145 to 107-112 CPU-s (docs/BENCHMARKS.md).
+    # this checkout) took the fast loop from 135-141 to 107-117 user CPU-s (docs/BENCHMARKS.md).
     if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
         sys.dont_write_bytecode = False
     # One ccache for every DeepSpeed JIT op build of the session (helpers.compiler_cache_env),

@@ -171,8 +171,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     # The Ulysses launches use DeepSpeed's AdamW, whose CPU op is JIT-built at its first use:
     # built here beside the smoke batch (with dstui's own prebuild script) rather than inside
     # the first Ulysses launch after the batch's shm op build (293 s seen there under load).
-    prebuild = subprocess.Popen([sys.executable, str(REPO / "runners" / "prebuild_ops.py"), "FusedAdamBuilder"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    with open(tmp / "prebuild.log", "w") as log:  # a full pipe would stall the build: a file instead
+        prebuild = subprocess.Popen([sys.executable, str(REPO / "runners" / "prebuild_ops.py"), "FusedAdamBuilder"],
+                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     launcher = threading.Thread(target=guarded, name="runner-launches")
     launcher.start()
     try:
@@ -180,7 +181,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     finally:
         smoke_done.set()
         launcher.join()
-        prebuild.communicate(timeout=600)  # done long before: the launches that need it waited on its lock
+        prebuild.wait(timeout=600)  # done long before: the launches that need it waited on its lock
     if failed:
         raise failed[0]
     # The dstui path: the ds_config dstui generated, used as-is by the runner (torch's AdamW:
