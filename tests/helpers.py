@@ -17,6 +17,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "configs" / "experiments"
 
+#: the modules that import DeepSpeed and transformers in-process (unit/test_forecast,
+#: unit/test_ds_answers, tui/test_tui_compose) run on one xdist worker, so one worker pays
+#: those imports rather than each (~3 CPU-s a worker)
+IMPORTS_DEEPSPEED = pytest.mark.xdist_group("imports-deepspeed")
+
 
 def dstui(*args: str, timeout: float = 600, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""

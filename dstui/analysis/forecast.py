@@ -163,14 +163,17 @@ def _parts(shape: ModelShape, s: Settings, ds_config: dict | None) -> Forecast:
     )
 
 
-def forecast(settings: Settings, *, ds_config: dict | None = None, fit: ActivationFit | None = None) -> Forecast | None:
-    """Peak memory per GPU for one condition; None when the model's shape is unknown offline.
+def forecastable_shape(settings: Settings) -> ModelShape | None:
+    """The shape a forecast of this run starts from; None when there is nothing to forecast.
 
-    A ``kind: command`` run is the user's own program: nothing to forecast.
+    A ``kind: command`` run is the user's own program; a hub model's shape is unknown offline.
     """
-    if settings.kind == "command":
-        return None
-    shape = model_shape(settings.model)
+    return None if settings.kind == "command" else model_shape(settings.model)
+
+
+def forecast(settings: Settings, *, ds_config: dict | None = None, fit: ActivationFit | None = None) -> Forecast | None:
+    """Peak memory per GPU for one condition; None when there is nothing to forecast (:func:`forecastable_shape`)."""
+    shape = forecastable_shape(settings)
     if shape is None:
         return None
     parts = _parts(shape, settings, ds_config)
@@ -286,9 +289,9 @@ def forecast_runs(
 ) -> dict[str, Forecast | None]:
     """A forecast per run name for a plan (``RunSpec`` list), with MLflow history when reachable."""
     fit = None
-    # only a train run of a known shape can use what MLflow measured: a batch of the user's own
-    # commands (or unknown models) skips the store, and with it ~2 CPU-s of mlflow import
-    if history and any(r.settings.kind != "command" and model_shape(r.settings.model) for r in runs):
+    # only a run with a forecast can use what MLflow measured: a batch of the user's own commands
+    # (or unknown models) skips the store, and with it ~2 CPU-s of mlflow import
+    if history and any(forecastable_shape(r.settings) for r in runs):
         from dstui.core import paths
         from dstui.tracking import client as tracking
 

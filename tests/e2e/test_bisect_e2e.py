@@ -159,10 +159,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory, history: dict[str, str], req
         **os.environ,
         "DSTUI_HOME": str(home),
         "DSTUI_CACHE": str(home / "cache"),
-        # the three envs JIT-build DeepSpeed's shm op from the same sources: compiled once
-        # (the session's ccache is in os.environ: tests/conftest.py)
         "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
-    }
+    }  # the three envs JIT-build DeepSpeed's shm op from the same sources: compiled once (conftest's ccache)
     env.pop("DSTUI_RUNS_DIR", None)
     repo = Path(request.config.cache.mkdir("dstui-bisect")) / "repo"
     return {"home": home, "spec": spec, "env": env, "repo": repo, "shas": history}

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,7 +142,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     # module was the suite's longest item (709 s of a 1088-s run).
     results: dict[str, Result] = {}
     smoke_done = threading.Event()
-    failed: list[BaseException] = []
 
     def launch_all() -> None:
         pending = list(launches.items())
@@ -162,28 +162,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
                 records = read_records(metrics) if metrics is not None else []
                 results[name] = Result(proc.returncode, out, records, time.monotonic() - t0)
 
-    def guarded() -> None:
-        try:
-            launch_all()
-        except BaseException as exc:  # re-raised in the fixture's thread below
-            failed.append(exc)
-
     # The Ulysses launches use DeepSpeed's AdamW, whose CPU op is JIT-built at its first use:
     # built here beside the smoke batch (with dstui's own prebuild script) rather than inside
     # the first Ulysses launch after the batch's shm op build (293 s seen there under load).
     with open(tmp / "prebuild.log", "w") as log:  # a full pipe would stall the build: a file instead
         prebuild = subprocess.Popen([sys.executable, str(REPO / "runners" / "prebuild_ops.py"), "FusedAdamBuilder"],
                                     cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    launcher = threading.Thread(target=guarded, name="runner-launches")
-    launcher.start()
-    try:
-        smoke_batch = request.getfixturevalue("smoke_batch")
-    finally:
-        smoke_done.set()
-        launcher.join()
-        prebuild.wait(timeout=600)  # done long before: the launches that need it waited on its lock
-    if failed:
-        raise failed[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="runner-launches") as pool:
+        launched = pool.submit(launch_all)
+        try:
+            smoke_batch = request.getfixturevalue("smoke_batch")
+        finally:
+            smoke_done.set()
+        launched.result()  # raises what the launches raised
+    prebuild.wait(timeout=600)  # done long before: the launches that need it waited on its lock
     # The dstui path: the ds_config dstui generated, used as-is by the runner (torch's AdamW:
     # DeepSpeed's would JIT-compile FusedAdam first, minutes on 2 cores)
     assert smoke_batch["returncode"] == 0, smoke_batch["stdout"] + smoke_batch["stderr"]

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import yaml
+from helpers import IMPORTS_DEEPSPEED
 from textual.widgets import Input, Static
 from tui_helpers import REPO, run_cli, wait_for
 
@@ -13,9 +14,7 @@ from dstui.spec.models import expand_file
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
 
-# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
-# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("imports-deepspeed")]
+pytestmark = [pytest.mark.anyio, IMPORTS_DEEPSPEED]
 
 
 def listed(path) -> list[tuple[str, str]]:  # noqa: ANN001

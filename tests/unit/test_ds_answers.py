@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import IMPORTS_DEEPSPEED
 
 from dstui.core import ds_answers
 from dstui.core.errors import SpecError
 from dstui.spec import dsconfig
 
-# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
-# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
-pytestmark = pytest.mark.xdist_group("imports-deepspeed")
+pytestmark = IMPORTS_DEEPSPEED
 
 GOOD = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
 

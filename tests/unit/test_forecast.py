@@ -11,6 +11,7 @@ import json
 import re
 
 import pytest
+from helpers import IMPORTS_DEEPSPEED
 
 from dstui.analysis import forecast as fc
 from dstui.analysis.forecast_model import (
@@ -24,9 +25,7 @@ from dstui.analysis.forecast_model import (
 )
 from dstui.spec.models import Settings
 
-# DeepSpeed and transformers are imported in one xdist worker for the three modules of this
-# group (unit/test_forecast, unit/test_ds_answers, tui/test_tui_compose), not in each (~3 CPU-s a worker)
-pytestmark = pytest.mark.xdist_group("imports-deepspeed")
+pytestmark = IMPORTS_DEEPSPEED
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gpt2", "llama-1b"])
