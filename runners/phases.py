@@ -8,6 +8,7 @@ with the supervisor's launch and reap times, into the run's time breakdown.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -40,15 +41,43 @@ def process_start_time() -> float:
 
 
 class PhaseClock:
-    """Collects the marks (a mark given again takes the new time)."""
+    """Collects the marks (a mark given again takes the new time).
+
+    With :meth:`live_to`, rank 0 also writes each mark the moment it is reached
+    (``phase.json`` beside the metrics file), so the supervisor can say what a
+    run is doing while it does it, not only in the breakdown afterwards.
+    """
 
     def __init__(self) -> None:
         self.marks: dict[str, float] = {"process_start": process_start_time()}
+        self.live_file: str | None = None
+
+    def live_to(self, metrics_file: str | None) -> None:
+        """Write marks to ``phase.json`` next to ``metrics_file`` (rank 0 only; others pass None)."""
+        if not metrics_file or os.environ.get("RANK", "0") != "0":
+            return
+        from dstui.core.rundir import PHASE_FILE
+
+        self.live_file = os.path.join(os.path.dirname(os.path.abspath(metrics_file)), PHASE_FILE)
+        last = next(reversed(self.marks))
+        self._write(last, self.marks[last])
 
     def mark(self, name: str) -> None:
         if name not in MARKS:
             raise ValueError(f"unknown phase mark {name!r}; known: {', '.join(MARKS)}")
         self.marks[name] = time.time()
+        self._write(name, self.marks[name])
+
+    def _write(self, name: str, at: float) -> None:
+        if not self.live_file:
+            return
+        tmp = f"{self.live_file}.{os.getpid()}.tmp"
+        try:  # best effort: a full disk must not stop training
+            with open(tmp, "w") as fh:
+                json.dump({"mark": name, "time": at}, fh)
+            os.replace(tmp, self.live_file)
+        except OSError:
+            pass
 
     def record(self) -> dict[str, Any]:
         """The fields of the ``phases`` record: every mark reached so far, in order."""

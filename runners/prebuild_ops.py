@@ -31,7 +31,7 @@ def main(names: list[str]) -> int:
             if builder is None or not builder.is_compatible(verbose=False):
                 print(f"prebuild: {name}: not available on {accel.device_name()}; skipped", flush=True)
                 continue
-            builder.load(verbose=False)
+            builder.load(verbose=True)  # the compiler's lines reach the run's log while it builds
         except Exception as e:  # noqa: BLE001 - the run itself will report the build failure
             print(f"prebuild: {name}: failed: {e}", flush=True)
             code = 1

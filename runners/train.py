@@ -46,6 +46,7 @@ __all__ = ["Trainer", "build_parser", "ds_config_of", "main", "settings_of"]
 def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock()
     args = build_parser().parse_args(argv)
+    clock.live_to(args.metrics_file)  # the supervisor names each phase while it happens
     try:
         s = settings_of(args)
         if args.sp_check and args.sequence_parallel < 2:

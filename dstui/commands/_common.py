@@ -6,6 +6,7 @@ from typing import Any
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.execute import live_phase
 
 __all__ = ["RUN_HEADER", "add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "run_row", "table"]
 
@@ -34,7 +35,7 @@ def run_row(rd: RunDir) -> list[str]:
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or (st.get("diverged") or {}).get("message") or "")[:70],
+        (st.get("reason") or (st.get("diverged") or {}).get("message") or live_phase.shown(st))[:70],
     ]
 
 

@@ -16,7 +16,7 @@ from dstui.analysis import forecast
 from dstui.commands._common import batch_notes, run_row, runs_table
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.core.secrets import strip_credentials
-from dstui.execute import batch, launch, slurm, slurm_script, supervisor, sysmetrics
+from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
 
 
@@ -64,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gpu_memory_gib); they end as 'skipped: predicted OOM (X GiB > Y GiB)'. Same as "
         "skip_predicted_oom: true in the spec",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="launch runs that cannot work on this machine (DeepCompile without a GPU, more "
+        "ranks than GPUs or cores, a forecast over the GPU's memory); without it such runs "
+        "are refused, one line each, before anything is built",
+    )
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
@@ -84,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         slurm.preflight(plan.runs, plan.spec.slurm, plan.revisions)  # before any folder or job exists
     forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
     skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
+    # the same check as Compose's and the TUI's launch: one line per run that cannot work here
+    for p in feasibility.refuse_infeasible(plan, force=args.force, forecasts=forecasts, capacity=capacity,
+                                           skip_predicted_oom=skip):  # fmt: skip
+        print(f"! --force: launching anyway: {p.line()}", file=sys.stderr, flush=True)
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
@@ -104,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}")
     if skip:
         skip_predicted_oom(b, forecasts, capacity)
+    for note in gpu_notes(b):
+        print(f"! {note}", flush=True)
     supervisor.spawn(b)
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
@@ -124,6 +137,17 @@ def print_job_scripts(plan: batch.Plan) -> int:
     return 0
 
 
+def gpu_notes(b: BatchDir) -> list[str]:
+    """Other batches holding this machine's GPUs: this one's runs wait for them, said up front."""
+    if b.info().get("executor") == "slurm" or not sysmetrics.gpu_count():
+        return []
+    from dstui.execute import gpu_ledger
+
+    with gpu_ledger.opened() as ledger:
+        held = ledger.held_elsewhere(b.path)
+    return [f"GPUs busy: {gpu_ledger.holders_text(held)}; runs wait for them"] if held else []
+
+
 def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> None:
     """Mark queued runs whose forecast exceeds the GPU as skipped, before the supervisor sees them."""
     for name, fc in forecasts.items():
@@ -132,6 +156,17 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
         if reason and rd.state == "queued":
             rd.update_status(state="skipped", reason=reason, ended=time.time())
             print(f"{name}: {reason}", flush=True)
+
+
+def trouble_line(name: str, st: dict) -> str | None:
+    """'! FAILED a-r0: reason' for a run that failed, was killed, hung or was flagged by the guard."""
+    state = st.get("state")
+    flag = (st.get("diverged") or {}).get("message")
+    if state in ("failed", "killed"):
+        return f"! {state.upper()} {name}: {st.get('reason') or 'no reason recorded'}"
+    if flag:
+        return f"! FLAGGED {name}: {flag}"
+    return None
 
 
 FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow
@@ -157,11 +192,14 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             now = time.time()
             for rd in runs:
                 st = rd.status()
-                key = (st.get("state"), st.get("reason"), bool(st.get("diverged")))
+                key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if not quiet and (seen.get(rd.name) != key or step_due):
                     row = run_row(rd)
                     print("  ".join(x for x in row if x and x != "-"), flush=True)
+                    alarm = trouble_line(rd.name, st)
+                    if alarm and (seen.get(rd.name) or (None,))[:3] != key[:3]:
+                        print(alarm, flush=True)  # the moment it happens, not only in the final table
                     seen[rd.name] = key
             if not quiet and any(rd.state == "running" for rd in runs) and now - last_print > 5:
                 last_print = now

@@ -29,6 +29,7 @@ PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
 BATCH_FILE = "batch.json"
 LOCK_FILE = "supervisor.lock"  # flock held by the batch's supervisor; the wrapper tests it too
 SUPERVISOR_LOG = "supervisor.log"
+PHASE_FILE = "phase.json"  # rank 0 of a bundled runner: its newest phase mark, as it happens
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

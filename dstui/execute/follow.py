@@ -15,7 +15,7 @@ import time
 
 from dstui.core import phases
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import ingest, liveness, slurm
+from dstui.execute import ingest, live_phase, liveness, slurm
 from dstui.execute.executor import executor_for
 from dstui.execute.guard_watch import BatchGuard
 from dstui.execute.ingest import Tracked
@@ -41,6 +41,7 @@ class RunFollower:
         self.tracked: dict[str, Tracked] = {}
         self.guards = BatchGuard(batch)
         self.jobs_known = True
+        self.phases = live_phase.LivePhases()
 
     def tracked_of(self, rd: RunDir) -> Tracked:
         t = self.tracked.get(rd.name)
@@ -87,6 +88,8 @@ class RunFollower:
         elif live:
             liveness.check(t, st, executor_for(st))
         self.sink.flush(t)
+        if self.slurm is None:
+            self.phases.update(rd)  # what it does right now, for every view
         if rd.state in FINAL_STATES and not t.finalized:
             self._finalize_run(t)
 

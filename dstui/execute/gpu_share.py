@@ -45,18 +45,25 @@ def choose(
     active: int,
     busy_slices: Sequence[Sequence[int] | None],
     total_gpus: int,
+    elsewhere: Sequence[Sequence[int]] = (),
 ) -> tuple[bool, list[int] | None]:
-    """(start now?, its GPU slice or None = DeepSpeed's default devices) for the next queued run."""
+    """(start now?, its GPU slice or None = DeepSpeed's default devices) for the next queued run.
+
+    ``elsewhere``: the GPUs that runs of other batches hold on this machine
+    (:mod:`dstui.execute.gpu_ledger`); a run never starts on one of them, and a run
+    that takes the whole box (no slice) waits until no other batch holds any.
+    """
+    others = {g for s in elsewhere for g in s} if total_gpus else set()
     if parallel == 1 or (parallel == AUTO and (total_gpus == 0 or placed_by_deepspeed(settings))):
-        return active == 0, None
+        return active == 0 and not others, None
     if parallel > 1 and active >= parallel:
         return False, None
     if total_gpus == 0 or placed_by_deepspeed(settings):
-        return True, None  # an explicit --parallel N on CPU: the user's choice, as before
+        return not others, None  # an explicit --parallel N on CPU: the user's choice, as before
     need = gpus_needed(settings)
-    free = free_gpus(total_gpus, busy_slices)
+    free = [g for g in free_gpus(total_gpus, busy_slices) if g not in others]
     if len(free) >= need:
         return True, free[:need]
-    if active == 0:  # more GPUs than the box has: start it alone and let DeepSpeed say why
+    if active == 0 and not others:  # more GPUs than the box has: start it alone and let DeepSpeed say why
         return True, None
     return False, None

@@ -27,7 +27,7 @@ from typing import Any
 from dstui.core import paths
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import BatchDir, write_json_atomic
-from dstui.execute import launch
+from dstui.execute import launch, live_phase
 
 PREBUILD_SCRIPT = RUNNERS_DIR / "prebuild_ops.py"
 
@@ -43,6 +43,8 @@ def ops_needed(settings: dict[str, Any], *, on_gpu: bool) -> set[str]:
         ops.add("CPUAdamBuilder")
     elif ds_optimizer and on_gpu:
         ops.add("FusedAdamBuilder")
+    if not on_gpu:  # DeepSpeed's CPU backend builds its shared-memory collectives at init_distributed
+        ops.add("ShareMemCommBuilder")
     if on_gpu and (settings.get("deepcompile") or settings.get("sp_mode") == "deepcompile"):
         ops.add("DeepCompileBuilder")
     return ops
@@ -95,32 +97,78 @@ def remember(records: dict[str, str], python: str, cache: str, output: str) -> b
 
 
 def before_first_run(batch: BatchDir, *, on_gpu: bool, log: logging.Logger, timeout_s: float = 1800.0) -> None:
-    """Build every op the queued runs need, one process per op, and wait for all of them."""
+    """Build every op the queued runs need, one process per op, and wait for all of them.
+
+    While they build, the runs that wait for them say so (phase ``building op X``)
+    and the builds' own output goes into the first such run's stdout.log, where
+    the log pane and ``dstui status`` look, instead of a silent wait.
+    """
     procs = []
     records = _read_records()
-    for (python, cache), (env, ops) in plan(batch, on_gpu=on_gpu).items():
+    building: set[tuple[str, str, str]] = set()
+    groups = plan(batch, on_gpu=on_gpu)
+    for (python, cache), (_, ops) in groups.items():
         built = already_built(records, python, cache, ops)
         if built:
             log.info("DeepSpeed ops already built for %s: %s", python, ", ".join(sorted(built)))
-        for op in sorted(ops - built):
-            log.info("building DeepSpeed op %s for %s before the first run", op, python)
-            procs.append((op, python, cache, subprocess.Popen(
-                [python, str(PREBUILD_SCRIPT), op], env=env, cwd=str(batch.path),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )))  # fmt: skip
+        building |= {(python, cache, op) for op in ops - built}
+    waiting = _waiting_runs(batch, {op for _, _, op in building}, on_gpu=on_gpu)
+    out_file = waiting[0].log_file if waiting else None
+    offset = out_file.stat().st_size if out_file is not None and out_file.exists() else 0
+    for python, cache, op in sorted(building):
+        env = groups[(python, cache)][0]
+        log.info("building DeepSpeed op %s for %s before the first run", op, python)
+        sink = open(out_file, "ab") if out_file is not None else subprocess.PIPE  # noqa: SIM115 - closed below
+        procs.append((op, python, cache, sink, subprocess.Popen(
+            [python, str(PREBUILD_SCRIPT), op], env=env, cwd=str(batch.path),
+            stdout=sink, stderr=subprocess.STDOUT,
+        )))  # fmt: skip
+    for rd in waiting:
+        live_phase.set_phase(rd, "building op " + ", ".join(sorted(_short(op) for _, _, op in building)))
     changed = False
-    for op, python, cache, proc in procs:
+    for op, python, cache, sink, proc in procs:
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
+        if sink is not subprocess.PIPE:
+            sink.close()
+            out = _read_from(out_file, offset)
+        text = (out or b"").decode(errors="replace")
         level = logging.INFO if proc.returncode == 0 else logging.WARNING
-        log.log(level, "op %s: exit %s; %s", op, proc.returncode, (out or "").strip()[-500:])
-        changed |= proc.returncode == 0 and remember(records, python, cache, out or "")
+        log.log(level, "op %s: exit %s; %s", op, proc.returncode, text.strip()[-500:])
+        changed |= proc.returncode == 0 and remember(records, python, cache, text)
+    for rd in waiting:
+        live_phase.set_phase(rd, None)
     if changed:
         try:
             paths.cache_dir().mkdir(parents=True, exist_ok=True)
             write_json_atomic(_record_file(), records)
         except OSError as e:  # a full or read-only cache costs only the next batch's check
             log.warning("could not remember the built ops: %s", e)
+
+
+def _short(op_builder: str) -> str:
+    """'FusedAdamBuilder' -> 'FusedAdam': the name a user knows the op by."""
+    return op_builder.removesuffix("Builder")
+
+
+def _waiting_runs(batch: BatchDir, ops: set[str], *, on_gpu: bool) -> list:
+    """The queued runs that need one of the ops being built (they wait for it)."""
+    if not ops:
+        return []
+    return [rd for rd in batch.runs() if rd.state == "queued" and ops_needed(rd.settings(), on_gpu=on_gpu) & ops]
+
+
+def _read_from(path: Path | None, offset: int, limit: int = 4 * 1024 * 1024) -> bytes:
+    """What the builds appended to a run's log (bounded: their summary lines are at the end)."""
+    if path is None:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(offset, size - limit))
+            return fh.read()
+    except OSError:
+        return b""

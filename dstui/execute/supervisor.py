@@ -31,7 +31,7 @@ from pathlib import Path
 from dstui.core import secrets
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import gpu_share, launch, prebuild, slurm, sysmetrics
+from dstui.execute import gpu_ledger, gpu_share, launch, live_phase, prebuild, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
@@ -134,11 +134,21 @@ class Supervisor:
 
     def _start_queued(self, runs: list[RunDir]) -> None:
         """Start queued runs in batch order while there is room (GPUs free, or Slurm's job limit)."""
+        queued = [rd for rd in runs if rd.state == "queued" and not rd.status().get("job_id")]
+        if not queued:
+            return
+        if self.slurm is None and sysmetrics.gpu_count() > 0:
+            # GPUs are one resource across batches: decide and launch under the machine's ledger
+            with gpu_ledger.opened() as ledger:
+                self._start_local(runs, queued, ledger)
+        else:
+            self._start_local(runs, queued, None)
+
+    def _start_local(self, runs: list[RunDir], queued: list[RunDir], ledger: gpu_ledger.Ledger | None) -> None:
         active = [r for r in runs if self.follower.live(r.status())]
         total_gpus = None
-        for rd in runs:
-            if rd.state != "queued" or rd.status().get("job_id"):
-                continue
+        others = ledger.held_elsewhere(self.batch.path) if ledger is not None else []
+        for rd in queued:
             if rd.cancel_file.exists():
                 rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
                 continue
@@ -156,11 +166,16 @@ class Supervisor:
                 active=len(active),
                 busy_slices=[b.status().get("gpu_slice") for b in active],
                 total_gpus=total_gpus,
+                elsewhere=[h.gpus for h in others],
             )
             if not go:
+                if others and not active:  # nothing of ours runs: it is the other batches we wait for
+                    live_phase.set_phase(rd, f"waiting for GPUs held by {gpu_ledger.holders_text(others)}")
                 break  # runs start in their batch order
             self.launch(rd, gpu_slice)
             active.append(rd)
+            if ledger is not None and rd.state not in FINAL_STATES:
+                ledger.add(rd, gpu_slice if gpu_slice is not None else list(range(total_gpus)))
 
     def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
         if self.slurm is not None:

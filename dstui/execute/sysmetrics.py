@@ -61,6 +61,20 @@ def gpu_memory_total(index: int = 0) -> int | None:
         return None
 
 
+def gpus_support_bf16() -> bool | None:
+    """Whether every GPU here computes in bf16 (compute capability >= 8.0); None when NVML cannot say."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return all(
+            nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(i))[0] >= 8
+            for i in range(int(nv.nvmlDeviceGetCount()))
+        )
+    except Exception:
+        return None
+
+
 def gpu_readings(indices: list[int] | None = None) -> dict[str, float]:
     nv = _nvml()
     out: dict[str, float] = {}

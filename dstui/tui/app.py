@@ -15,8 +15,10 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import WorkerState
 
+from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.tui.commands import DstuiCommands
+from dstui.tui.failure_watch import FailureWatch, bell_enabled, set_bell
 from dstui.tui.run_control import DEFAULT_PARALLEL
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
@@ -69,6 +71,21 @@ class DstuiApp(App):
     def on_mount(self) -> None:
         self.title = "dstui"
         self.call_after_refresh(self._first_frame)
+        self.failures = FailureWatch()
+        self.set_interval(self.watch_s, self.watch_failures)
+
+    def watch_failures(self) -> None:
+        """A run that fails, hangs or is flagged: a toast (and the bell) the moment it is seen."""
+        alerts = self.failures.scan(paths.runs_dir())
+        for a in alerts:
+            self.notify(f"{a.run} ({a.batch}): {a.text}", title=a.title, severity="error", timeout=15)
+        if alerts and bell_enabled():
+            self.bell()
+
+    def toggle_bell(self) -> None:
+        on = not bell_enabled()
+        set_bell(on)
+        self.notify(f"bell on failures: {'on' if on else 'off'}")
 
     def _first_frame(self) -> None:
         marker = os.environ.get(READY_ENV)

@@ -18,6 +18,7 @@ class DstuiCommands(Provider):
             ("Go to Results", "compare finished runs from MLflow", partial(app.action_goto, "results")),
             ("Launch current spec", "validate and launch the composed/opened spec", app.launch_current),
             ("Help", "keys of this screen", app.action_help),
+            ("Bell on failures: on/off", "ring the terminal bell when a run fails, hangs or is flagged", app.toggle_bell),
         ]
         for f in sorted((CONFIGS_DIR / "experiments").glob("*.yaml")):
             cmds.append((f"Open spec {f.name}", str(f), partial(app.open_spec, f)))

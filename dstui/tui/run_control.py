@@ -31,11 +31,19 @@ def supervised(b: BatchDir) -> bool:
     return is_supervised(b)
 
 
-def launch(spec: Path, parallel: int, progress: Callable[[str], None]) -> tuple[BatchDir, int]:
-    """Validate everything, lay out folders, detach a supervisor: (the batch, its number of runs)."""
-    from dstui.execute import batch, supervisor
+def launch(spec: Path, parallel: int, progress: Callable[[str], None], *, force: bool = False) -> tuple[BatchDir, int]:
+    """Validate everything, lay out folders, detach a supervisor: (the batch, its number of runs).
+
+    Runs that cannot work on this machine raise :class:`~dstui.execute.feasibility.InfeasibleRuns`
+    (the screen asks whether to launch anyway: ``force``), as `dstui run` refuses them.
+    """
+    from dstui.analysis import forecast
+    from dstui.execute import batch, feasibility, supervisor, sysmetrics
 
     p = batch.plan(spec, progress=progress)
+    forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=False)
+    feasibility.refuse_infeasible(p, force=force, forecasts=forecasts, capacity=capacity,
+                                  skip_predicted_oom=p.spec.skip_predicted_oom)  # fmt: skip
     b = batch.create(p, parallel=parallel)
     supervisor.spawn(b)
     return b, len(p.runs)

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.execute import live_phase
 
 STATE_STYLE = {
     "queued": "dim",
@@ -53,7 +54,8 @@ def run_cells(st: dict, marked: bool) -> tuple:
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
         gpus_text(st),
-        Text((st.get("reason") or diverged)[:60], style="red") if diverged else (st.get("reason") or "")[:60],
+        Text((st.get("reason") or diverged)[:60], style="red") if diverged
+        else (st.get("reason") or "")[:60] or Text(live_phase.shown(st), style="yellow"),
     )
 
 

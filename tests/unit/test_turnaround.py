@@ -128,12 +128,14 @@ def test_breakdown_of_a_run_that_died_in_init(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("settings", "on_gpu", "expected"),
     [
-        ({"torch_adam": True}, False, set()),  # the CPU smoke batch builds nothing up front
+        # on the CPU, DeepSpeed's backend builds its shared-memory collectives at init_distributed:
+        # built before the first run, so the wait is named ("building op ShareMemComm") and untimed
+        ({"torch_adam": True}, False, {"ShareMemCommBuilder"}),
         ({}, True, {"FusedAdamBuilder"}),
         ({"zero_stage": 3, "offload": "cpu"}, True, {"CPUAdamBuilder"}),
-        ({"zero_stage": 3, "offload": "cpu"}, False, {"CPUAdamBuilder"}),
+        ({"zero_stage": 3, "offload": "cpu"}, False, {"CPUAdamBuilder", "ShareMemCommBuilder"}),
         ({"deepcompile": True, "torch_adam": True}, True, {"DeepCompileBuilder"}),
-        ({"deepcompile": True}, False, set()),  # the runner refuses DeepCompile on CPU
+        ({"deepcompile": True}, False, {"ShareMemCommBuilder"}),  # DeepCompile itself is refused on CPU
         ({"kind": "command"}, True, set()),
     ],
 )
@@ -213,8 +215,15 @@ def test_prebuild_starts_no_process_for_ops_built_before(tmp_path: Path, monkeyp
     so = tmp_path / "ext" / "cpu_adam" / "cpu_adam.so"
     starts = tmp_path / "starts.txt"
     fake = tmp_path / "fake_build.py"
+    seen = tmp_path / "phase_seen.txt"
     fake.write_text(
-        "import pathlib, sys\n"
+        "import json, pathlib, sys, time\n"
+        # what the waiting run's status says while this build runs (dstui sets it once the builds started)
+        "for _ in range(100):\n"
+        "    phase = json.loads(pathlib.Path('b-r0/status.json').read_text()).get('phase')\n"
+        "    if phase: break\n"
+        "    time.sleep(0.05)\n"
+        f"pathlib.Path({str(seen)!r}).write_text(str(phase))\n"
         f"pathlib.Path({str(starts)!r}).open('a').write(sys.argv[1] + '\\n')\n"
         f"so = pathlib.Path({str(so)!r}); so.parent.mkdir(parents=True, exist_ok=True); so.write_bytes(b'')\n"
         "print('prebuild: ' + sys.argv[1] + ': ready in 0.0 s')\n"
@@ -226,12 +235,18 @@ def test_prebuild_starts_no_process_for_ops_built_before(tmp_path: Path, monkeyp
                     "conditions:\n  - {name: b, zero_stage: 3, offload: cpu}\n")  # fmt: skip
     log = logging.getLogger("test-prebuild")
 
-    def one_batch() -> None:
+    def one_batch() -> batch.BatchDir:
         b = batch.create(batch.plan(spec, validate=False, progress=lambda _: None), runs_root=tmp_path / "runs")
-        prebuild.before_first_run(b, on_gpu=False, log=log)
+        prebuild.before_first_run(b, on_gpu=True, log=log)
+        return b
 
-    one_batch()
+    first = one_batch()
     assert starts.read_text().split() == ["CPUAdamBuilder"]
+    # the build's own output went where the log pane and `dstui status` look: the waiting run's log
+    rd = first.runs()[0]
+    assert "prebuild: CPUAdamBuilder: ready" in rd.log_file.read_text()
+    assert seen.read_text() == "building op CPUAdam"  # while it built ...
+    assert rd.status().get("phase") is None  # ... cleared after
     one_batch()  # remembered and present: no process
     assert starts.read_text().split() == ["CPUAdamBuilder"]
     so.unlink()  # gone (a cleaned cache): built again

@@ -31,6 +31,15 @@ class Launched(Message):
         self.n_runs = n_runs
 
 
+class NeedsForce(Message):
+    """Some runs of the spec cannot work here: ask before launching them anyway."""
+
+    def __init__(self, spec: Path, text: str) -> None:
+        super().__init__()
+        self.spec = spec
+        self.text = text
+
+
 class Supervised(Message):
     def __init__(self, live: dict[str, bool], restarted: list[str]) -> None:
         super().__init__()
@@ -187,11 +196,26 @@ opens the live view on them (no marks: the batch)."""
         self.launch(Path(spec))
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
-    def launch(self, spec: Path) -> None:
+    def launch(self, spec: Path, force: bool = False) -> None:
         # the same functions and the same default as `dstui run`: validate everything, lay out folders, detach
+        from dstui.execute.feasibility import InfeasibleRuns
+
         parallel = getattr(self.app, "parallel", run_control.DEFAULT_PARALLEL)
-        b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m))
+        try:
+            b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m), force=force)
+        except InfeasibleRuns as e:
+            self.post_message(NeedsForce(spec, str(e)))
+            return
         self.post_message(Launched(b.id, n))
+
+    def on_needs_force(self, message: NeedsForce) -> None:
+        text = message.text.replace(" (--force launches anyway)", "")
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.launch(message.spec, force=True)
+
+        self.app.push_screen(ConfirmScreen(f"{text}\n\nLaunch them anyway?"), answer)
 
     def on_launched(self, message: Launched) -> None:
         self.notify(f"launched {message.batch_id}: {message.n_runs} runs")

@@ -1,0 +1,109 @@
+"""Which GPUs of this machine are held by runs of *other* batches: GPUs are one resource.
+
+Each batch's supervisor shares GPUs among its own runs (:mod:`~dstui.execute.gpu_share`).
+Two batches started one after the other used to take the same GPUs, since
+neither knew of the other. Now every local GPU run is written into one ledger
+per user and machine (``<cache>/gpus/held.json``) when it starts, under an
+exclusive lock that is held from "which GPUs are free?" to "the run holds
+them"; a supervisor asks the ledger before starting a run and waits while the
+GPUs it needs are held elsewhere.
+
+An entry lasts while its job's process group lives and its run has not ended,
+so a killed supervisor or a deleted run folder never blocks the GPUs for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dstui.core import paths
+from dstui.core.rundir import FINAL_STATES, RunDir, write_json_atomic
+
+LEDGER_ENV = "DSTUI_GPU_LEDGER"  # another folder for the ledger (tests; a shared node-local dir)
+
+
+def ledger_dir() -> Path:
+    return Path(os.environ.get(LEDGER_ENV) or paths.cache_dir() / "gpus")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live run of some batch and the GPUs it holds."""
+
+    run_path: str
+    batch: str
+    run: str
+    gpus: tuple[int, ...]
+    pgid: int | None
+
+
+def _alive(h: Holder) -> bool:
+    from dstui.execute.executor import group_alive
+
+    rd = RunDir(Path(h.run_path))
+    if not rd.path.is_dir() or rd.state in FINAL_STATES:
+        return False
+    return group_alive(h.pgid) if h.pgid else rd.state in ("queued", "starting", "running")
+
+
+class Ledger:
+    """The ledger, opened under its lock: read who holds what, add what a launch took."""
+
+    def __init__(self, folder: Path) -> None:
+        self.file = folder / "held.json"
+        self.holders: list[Holder] = []
+
+    def load(self) -> None:
+        try:
+            raw = json.loads(self.file.read_text())
+        except (OSError, ValueError):
+            raw = []
+        found = []
+        for e in raw if isinstance(raw, list) else []:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                found.append(Holder(str(e["run_path"]), str(e["batch"]), str(e["run"]),
+                                    tuple(int(g) for g in e["gpus"]), e.get("pgid")))  # fmt: skip
+        self.holders = [h for h in found if _alive(h)]
+
+    def save(self) -> None:
+        write_json_atomic(self.file, [h.__dict__ | {"gpus": list(h.gpus)} for h in self.holders])
+
+    def held_elsewhere(self, batch_path: Path) -> list[Holder]:
+        """Live holders that are not runs of this batch (its own runs are shared by gpu_share)."""
+        own = str(batch_path.resolve())
+        return [h for h in self.holders if str(Path(h.run_path).parent) != own]
+
+    def add(self, rd: RunDir, gpus: list[int]) -> None:
+        st = rd.status()
+        self.holders = [h for h in self.holders if h.run_path != str(rd.path)]
+        self.holders.append(Holder(str(rd.path), rd.batch.id, rd.name, tuple(gpus), st.get("pgid")))
+
+
+@contextlib.contextmanager
+def opened() -> Iterator[Ledger]:
+    """The ledger under an exclusive flock (released when the block ends); saved on the way out."""
+    folder = ledger_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(folder / "held.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            ledger = Ledger(folder)
+            ledger.load()
+            yield ledger
+            ledger.save()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def holders_text(holders: list[Holder]) -> str:
+    """'batch smoke-20261125-101010 (GPUs 0,1)' for a waiting run's phase or a CLI note."""
+    by_batch: dict[str, set[int]] = {}
+    for h in holders:
+        by_batch.setdefault(h.batch, set()).update(h.gpus)
+    return ", ".join(f"batch {b} (GPU{'s' if len(g) > 1 else ''} {','.join(map(str, sorted(g)))})" for b, g in by_batch.items())
