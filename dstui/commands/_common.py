@@ -22,7 +22,8 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 def run_row(rd: RunDir) -> list[str]:
     st = rd.status()
     last = st.get("last") or {}
-    progress = f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}"
+    # before its first step a live run says what it does instead ('building op shm_comm 12s')
+    progress = (not st.get("steps_done") and live_phase.shown(st)) or f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}"
     state = st.get("state", "?")
     if st.get("verdict"):
         state = f"{state} ({st['verdict']})"
@@ -35,7 +36,7 @@ def run_row(rd: RunDir) -> list[str]:
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or (st.get("diverged") or {}).get("message") or live_phase.shown(st))[:70],
+        (st.get("reason") or (st.get("diverged") or {}).get("message") or "")[:70],
     ]
 
 

@@ -107,11 +107,14 @@ def op_build(pid: Any) -> tuple[str, float] | None:
     return found
 
 
-def shown(st: dict[str, Any], now: float | None = None) -> str:
-    """'building op shm 12s' for a live run with a phase; '' otherwise."""
-    phase = st.get("phase")
+def shown(st: dict[str, Any], now: float | None = None, width: int | None = None) -> str:
+    """'building op shm 12s' for a live run with a phase; '' otherwise. ``width``: the phase's
+    words are cut to fit (with '…'), its seconds are always kept."""
+    phase = str(st.get("phase") or "")
     if not phase or st.get("state") in FINAL_STATES:
         return ""
+    if width is not None and len(phase) > width - 5:
+        phase = phase[: max(1, width - 6)] + "…"
     since = st.get("phase_since")
     if not isinstance(since, (int, float)):
         return str(phase)

@@ -47,16 +47,24 @@ def run_cells(st: dict, marked: bool) -> tuple:
         "✓" if marked else " ",
         name,
         Text(label, style=STATE_STYLE.get(state, "")),
-        f"{st.get('steps_done') or 0}/{total}",
+        _progress(st, total),
         eta(st),
         fmt_num(last.get("loss")),
         fmt_num(last.get("iter_time"), ".3f"),
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
         gpus_text(st),
-        Text((st.get("reason") or diverged)[:60], style="red") if diverged
-        else (st.get("reason") or "")[:60] or Text(live_phase.shown(st), style="yellow"),
+        Text((st.get("reason") or diverged)[:60], style="red") if diverged else (st.get("reason") or "")[:60],
     )
+
+
+PHASE_WIDTH = 36  # the step column's width for a phase: the other columns stay on an 80-column screen
+
+
+def _progress(st: dict, total: object) -> str | Text:
+    """'4/20', or what a live run does before its first step ('building op shm_comm 12s')."""
+    phase = live_phase.shown(st, width=PHASE_WIDTH) if not st.get("steps_done") else ""
+    return Text(phase, style="yellow") if phase else f"{st.get('steps_done') or 0}/{total}"
 
 
 def batch_cells(b: BatchDir, live: bool) -> tuple:
