@@ -14,6 +14,8 @@
 #                                      # (benchmarks/gpu/forecast_holdout1.yaml), forecast_check.py
 #   benchmarks/gpu/validate.sh profile     # issue 12: a condition (z1-dc) once, then its repeat with the
 #                                      # rank under cProfile (benchmarks/gpu/profile_run.py)
+#   benchmarks/gpu/validate.sh share       # issue 26 on 1 GPU: feasibility, two batches one after
+#                                      # another on the one GPU, a fresh op build named while it runs
 #   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
 #                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
 #                                      # condition twice: first compile vs a repeat from the cache
@@ -271,6 +273,39 @@ phase_profile() {  # a condition once (fills the compile caches), then its repea
     ls -la "$OUT"
 }
 
+phase_share() {  # issue 26 on 1 GPU: feasibility, two batches one after another, a named op build
+    say "feasibility on this machine (dstui run --dry-run)"
+    $PY -m dstui run benchmarks/gpu/feasible1.yaml --dry-run > "$OUT/share-feasible.txt" 2>&1
+    echo "exit $?" >> "$OUT/share-feasible.txt"
+    say "two batches of 1-GPU runs, started one right after the other"
+    $PY -m dstui run benchmarks/gpu/share1.yaml --detach > "$OUT/share-first.txt" 2>&1
+    sleep 1
+    $PY -m dstui run benchmarks/gpu/share1.yaml > "$OUT/share-second.txt" 2>&1
+    for b in $(ls -dt "$DSTUI_HOME"/runs/share-* | head -2); do
+        for i in $(seq 1 120); do [ "$($PY -c "import json,sys; print(json.load(open(sys.argv[1])).get('finalized'))" "$b/batch.json")" = True ] && break; sleep 1; done
+    done
+    $PY - "$DSTUI_HOME/runs" > "$OUT/share-intervals.txt" <<'PYEOF'
+import json, sys, pathlib
+rows = []
+for st in sorted(pathlib.Path(sys.argv[1]).glob("share-*/*/status.json")):
+    s = json.loads(st.read_text())
+    ex = json.loads((st.parent / "exit.json").read_text()) if (st.parent / "exit.json").exists() else {}
+    rows.append((s.get("started"), st.parent.parent.name, s["name"], s.get("state"), s.get("gpu_slice"), ex.get("ended")))
+rows.sort(key=lambda r: r[0] or 0)
+t0 = rows[0][0]
+for started, batch, name, state, gpus, ended in rows:
+    print(f"{batch} {name} {state} gpus={gpus} start=+{started - t0:.1f}s end=+{(ended or 0) - t0:.1f}s")
+clash = [(a[1], a[2], b[1], b[2]) for a in rows for b in rows
+         if a[1] != b[1] and a[0] < (b[5] or 0) and b[0] < (a[5] or 0)]
+print("overlapping runs of different batches:", clash or "none")
+PYEOF
+    cat "$OUT/share-intervals.txt"
+    say "a fresh op cache: the first run names the FusedAdam build while it happens"
+    TORCH_EXTENSIONS_DIR=$WORK/fresh_ext timeout "$(( $(left) - 20 ))" $PY -m dstui run benchmarks/gpu/opbuild1.yaml > "$OUT/share-opbuild.txt" 2>&1
+    echo "exit $?" >> "$OUT/share-opbuild.txt"
+    tail -20 "$OUT/share-opbuild.txt"
+}
+
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
@@ -287,7 +322,8 @@ case $PHASE in
     profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
+    share) phase_share ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|profile|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|profile|share|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

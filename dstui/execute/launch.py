@@ -315,6 +315,9 @@ def start(
     rd.cmd_file.write_text(shlex.join(shown_argv) + "\n")
     rd.exit_file.unlink(missing_ok=True)
     env = build_env(run, rd, revision=revision)
+    if run.settings.kind == "command" and gpu_slice is not None and "CUDA_VISIBLE_DEVICES" not in run.settings.env:
+        # a program of its own sees only the GPUs the supervisor gave it (ranks get theirs from ranks.py)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_slice)
     with open(rd.log_file, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dstui.execute.wrap", str(rd.path), "--", *argv],

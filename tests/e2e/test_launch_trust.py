@@ -63,9 +63,13 @@ SLEEPERS = """
     name: {name}
     settings: {{kind: command, gpus: 1, metrics_format: seed, steps: 2, warmup_steps: 1}}
     conditions:
-      - {{name: a, command: ["{{python}}", "-c", "import time; time.sleep(2.5); print('Epoch 1, Step 1, Loss: 1.0')"]}}
-      - {{name: b, command: ["{{python}}", "-c", "import time; time.sleep(2.5); print('Epoch 1, Step 1, Loss: 1.0')"]}}
+      - {{name: a, command: ["{{python}}", "-c", "{program}"]}}
+      - {{name: b, command: ["{{python}}", "-c", "{program}"]}}
 """
+
+
+# what the program sees: only the GPU the supervisor gave it
+SLEEPER = "import os, time; print('sees GPUs', os.environ.get('CUDA_VISIBLE_DEVICES')); time.sleep(2.5); print('Epoch 1, Step 1, Loss: 1.0')"
 
 
 def _wait_all_final(root: Path, n_batches: int, timeout: float = 240) -> list:
@@ -81,9 +85,9 @@ def _wait_all_final(root: Path, n_batches: int, timeout: float = 240) -> list:
 def test_two_batches_never_hold_the_same_gpu_at_once(home: Path, tmp_path: Path) -> None:
     """A fake inventory of 2 GPUs (nothing here has one): two batches of two 1-GPU runs each."""
     env = {"DSTUI_GPU_COUNT": "2", "DSTUI_GPU_LEDGER": str(tmp_path / "ledger")}
-    first = dstui("run", str(_spec(home, "first", SLEEPERS.format(name="first"))), "--detach", env=env, timeout=120)
+    first = dstui("run", str(_spec(home, "first", SLEEPERS.format(name="first", program=SLEEPER))), "--detach", env=env, timeout=120)
     assert first.returncode == 0, first.stderr
-    second = dstui("run", str(_spec(home, "second", SLEEPERS.format(name="second"))), "--detach", env=env, timeout=120)
+    second = dstui("run", str(_spec(home, "second", SLEEPERS.format(name="second", program=SLEEPER))), "--detach", env=env, timeout=120)
     assert second.returncode == 0, second.stderr
     waited = []
     deadline = time.time() + 60
@@ -97,6 +101,7 @@ def test_two_batches_never_hold_the_same_gpu_at_once(home: Path, tmp_path: Path)
         for rd in b.runs():
             st = rd.status()
             assert st["state"] == "done", (rd.name, st.get("reason"))
+            assert f"sees GPUs {st['gpu_slice'][0]}" in rd.log_file.read_text()
             held.append((b.id, rd.name, set(st["gpu_slice"]), st["started"], json.loads(rd.exit_file.read_text())["ended"]))
     clashes = [(x[:2], y[:2]) for x in held for y in held
                if x[0] != y[0] and x[2] & y[2] and x[3] < y[4] and y[3] < x[4]]  # fmt: skip
