@@ -185,7 +185,8 @@ class Supervisor:
         rev = rd.spec().get("revision_info") or {}
         executor = executor_for(rd.status())
         # the MLflow child's start time: the same moment in any store it is created in later
-        rd.update_status(state="starting", starting=time.time())
+        now = time.time()
+        rd.update_status(state="starting", starting=now, phase="launching", phase_since=now)
         self.sink.child_run_id(rd)
         try:
             handle = executor.start(
