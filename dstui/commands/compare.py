@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
             "finished with iteration times"
         )
     if args.json:
-        from dstui.commands._machine import emit  # stdout holds only this document (cli's machine output)
+        # stdout holds only this document (the CLI's machine output)
+        from dstui.commands._machine import emit
 
         emit({"experiment": args.experiment, "batch": batch, "baseline": args.baseline,
               "method": METHOD, "loss_tolerance": tol, "loss_tolerance_basis": basis,

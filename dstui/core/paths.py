@@ -94,11 +94,15 @@ def home() -> Path:
     return home_choice().path
 
 
-def home_label() -> str:
-    """A short, stable line for the TUI's header: where the runs are and why (no temp paths for DSTUI_HOME)."""
+def home_label(*, implicit_only: bool = False) -> str:
+    """A short line for the TUI's header: where the runs are (no temp paths for DSTUI_HOME).
+
+    ``implicit_only``: "" when the user chose the home with DSTUI_HOME (they know it);
+    the header speaks when dstui chose it (a project's runs/ or the default).
+    """
     choice = home_choice()
     if choice.source == "DSTUI_HOME":
-        return "runs: $DSTUI_HOME/runs"
+        return "" if implicit_only else "runs: $DSTUI_HOME/runs"
     where = str(runs_dir())
     user = str(Path.home())
     if where.startswith(user + os.sep):

@@ -15,6 +15,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import WorkerState
 
+from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.tui.commands import DstuiCommands
 from dstui.tui.run_control import DEFAULT_PARALLEL
@@ -68,6 +69,7 @@ class DstuiApp(App):
 
     def on_mount(self) -> None:
         self.title = "dstui"
+        self.sub_title = paths.home_label(implicit_only=True)  # where the runs are, when dstui chose it
         self.call_after_refresh(self._first_frame)
 
     def _first_frame(self) -> None:
