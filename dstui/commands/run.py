@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     supervisor.spawn(b)
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
-        return detached_output(b)
+        return detached_output(b, _machine.wants(args))
     return follow(b, quiet=args.quiet, fmt=_machine.wants(args), verbose=getattr(args, "verbose", False))
 
 
@@ -141,10 +141,10 @@ def dry_run_output(plan: batch.Plan, forecasts: dict, capacity: int | None) -> i
     return 0
 
 
-def detached_output(b: BatchDir) -> int:
+def detached_output(b: BatchDir, fmt: str | None) -> int:
     """--detach with --json/--jsonl: the batch as it starts (its runs queued)."""
-    if _machine.active():
-        _machine.emit(batch_record(b), one_line=False)
+    if fmt is not None:
+        _machine.emit(batch_record(b), one_line=fmt == "jsonl")
     return 0
 
 

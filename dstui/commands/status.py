@@ -47,7 +47,7 @@ def chosen_batches(root: Path, ref: str | None, n: int) -> list[BatchDir]:
             return [BatchDir(candidate)]
     matched = [b for b in list_batches(root) if fnmatch.fnmatchcase(b.id, ref)]
     if not matched:
-        raise NotFound(f"no batch '{ref}' under {root} ({paths.home_choice().describe()})")
+        raise NotFound(f"no batch '{ref}' under {paths.home_choice().describe()}")
     return matched
 
 

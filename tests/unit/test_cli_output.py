@@ -195,3 +195,17 @@ def test_exit_codes_in_every_help(capsys) -> None:
             cli.main(argv)
         out = capsys.readouterr().out
         assert re.sub(r"\s+", " ", exit_codes.HELP) in re.sub(r"\s+", " ", out), argv
+
+
+def test_progress_lines_have_a_header_and_aligned_columns(batches) -> None:
+    """`dstui run`'s progress: a header once, then lines whose cells sit under it (80 columns: the reason stays)."""
+    from dstui.commands._tables import ProgressLines
+
+    _, new = batches
+    progress = ProgressLines(new, width=80)
+    first = progress.lines(new.runs()[1])
+    assert len(first) == 2 and progress.lines(new.runs()[0]) == [progress.line(new.runs()[0])]  # the header once
+    header, line = first
+    assert header.split()[:3] == ["run", "state", "step"] and header.split()[-1] == "reason"
+    assert line.startswith("z2-r0") and line[header.index("step"):].startswith("7/20")
+    assert line[header.index("reason"):].startswith("Python: RuntimeError") and len(line) <= 80
