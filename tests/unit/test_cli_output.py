@@ -209,3 +209,27 @@ def test_progress_lines_have_a_header_and_aligned_columns(batches) -> None:
     assert header.split()[:3] == ["run", "state", "step"] and header.split()[-1] == "reason"
     assert line.startswith("z2-r0") and line[header.index("step"):].startswith("7/20")
     assert line[header.index("reason"):].startswith("Python: RuntimeError") and len(line) <= 80
+
+
+def test_library_warnings_go_to_the_log(home, capsys) -> None:
+    """As DeepSpeed does on import: a logger with its own stdout handler, added after dstui routed it."""
+    import logging
+    import sys
+    import warnings
+
+    from dstui.core import library_logs
+
+    path = library_logs.route()
+    ds = logging.getLogger("DeepSpeed")
+    handler = logging.StreamHandler(sys.stdout)
+    ds.addHandler(handler)
+    try:
+        ds.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        warnings.warn("torch says: TypedStorage is deprecated", UserWarning, stacklevel=1)
+    finally:
+        ds.removeHandler(handler)
+    out, err = capsys.readouterr()
+    assert "Setting accelerator" not in out + err and "TypedStorage" not in out + err
+    assert path == home / "logs" / "libraries.log"
+    text = path.read_text()
+    assert "DeepSpeed WARNING Setting accelerator to CPU" in text and "TypedStorage is deprecated" in text
