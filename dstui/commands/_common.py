@@ -7,7 +7,7 @@ from typing import Any
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
 
-__all__ = ["RUN_HEADER", "add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "run_row", "table"]
+__all__ = ["add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "runs_table", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -16,29 +16,6 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     for row in rows:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     return "\n".join(lines)
-
-
-def run_row(rd: RunDir) -> list[str]:
-    st = rd.status()
-    last = st.get("last") or {}
-    progress = f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}"
-    state = st.get("state", "?")
-    if st.get("verdict"):
-        state = f"{state} ({st['verdict']})"
-    return [
-        rd.name,
-        state,
-        progress,
-        eta(st),
-        fmt_num(last.get("loss")),
-        fmt_num(last.get("iter_time"), ".3f"),
-        fmt_num(last.get("tokens_per_s"), ".0f"),
-        fmt_bytes(last.get("mem_peak")),
-        st.get("reason") or (st.get("diverged") or {}).get("message") or "",
-    ]
-
-
-RUN_HEADER = ["run", "state", "step", "eta", "loss", "iter_s", "tok/s", "peak_mem", "reason"]
 
 
 def runs_table(b: BatchDir, *, width: int | None = None, verbose: bool = False) -> str:
