@@ -12,8 +12,9 @@ import importlib
 import sys
 
 from dstui import __version__
-from dstui.core import secrets
-from dstui.core.errors import DstuiError
+from dstui.commands import _machine
+from dstui.core import exit_codes, library_logs, secrets
+from dstui.core.errors import DstuiError, NotFound
 from dstui.execute import bytecode
 
 # name -> (module, one-line help)
@@ -23,8 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("dstui.commands.list_runs", "expand a spec into its runs (nothing is launched)"),
     "run": ("dstui.commands.run", "validate a spec, launch its runs, follow them, track in MLflow"),
     "status": ("dstui.commands.status", "show batches and runs from their folders"),
-    "cancel": ("dstui.commands.cancel", "cancel a run (kills its whole process group)"),
-    "retry": ("dstui.commands.retry", "queue a failed or killed run again"),
+    "cancel": ("dstui.commands.cancel", "cancel runs or whole batches (kills their process groups)"),
+    "retry": ("dstui.commands.retry", "queue failed or killed runs again (a batch's: retry BATCH --failed)"),
     "report": ("dstui.commands.report", "export a markdown report with charts from MLflow"),
     "import": ("dstui.commands.import_", "import seed-format logs into MLflow"),
     "compare": ("dstui.commands.compare", "compare DeepSpeed revisions against a baseline"),
@@ -41,10 +42,16 @@ examples:
   dstui run  configs/experiments/smoke.yaml    launch, follow, track in MLflow
   dstui status                                 what is running / done / failed
   dstui report --experiment smoke -o report/   markdown report with charts
+  dstui status --json                          the same as one JSON document (--jsonl: a line each)
+  dstui cancel smoke-20261121-101500           every run of a batch (patterns: 'smoke-*', 'smoke-*/z3-*')
 
-state lives in ./runs (run folders) and ./mlruns (MLflow SQLite store);
-set DSTUI_HOME to use another folder and MLFLOW_TRACKING_URI for a team server.
-"""
+where runs live (the runs home, first match): $DSTUI_HOME; else the nearest folder,
+from the current one up, whose runs/ holds a batch; else ~/.local/share/dstui
+($XDG_DATA_HOME/dstui). Run folders are <home>/runs, the MLflow SQLite store
+<home>/mlruns beside them (MLFLOW_TRACKING_URI for a team server), library
+warnings <home>/logs/libraries.log (-v shows them too). `dstui status` says which.
+
+""" + exit_codes.HELP
 
 
 def build_parser(load: str | None = None) -> argparse.ArgumentParser:
@@ -61,6 +68,9 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kwargs, formatter_class=argparse.RawDescriptionHelpFormatter)
         if load in (name, "*"):
             importlib.import_module(module).add_arguments(p)
+            p.add_argument("-v", "--verbose", action="store_true",
+                           help="say more: reasons whole, library warnings (DeepSpeed, torch) on stderr")  # fmt: skip
+            p.epilog = f"{p.epilog}\n\n{exit_codes.HELP}" if p.epilog else exit_codes.HELP
     return parser
 
 
@@ -82,15 +92,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command not in ("tui", "demo"):  # the Textual app owns the terminal
         secrets.mask_output()  # no credentials or hidden env values in anything a command prints
+    if args.command != "supervise":  # the supervisor's stdout is its log already
+        library_logs.route(verbose=getattr(args, "verbose", False))
     module = importlib.import_module(COMMANDS[args.command][0])
-    try:
-        return int(module.run(args) or 0)
-    except DstuiError as e:
-        print(f"dstui: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ndstui: interrupted", file=sys.stderr)
-        return 130
+    fmt = _machine.wants(args)
+    with _machine.machine_output(fmt is not None):
+        try:
+            return int(module.run(args) or 0)
+        except DstuiError as e:
+            code = exit_codes.NOT_FOUND if isinstance(e, NotFound) else exit_codes.BAD_INPUT
+            print(f"dstui: error: {e}", file=sys.stderr)
+            if fmt is not None:
+                _machine.emit({"error": str(e), "exit_code": code}, one_line=fmt == "jsonl")
+            return code
+        except KeyboardInterrupt:
+            print("\ndstui: interrupted", file=sys.stderr)
+            return exit_codes.INTERRUPTED
 
 
 if __name__ == "__main__":

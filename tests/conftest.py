@@ -49,6 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # (a thread per core) makes oversubscribed OpenMP threads spin. Two smoke batches at once
     # on 2 cores: 167 s and 206 CPU-s with the default, 94 s and 174 CPU-s with one thread.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Without DSTUI_HOME, dstui's runs home is ~/.local/share/dstui (dstui.core.paths): a test that
+    # leaves it unset (a subprocess with a hand-made env, say) writes under the session's temp folder
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["XDG_DATA_HOME"] = str(config._tmp_path_factory.getbasetemp() / "xdg-data")  # noqa: SLF001 - pytest's own
     # Some images set PYTHONDONTWRITEBYTECODE=1 (this machine's does). The suite starts hundreds
     # of Python processes (xdist workers, CLIs, supervisors, ranks), and each would compile
     # dstui, runners/ and the rewritten test modules from source again; site-packages keep the

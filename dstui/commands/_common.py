@@ -6,9 +6,8 @@ from typing import Any
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute import live_phase
 
-__all__ = ["RUN_HEADER", "add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "run_row", "table"]
+__all__ = ["add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "runs_table", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -19,60 +18,26 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_row(rd: RunDir) -> list[str]:
-    st = rd.status()
-    last = st.get("last") or {}
-    # before its first step a live run says what it does instead ('building op shm_comm 12s')
-    progress = (not st.get("steps_done") and live_phase.shown(st)) or f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}"
-    state = st.get("state", "?")
-    if st.get("verdict"):
-        state = f"{state} ({st['verdict']})"
-    return [
-        rd.name,
-        state,
-        progress,
-        eta(st),
-        fmt_num(last.get("loss")),
-        fmt_num(last.get("iter_time"), ".3f"),
-        fmt_num(last.get("tokens_per_s"), ".0f"),
-        fmt_bytes(last.get("mem_peak")),
-        (st.get("reason") or (st.get("diverged") or {}).get("message") or "")[:70],
-    ]
+def runs_table(b: BatchDir, *, width: int | None = None, verbose: bool = False) -> str:
+    """The batch's runs, columns fitted to the terminal (Slurm batches add job id and nodes); see _tables."""
+    from dstui.commands import _tables
+
+    return _tables.render(b, width=width, verbose=verbose)
 
 
-RUN_HEADER = ["run", "state", "step", "eta", "loss", "iter_s", "tok/s", "peak_mem", "reason"]
-
-
-def runs_table(b: BatchDir) -> str:
-    """The batch's runs; Slurm batches get the job id and nodes of each run."""
-    runs = b.runs()
-    if b.info().get("executor") != "slurm":
-        return table([run_row(rd) for rd in runs], RUN_HEADER)
-    rows = []
-    for rd in runs:
-        st = rd.status()
-        row = run_row(rd)
-        rows.append([*row[:-1], st.get("job_id") or "-", st.get("nodes") or "-", row[-1]])
-    return table(rows, [*RUN_HEADER[:-1], "job", "nodes", RUN_HEADER[-1]])
-
-
-def add_run_refs(p: Any) -> None:
-    p.add_argument("runs", nargs="+", help="run name (e.g. z3-r0, newest batch first), batch/run, or run folder")
+def add_run_refs(p: Any, *, what: str = "run") -> None:
+    p.add_argument(
+        "runs", nargs="+", metavar="REF",
+        help=f"what to {what}: a batch id (all its runs), a run name (newest batch that has it), BATCH/RUN, "
+        "a run or batch folder; shell patterns match batch ids and run names (e.g. 'smoke-*', 'smoke-*/z3-*', 'z1-*')",
+    )  # fmt: skip
 
 
 def find_runs(refs: list[str]) -> list[RunDir]:
-    """Every referenced run, or an error naming the first one that does not exist."""
-    from dstui.core import paths
-    from dstui.core.errors import DstuiError
-    from dstui.core.rundir import find_run
+    """Every run the references name, in order, once each; NotFound (exit 3) naming the first that names none."""
+    from dstui.commands._select import select_runs
 
-    out = []
-    for ref in refs:
-        rd = find_run(paths.runs_dir(), ref)
-        if rd is None:
-            raise DstuiError(f"no run '{ref}' under {paths.runs_dir()}")
-        out.append(rd)
-    return out
+    return select_runs(refs)
 
 
 LOW_SPACE_BYTES = 16 << 20

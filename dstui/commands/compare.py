@@ -8,7 +8,6 @@ report read MLflow the same way) and prints.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from dstui.analysis.parity import default_tolerance
@@ -125,9 +124,12 @@ def run(args: argparse.Namespace) -> int:
             "finished with iteration times"
         )
     if args.json:
-        print(json.dumps({"experiment": args.experiment, "batch": batch, "baseline": args.baseline,
-                          "method": METHOD, "loss_tolerance": tol, "loss_tolerance_basis": basis,
-                          "comparisons": [c.to_dict() for c in comps]}, indent=2))
+        # stdout holds only this document (the CLI's machine output)
+        from dstui.commands._machine import emit
+
+        emit({"experiment": args.experiment, "batch": batch, "baseline": args.baseline,
+              "method": METHOD, "loss_tolerance": tol, "loss_tolerance_basis": basis,
+              "comparisons": [c.to_dict() for c in comps]})  # fmt: skip
         return 0
     if not comps:
         revs = sorted({s.revision for s in samples})

@@ -36,7 +36,7 @@ def demo_spec() -> Path:
     spec.settings["gpus"] = min(int(spec.settings.get("gpus", 2)), n)  # a 1-GPU box runs 1 rank
     spec.settings["dtype"] = "bf16"
     spec.name = "smoke-gpu"
-    out = paths.home() / "runs" / "_specs" / "smoke-gpu.yaml"
+    out = paths.runs_dir() / "_specs" / "smoke-gpu.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     save_spec(spec, out)
     return out

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from dstui.analysis import forecast
 from dstui.commands._common import table
+from dstui.commands._machine import emit
+from dstui.commands._records import plan_record
 from dstui.core.rundir import RunDir
 from dstui.execute import batch, launch, sysmetrics
 
@@ -21,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--only", nargs="+", metavar="PATTERN", help="list only these runs or conditions (shell patterns)")
     p.add_argument("--commands", action="store_true", help="also print each run's exact argv")
+    p.add_argument("--json", action="store_true", help="print the runs as one JSON document (nothing launched)")
     p.add_argument(
         "--no-history",
         action="store_true",
@@ -31,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
     forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
+    if args.json:
+        return print_json(p, forecasts, capacity, commands=args.commands, validated=not args.no_validate)
     rows = []
     for r in p.runs:
         s = r.settings
@@ -54,4 +59,15 @@ def run(args: argparse.Namespace) -> int:
         for r in p.runs:
             rd = RunDir(Path("runs/<batch>") / r.name)
             print(shlex.join(launch.build_argv(r, rd)))
+    return 0
+
+
+def print_json(p: batch.Plan, forecasts: dict, capacity: int | None, *, commands: bool, validated: bool) -> int:
+    """`--json`: the plan as one document; every run ``planned`` at step 0 (see _records.plan_record)."""
+    runs = []
+    for r in p.runs:
+        argv = launch.build_argv(r, RunDir(Path("runs/<batch>") / r.name)) if commands else None
+        runs.append(plan_record(r, forecasts.get(r.name), capacity, command=argv))
+    emit({"experiment": p.spec.name, "spec": str(p.spec_path), "validated": validated,
+          "gpu_memory": capacity, "runs": runs})  # fmt: skip
     return 0

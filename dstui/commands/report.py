@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not log the folder to the batch's MLflow parent run",
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="print only the report path")
+    parser.add_argument("--json", action="store_true", help="print where the report went as one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,5 +86,10 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         log_artifact=not args.no_mlflow_artifact,
     )
+    if args.json:
+        from dstui.commands._machine import emit
+
+        emit({"experiment": args.experiment, "batch": args.batch, "report": str(path), "folder": str(args.output)})
+        return 0
     print(path)
     return 0

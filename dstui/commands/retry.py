@@ -1,19 +1,59 @@
-"""`dstui retry RUN`: queue a failed or killed run again (the old attempt is kept)."""
+"""`dstui retry REF...`: queue failed or killed runs again (the old attempts are kept).
+
+`dstui retry BATCH --failed` queues every failed or killed run of a batch; REF
+takes the same forms and patterns as `dstui cancel` (see :mod:`dstui.commands._select`).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from dstui.commands import _machine
 from dstui.commands._common import add_run_refs, find_runs
-from dstui.execute import batch
+from dstui.commands._records import run_record
+from dstui.commands._select import names_whole_batch
+from dstui.core.errors import DstuiError, NotFound
+from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.execute import batch, control
+
+RETRIED = ("failed", "killed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_refs(p)
+    add_run_refs(p, what="retry")
+    p.add_argument(
+        "--failed", action="store_true",
+        help="only the failed and killed runs of what REF names (needed when REF names whole batches)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print what was queued again as one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
-    for rd in find_runs(args.runs):
-        batch.retry(rd)
+    whole = [ref for ref in args.runs if names_whole_batch(ref)]
+    if whole and not args.failed:
+        raise DstuiError(f"'{whole[0]}' names whole batches: add --failed to queue their failed and killed runs again")
+    runs = find_runs(args.runs)
+    if args.failed:
+        runs = [rd for rd in runs if rd.state in RETRIED]
+        if not runs:
+            raise NotFound(f"no failed or killed runs in {' '.join(args.runs)}")
+    busy = [rd for rd in runs if rd.state not in FINAL_STATES]
+    if busy:  # before any run is touched: all or nothing
+        raise DstuiError(f"run {busy[0].batch.id}/{busy[0].name} is {busy[0].state}; only finished runs can be retried")
+    queued = requeue(runs)
+    for rd in queued:
         print(f"queued again: {rd.batch.id}/{rd.name} (previous attempt kept in {rd.path}/attempts/)")
+    if _machine.active():
+        _machine.emit({"queued": [run_record(rd) for rd in queued]})
     return 0
+
+
+def requeue(runs: list[RunDir]) -> list[RunDir]:
+    """Queue each run again, then make sure each batch has a supervisor (once per batch, not per run)."""
+    batches: dict[str, BatchDir] = {}
+    for rd in runs:
+        batch.retry(rd, kick_supervisor=False)
+        batches[rd.batch.id] = rd.batch
+    for b in batches.values():
+        control.kick(b)
+    return runs

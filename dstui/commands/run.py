@@ -13,9 +13,11 @@ import sys
 import time
 
 from dstui.analysis import forecast
-from dstui.commands._common import batch_notes, run_row, runs_table
+from dstui.commands import _machine
+from dstui.commands._common import batch_notes
+from dstui.commands._follow_out import FollowOutput
+from dstui.commands._records import batch_record, plan_record
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.core.secrets import strip_credentials
 from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
 
@@ -74,6 +76,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
+    add_output_arguments(p)
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """--json / --jsonl: what scripts read (stdout holds only JSON; messages for people go to stderr)."""
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json", action="store_true",
+        help="print one JSON document when the batch ends: every run's state, step, reason, metrics",
+    )  # fmt: skip
+    out.add_argument(
+        "--jsonl", action="store_true",
+        help="stream JSON Lines: a record per run change (event: run), per batch note (event: note), "
+        "and the whole batch at the end (event: batch)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             print(shlex.join(launch.shown_command(r, launch.build_argv(r, rd, python=python))))
         print(f"# {forecast.capacity_note(capacity)}")
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
-        return 0
+        return dry_run_output(plan, forecasts, capacity)
     if args.resume:
         b, counts = batch.resume(plan, parallel=args.parallel, partial=bool(args.only))
         print(f"resuming batch {b.id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -120,8 +137,28 @@ def run(args: argparse.Namespace) -> int:
     supervisor.spawn(b)
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
-        return 0
-    return follow(b, quiet=args.quiet)
+        return detached_output(b, _machine.wants(args))
+    return follow(b, quiet=args.quiet, fmt=_machine.wants(args), verbose=getattr(args, "verbose", False))
+
+
+def dry_run_output(plan: batch.Plan, forecasts: dict, capacity: int | None) -> int:
+    """--dry-run with --json: the planned runs and their exact commands (as shown: secrets masked)."""
+    if _machine.active():
+        root = batch.paths.runs_dir() / "<batch>"
+        runs = []
+        for r in plan.runs:
+            python = (plan.revisions.get(r.revision) or {}).get("python")
+            argv = launch.shown_command(r, launch.build_argv(r, batch.RunDir(root / r.name), python=python))
+            runs.append(plan_record(r, forecasts.get(r.name), capacity, command=list(argv)))
+        _machine.emit({"experiment": plan.spec.name, "dry_run": True, "runs": runs})
+    return 0
+
+
+def detached_output(b: BatchDir, fmt: str | None) -> int:
+    """--detach with --json/--jsonl: the batch as it starts (its runs queued)."""
+    if fmt is not None:
+        _machine.emit(batch_record(b), one_line=fmt == "jsonl")
+    return 0
 
 
 def print_job_scripts(plan: batch.Plan) -> int:
@@ -159,13 +196,13 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
 
 
 def trouble_line(name: str, st: dict) -> str | None:
-    """'! FAILED a-r0: reason' for a run that failed, was killed, hung or was flagged by the guard."""
+    """'FAILED a-r0: reason' (printed as '! FAILED ...') for a run that failed, was killed, hung or was flagged by the guard."""
     state = st.get("state")
     flag = (st.get("diverged") or {}).get("message")
     if state in ("failed", "killed"):
-        return f"! {state.upper()} {name}: {st.get('reason') or 'no reason recorded'}"
+        return f"{state.upper()} {name}: {st.get('reason') or 'no reason recorded'}"
     if flag:
-        return f"! FLAGGED {name}: {flag}"
+        return f"FLAGGED {name}: {flag}"
     return None
 
 
@@ -174,13 +211,15 @@ FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last poin
 MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
 
 
-def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
+def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | None = None, verbose: bool = False) -> int:
     """Print progress until every run has ended; Ctrl-C leaves the runs going.
 
     Returns once the runs have ended even if MLflow has not taken every point
     yet: the supervisor keeps sending in the background, and the summary says
-    how many points still wait.
+    how many points still wait. What is printed, per format (people, json,
+    jsonl), is :class:`~dstui.commands._follow_out.FollowOutput`'s.
     """
+    out = FollowOutput(b, fmt, quiet=quiet, verbose=verbose)
     seen: dict[str, tuple] = {}
     notes_seen: set[str] = set()
     last_print = 0.0
@@ -194,20 +233,19 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
                 st = rd.status()
                 key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
-                if not quiet and (seen.get(rd.name) != key or step_due):
-                    row = run_row(rd)
-                    print("  ".join(x for x in row if x and x != "-"), flush=True)
+                if seen.get(rd.name) != key or step_due:
+                    out.run_changed(rd, st)
                     alarm = trouble_line(rd.name, st)
                     if alarm and (seen.get(rd.name) or (None,))[:3] != key[:3]:
-                        print(alarm, flush=True)  # the moment it happens, not only in the final table
+                        out.note(alarm)  # the moment it happens, not only in the final table
                     seen[rd.name] = key
-            if not quiet and any(rd.state == "running" for rd in runs) and now - last_print > 5:
+            if any(rd.state == "running" for rd in runs) and now - last_print > 5:
                 last_print = now
             info = b.info()
             for note in batch_notes(info, b.path):
                 if note not in notes_seen:  # each problem once
                     notes_seen.add(note)
-                    print(f"! {note}", flush=True)
+                    out.note(note)
             if all(rd.state in FINAL_STATES for rd in runs):
                 if info.get("finalized"):
                     break
@@ -220,7 +258,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
                 time.sleep(1.0)  # it may be starting up
                 if not supervisor.is_supervised(b) and not b.info().get("finalized"):
                     if takeovers >= MAX_TAKEOVERS:
-                        print(f"! the supervisor stopped {takeovers + 1} times; see {b.log_file}", flush=True)
+                        out.note(f"the supervisor stopped {takeovers + 1} times; see {b.log_file}")
                         break
                     takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
@@ -228,15 +266,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0) -> int:
             time.sleep(poll_s)
     except KeyboardInterrupt:
         print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
-              f"`dstui cancel RUN` to stop one.")  # fmt: skip
+              f"`dstui cancel {b.id}` to stop them.")  # fmt: skip
         return 130
-    runs = b.runs()
-    print()
-    print(runs_table(b))
-    failed = [rd for rd in runs if rd.state not in ("done", "skipped")]
-    print(f"\n{len(runs) - len(failed)}/{len(runs)} runs done; MLflow: {strip_credentials(b.info().get('tracking_uri') or '')}")
-    if not b.info().get("finalized"):
-        waiting = sum(unsent_points(rd) for rd in runs)
-        print(f"{waiting} points still wait for MLflow; they stay in the run folders and are sent "
-              f"when it answers (`dstui status {b.id}`)")  # fmt: skip
-    return 1 if failed else 0
+    waiting = None if b.info().get("finalized") else sum(unsent_points(rd) for rd in b.runs())
+    return out.finish(waiting)

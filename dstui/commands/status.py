@@ -1,56 +1,118 @@
 """`dstui status [BATCH]`: batches and runs, read from their folders.
 
 Also takes over any unfinished batch whose supervisor died, so metrics
-ingestion resumes where it stopped.
+ingestion resumes where it stopped. Says where the runs are looked for (the
+runs home: DSTUI_HOME, a project's runs/, or the default, see
+:func:`dstui.core.paths.home_choice`). Exit status 1 when a shown run failed or
+was cancelled, 3 when there is no batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import time
 from pathlib import Path
 
+from dstui.commands import _machine
 from dstui.commands._common import batch_notes, runs_table
-from dstui.core import paths, phases
-from dstui.core.errors import DstuiError
+from dstui.commands._records import batch_record, exit_code_of, home_record
+from dstui.core import exit_codes, paths, phases
+from dstui.core.errors import DstuiError, NotFound
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute import supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("batch", nargs="?", help="batch id or folder (default: the newest batches)")
+    p.add_argument("batch", nargs="?", help="batch id, folder or shell pattern over ids (default: the newest batches)")
     p.add_argument("-n", type=int, default=3, help="how many recent batches to show (default 3)")
     p.add_argument("--no-takeover", action="store_true", help="do not restart dead supervisors")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="follow the batch (the newest, or BATCH) until its runs end, as `dstui run` does")  # fmt: skip
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true",
+                     help="one JSON document: the runs home and every shown batch with each run's state, "
+                     "step, reason and metrics (with --follow: once the runs end)")  # fmt: skip
+    out.add_argument("--jsonl", action="store_true",
+                     help="JSON Lines: one record per batch; with --follow a record per run change, "
+                     "then the batch (as `dstui run --jsonl`)")  # fmt: skip
+
+
+def chosen_batches(root: Path, ref: str | None, n: int) -> list[BatchDir]:
+    """The batch named (id, folder, pattern), or the ``n`` newest; NotFound (exit 3) for a name that matches none."""
+    if not ref:
+        return list_batches(root)[:n]
+    for candidate in (root / ref, Path(ref)):
+        if (candidate / "batch.json").is_file():
+            return [BatchDir(candidate)]
+    matched = [b for b in list_batches(root) if fnmatch.fnmatchcase(b.id, ref)]
+    if not matched:
+        raise NotFound(f"no batch '{ref}' under {paths.home_choice().describe()}")
+    return matched
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.n < 1:
+        raise DstuiError("-n must be 1 or more")
     root = paths.runs_dir()
-    if args.batch:
-        b = BatchDir((root / args.batch) if (root / args.batch).is_dir() else Path(args.batch))
-        if not b.batch_file.exists():
-            raise DstuiError(f"no batch '{args.batch}' under {root}")
-        batches = [b]
-    else:
-        batches = list_batches(root)[: args.n]
+    fmt = _machine.wants(args)
+    batches = chosen_batches(root, args.batch, args.n)
     if not batches:
-        print(f"no batches under {root}; start one with `dstui run SPEC` or `dstui demo`")
-        return 0
+        return nothing_here(root, fmt)
+    if args.follow:
+        from dstui.commands.run import follow
+
+        takeover(batches[0], args.no_takeover)
+        return follow(batches[0], fmt=fmt, verbose=getattr(args, "verbose", False))
+    if fmt is None:
+        print(f"runs: {paths.home_choice().describe()}\n")
+    docs = []
     for b in batches:
         info = b.info()
-        live = supervisor.is_supervised(b)
-        note = "supervised" if live else ("finished" if info.get("finalized") else "supervisor not running")
-        if not live and not info.get("finalized") and not args.no_takeover:
-            supervisor.spawn(b)
-            note = "supervisor restarted (took over)"
+        note = takeover(b, args.no_takeover)
+        notes = batch_notes(info, b.path)
+        if fmt is not None:
+            doc = batch_record(b, supervision=note, notes=notes)
+            docs.append(doc)
+            if fmt == "jsonl":
+                _machine.emit(doc, one_line=True)
+            continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.get("created", 0)))
         print(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}")
-        for line in batch_notes(info, b.path):
+        for line in notes:
             print(f"  ! {line}")
-        print(runs_table(b))
+        print(runs_table(b, verbose=getattr(args, "verbose", False)))
         for line in time_lines(b.runs()):
             print(line)
         print()
-    return 0
+        docs.append(batch_record(b))
+    code = exit_code_of([r for d in docs for r in d["runs"]])
+    if fmt == "json":
+        _machine.emit({**home_record(), "batches": docs, "exit_code": code})
+    return code
+
+
+def takeover(b: BatchDir, no_takeover: bool) -> str:
+    """Restart the supervisor of an unfinished batch whose supervisor died; say how the batch is looked after."""
+    info = b.info()
+    live = supervisor.is_supervised(b)
+    note = "supervised" if live else ("finished" if info.get("finalized") else "supervisor not running")
+    if not live and not info.get("finalized") and not no_takeover:
+        supervisor.spawn(b)
+        note = "supervisor restarted (took over)"
+    return note
+
+
+def nothing_here(root: Path, fmt: str | None) -> int:
+    """No batches: say where dstui looked and how the home is chosen (exit 3)."""
+    if fmt is not None:
+        _machine.emit({**home_record(), "batches": [], "exit_code": exit_codes.NOT_FOUND}, one_line=fmt == "jsonl")
+        return exit_codes.NOT_FOUND
+    print(f"no batches under {paths.home_choice().describe()}")
+    print("dstui looks in $DSTUI_HOME/runs, else in the runs/ of the nearest folder (from here up) that holds "
+          f"a batch, else in {paths.default_home() / 'runs'}")  # fmt: skip
+    print("start one with `dstui run SPEC` or `dstui demo`")
+    return exit_codes.NOT_FOUND
 
 
 def time_lines(runs: list[RunDir]) -> list[str]:

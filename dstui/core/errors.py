@@ -43,3 +43,7 @@ class SpecError(DstuiError):
 
 class LockHeld(DstuiError):
     """Another dstui process already supervises this batch."""
+
+
+class NotFound(DstuiError):
+    """What was asked for (a batch, a run, a pattern's matches) does not exist: exit status 3."""

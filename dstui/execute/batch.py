@@ -238,7 +238,8 @@ def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
     shutil.rmtree(rd.path)
 
 
-def retry(rd: RunDir) -> None:
+def retry(rd: RunDir, *, kick_supervisor: bool = True) -> None:
+    """Queue a finished run again; ``kick_supervisor=False`` when the caller kicks once for many runs."""
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
     from dstui.execute.control import kick
@@ -246,4 +247,5 @@ def retry(rd: RunDir) -> None:
     batch = rd.batch
     reset_run(rd)
     batch.update_info(finalized=False)
-    kick(batch)
+    if kick_supervisor:
+        kick(batch)

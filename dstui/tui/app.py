@@ -70,6 +70,7 @@ class DstuiApp(App):
 
     def on_mount(self) -> None:
         self.title = "dstui"
+        self.sub_title = paths.home_label(implicit_only=True)  # where the runs are, when dstui chose it
         self.call_after_refresh(self._first_frame)
         self.failures = FailureWatch()
         self.set_interval(self.watch_s, self.watch_failures)

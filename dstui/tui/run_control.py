@@ -55,6 +55,21 @@ def cancel(rd: RunDir) -> None:
     supervisor.request_cancel(rd)
 
 
+def unfinished(b: BatchDir) -> list[RunDir]:
+    """The runs of a batch that a cancel would stop (queued, starting, running)."""
+    from dstui.core.rundir import FINAL_STATES
+
+    return [rd for rd in b.runs() if rd.state not in FINAL_STATES]
+
+
+def cancel_batch(b: BatchDir) -> list[RunDir]:
+    """Cancel every unfinished run of a batch, as `dstui cancel BATCH` does; returns them."""
+    runs = unfinished(b)
+    for rd in runs:
+        cancel(rd)
+    return runs
+
+
 def retry(rd: RunDir, notify: Callable[[str], None]) -> None:
     """Queue a failed/killed run again (its old attempt is kept) and make sure someone supervises it."""
     from dstui.execute import batch, supervisor

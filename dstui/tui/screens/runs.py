@@ -63,6 +63,7 @@ opens the live view on them (no marks: the batch)."""
         Binding("space", "mark", "Mark"),
         Binding("a", "mark_all", "Mark all", show=False),
         Binding("c", "cancel", "Cancel"),
+        Binding("C", "cancel_batch", "Cancel batch", show=False),
         Binding("r", "retry", "Retry"),
         Binding("o", "log", "Log"),
     ]
@@ -156,6 +157,9 @@ opens the live view on them (no marks: the batch)."""
         self.app.push_screen(LogScreen(rd))
 
     def action_cancel(self) -> None:
+        if self.focused is self.query_one("#batches", DataTable):
+            self.action_cancel_batch()  # on the batches table, c means the highlighted batch
+            return
         rd = self.current_run()
         if rd is None:
             return
@@ -168,6 +172,28 @@ opens the live view on them (no marks: the batch)."""
                 self.cancel_run(rd)
 
         self.app.push_screen(ConfirmScreen(f"Cancel {rd.name}? Its whole process group is killed."), answer)
+
+    def action_cancel_batch(self) -> None:
+        """Cancel every unfinished run of the highlighted batch, once confirmed (`dstui cancel BATCH`)."""
+        b = self.batch
+        if b is None:
+            return
+        runs = run_control.unfinished(b)
+        if not runs:
+            self.notify(f"{b.id}: every run has already ended", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.cancel_batch(b)
+
+        question = f"Cancel batch {b.id}? Its {len(runs)} unfinished run(s) are stopped (process groups killed)."
+        self.app.push_screen(ConfirmScreen(question), answer)
+
+    @work(thread=True, group="control", exit_on_error=False, name="cancel batch")
+    def cancel_batch(self, b: BatchDir) -> None:
+        runs = run_control.cancel_batch(b)
+        self.app.call_from_thread(self.notify, f"cancel requested: {len(runs)} run(s) of {b.id}")
 
     @work(thread=True, group="control", exit_on_error=False, name="cancel")
     def cancel_run(self, rd: RunDir) -> None:

@@ -1,0 +1,235 @@
+"""The CLI for scripts and for people, from run folders (nothing launched; the real CLI in-process).
+
+`status --json/--jsonl` hold every run's state, step and reason; exit statuses are the
+documented ones (core/exit_codes); the table fits 80 columns and `-v` shows a long reason
+whole; the runs home is found from any folder; references with patterns name batches and runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dstui import cli
+from dstui.commands._select import select_runs
+from dstui.core import exit_codes, paths
+from dstui.core.errors import NotFound
+from dstui.core.rundir import BatchDir, write_json_atomic
+
+pytestmark = pytest.mark.no_store  # nothing here reads MLflow
+
+LONG_REASON = (
+    "Python: RuntimeError: the data loader could not open /data/shards/shard-00001.parquet; check that the "
+    "dataset was downloaded and that --data-dir points at it (see docs/DATA.md, section 'first run')"
+)
+CONTROL_REASON = "boom \x1b[31mred\x1b[0m\nsecond line"
+
+
+def make_batch(runs_root: Path, batch_id: str, runs: list[tuple[str, str, int, str | None]], created: float) -> BatchDir:
+    """A batch folder as the supervisor leaves it: (name, state, steps done, reason) per run."""
+    path = runs_root / batch_id
+    for order, (name, state, done, reason) in enumerate(runs):
+        rd = path / name
+        rd.mkdir(parents=True)
+        write_json_atomic(rd / "spec.json", {"name": name, "order": order, "settings": {"kind": "command"}})
+        write_json_atomic(rd / "status.json", {
+            "name": name, "state": state, "steps_done": done, "steps_total": 20, "reason": reason,
+            "started": created, "last": {"loss": 1.5, "iter_time": 0.04, "mem_peak": 150_000} if done else {},
+        })  # fmt: skip
+    write_json_atomic(path / "batch.json", {"id": batch_id, "experiment": batch_id.split("-")[0],
+                                            "runs": [r[0] for r in runs], "created": created, "finalized": True})  # fmt: skip
+    return BatchDir(path)
+
+
+@pytest.fixture(autouse=True)
+def _library_logs_restored():
+    """cli.main routes library warnings for the process: undo it for the tests after these."""
+    import logging
+
+    from dstui.core import library_logs
+
+    yield
+    logging.captureWarnings(False)
+    for name in library_logs.LIBRARY_LOGGERS:
+        if library_logs._installed is not None:  # noqa: SLF001 - the filter this module put there
+            logging.getLogger(name).removeFilter(library_logs._installed)  # noqa: SLF001
+    library_logs._installed = None  # noqa: SLF001
+
+
+@pytest.fixture
+def batches(home: Path) -> tuple[BatchDir, BatchDir]:
+    old = make_batch(home / "runs", "alpha-20260101-000000", [("a-r0", "done", 20, None), ("b-r0", "done", 20, None)], 1.0e9)
+    new = make_batch(home / "runs", "beta-20260102-000000", [
+        ("a-r0", "done", 20, None),
+        ("z2-r0", "failed", 7, LONG_REASON),
+        ("z3-r0", "killed", 3, "cancelled"),
+        ("z4-r0", "queued", 0, CONTROL_REASON),
+    ], 2.0e9)  # fmt: skip
+    return old, new
+
+
+def cli_run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_json_holds_every_run(batches, capsys) -> None:
+    code, out, _ = cli_run(capsys, "status", "--json", "--no-takeover")
+    doc = json.loads(out)  # stdout is only the document
+    assert code == exit_codes.RUN_FAILED == doc["exit_code"]  # a failed and a killed run are shown
+    assert doc["runs_dir"] == str(paths.runs_dir()) and doc["home_source"] == "DSTUI_HOME"
+    assert [b["batch"] for b in doc["batches"]] == ["beta-20260102-000000", "alpha-20260101-000000"]
+    runs = {r["run"]: r for r in doc["batches"][0]["runs"]}
+    assert {k: (r["state"], r["step"], r["reason"]) for k, r in runs.items()} == {
+        "a-r0": ("done", 20, None),
+        "z2-r0": ("failed", 7, LONG_REASON),  # whole
+        "z3-r0": ("killed", 3, "cancelled"),
+        "z4-r0": ("queued", 0, CONTROL_REASON),
+    }
+    assert all(r["batch"] == "beta-20260102-000000" and "phase" in r for r in runs.values())
+    assert doc["batches"][0]["counts"] == {"done": 1, "failed": 1, "killed": 1, "queued": 1}
+
+
+def test_status_jsonl_and_exit_zero_without_failures(batches, capsys) -> None:
+    code, out, _ = cli_run(capsys, "status", "--jsonl", "--no-takeover", "alpha-*")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == exit_codes.OK
+    assert [(d["batch"], [r["state"] for r in d["runs"]]) for d in lines] == [("alpha-20260101-000000", ["done", "done"])]
+
+
+def test_status_human_fits_80_columns_and_v_shows_reason_whole(batches, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli_run(capsys, "status", "--no-takeover", "-n", "1")
+    assert code == exit_codes.RUN_FAILED
+    table = out.splitlines()
+    header = next(line for line in table if line.startswith("run "))
+    assert header.split()[-1] == "reason"  # on screen at 80 columns
+    assert all(len(line) <= 80 for line in table if not line.startswith("runs: ")), out
+    assert "\x1b" not in out  # run output never reaches the terminal raw
+    row = next(line for line in table if line.startswith("z2-r0"))
+    assert row.endswith("…") and "docs/DATA.md" not in out and "-v shows them whole" in out
+    code, out, _ = cli_run(capsys, "status", "--no-takeover", "-n", "1", "-v")
+    assert " ".join(out.split()).count(LONG_REASON) == 1  # wrapped, whole
+
+
+def test_status_says_where_it_looked(home, capsys) -> None:
+    code, out, _ = cli_run(capsys, "status")
+    assert code == exit_codes.NOT_FOUND
+    assert f"no batches under {home / 'runs'} (set by DSTUI_HOME)" in out
+    code, out, _ = cli_run(capsys, "status", "--json")
+    assert code == exit_codes.NOT_FOUND and json.loads(out)["batches"] == []
+    code, _, err = cli_run(capsys, "status", "nosuch-batch")
+    assert code == exit_codes.NOT_FOUND and "no batch 'nosuch-batch'" in err
+
+
+def test_runs_home_from_any_folder(tmp_path, monkeypatch) -> None:
+    """DSTUI_HOME, else a project's runs/ found upward (one with a batch), else ~/.local/share/dstui."""
+    monkeypatch.delenv("DSTUI_HOME", raising=False)
+    monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "runs").mkdir(parents=True)  # a runs/ without batches (TensorBoard's, say) is not a home
+    monkeypatch.chdir(elsewhere)
+    assert paths.home_choice() == paths.HomeChoice(tmp_path / "xdg" / "dstui", "default")
+    assert paths.mlruns_dir() == tmp_path / "xdg" / "dstui" / "mlruns"  # the store beside the runs
+    project = tmp_path / "proj"
+    make_batch(project / "runs", "p-20260101-000000", [("a-r0", "done", 20, None)], 1.0e9)
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project / "src" / "deep")
+    assert paths.home_choice() == paths.HomeChoice(project, "project")
+    assert paths.runs_dir() == project / "runs" and paths.mlruns_dir() == project / "mlruns"
+    monkeypatch.setenv("DSTUI_HOME", str(elsewhere))
+    assert paths.home_choice().source == "DSTUI_HOME" and paths.home_label() == "runs: $DSTUI_HOME/runs"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.delenv("DSTUI_HOME")
+    monkeypatch.chdir(elsewhere)
+    assert paths.default_home() == Path.home() / ".local" / "share" / "dstui"
+
+
+def test_references_name_batches_runs_and_patterns(batches) -> None:
+    old, new = batches
+
+    def names(*refs: str) -> list[str]:
+        return [f"{rd.batch.id}/{rd.name}" for rd in select_runs(list(refs))]
+
+    assert names("beta-20260102-000000") == [f"{new.id}/{n}" for n in ("a-r0", "z2-r0", "z3-r0", "z4-r0")]
+    assert names("a-r0") == [f"{new.id}/a-r0"]  # a bare run name: the newest batch that has it
+    assert names(f"{old.id}/a-r0") == [f"{old.id}/a-r0"]  # any batch, not only the newest
+    assert names("*/a-r0") == [f"{new.id}/a-r0", f"{old.id}/a-r0"]
+    assert names("alpha-*") == [f"{old.id}/a-r0", f"{old.id}/b-r0"]
+    assert names("z[23]-*") == [f"{new.id}/z2-r0", f"{new.id}/z3-r0"]
+    assert names(str(old.path), "alpha-*/b-r0") == [f"{old.id}/a-r0", f"{old.id}/b-r0"]  # once each
+    with pytest.raises(NotFound):
+        select_runs(["gamma-*"])
+
+
+def test_cancel_of_a_batch_and_unknown_refs(batches, capsys) -> None:
+    """Queued runs of an unsupervised batch end at once; ended runs are left; nothing found is exit 3."""
+    _, new = batches
+    code, out, err = cli_run(capsys, "cancel", new.id, "--json")
+    doc = json.loads(out)
+    assert code == exit_codes.OK
+    assert [r["run"] for r in doc["cancelled"]] == ["z4-r0"]
+    assert sorted(r["run"] for r in doc["already_ended"]) == ["a-r0", "z2-r0", "z3-r0"]
+    st = (new.path / "z4-r0" / "status.json").read_text()
+    assert json.loads(st)["state"] == "killed"
+    code, _, err = cli_run(capsys, "cancel", "nosuch")
+    assert code == exit_codes.NOT_FOUND and "no batch or run matches 'nosuch'" in err
+
+
+def test_retry_of_a_whole_batch_needs_failed(batches, capsys) -> None:
+    _, new = batches
+    code, _, err = cli_run(capsys, "retry", new.id)
+    assert code == exit_codes.BAD_INPUT and "--failed" in err
+    code, _, err = cli_run(capsys, "retry", "alpha-*", "--failed")
+    assert code == exit_codes.NOT_FOUND and "no failed or killed runs" in err
+
+
+def test_exit_codes_in_every_help(capsys) -> None:
+    for argv in (["--help"], ["status", "--help"], ["run", "--help"], ["cancel", "--help"], ["list", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert re.sub(r"\s+", " ", exit_codes.HELP) in re.sub(r"\s+", " ", out), argv
+
+
+def test_progress_lines_have_a_header_and_aligned_columns(batches) -> None:
+    """`dstui run`'s progress: a header once, then lines whose cells sit under it (80 columns: the reason stays)."""
+    from dstui.commands._tables import ProgressLines
+
+    _, new = batches
+    progress = ProgressLines(new, width=80)
+    first = progress.lines(new.runs()[1])
+    assert len(first) == 2 and progress.lines(new.runs()[0]) == [progress.line(new.runs()[0])]  # the header once
+    header, line = first
+    assert header.split()[:3] == ["run", "state", "step"] and header.split()[-1] == "reason"
+    assert line.startswith("z2-r0") and line[header.index("step"):].startswith("7/20")
+    assert line[header.index("reason"):].startswith("Python: RuntimeError") and len(line) <= 80
+
+
+def test_library_warnings_go_to_the_log(home, capsys) -> None:
+    """As DeepSpeed does on import: a logger with its own stdout handler, added after dstui routed it."""
+    import logging
+    import sys
+    import warnings
+
+    from dstui.core import library_logs
+
+    path = library_logs.route()
+    ds = logging.getLogger("DeepSpeed")
+    handler = logging.StreamHandler(sys.stdout)
+    ds.addHandler(handler)
+    try:
+        ds.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        warnings.warn("torch says: TypedStorage is deprecated", UserWarning, stacklevel=1)
+    finally:
+        ds.removeHandler(handler)
+    out, err = capsys.readouterr()
+    assert "Setting accelerator" not in out + err and "TypedStorage" not in out + err
+    assert path == home / "logs" / "libraries.log"
+    text = path.read_text()
+    assert "DeepSpeed WARNING Setting accelerator to CPU" in text and "TypedStorage is deprecated" in text
