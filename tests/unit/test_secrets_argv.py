@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import dstui
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -161,12 +160,3 @@ def test_ui_warns_when_it_would_listen_beyond_this_host() -> None:
     assert exposure_warning("127.0.0.1", 5000) is None and exposure_warning("localhost", 5000) is None
     text = exposure_warning("0.0.0.0", 5001)
     assert text and "without authentication" in text and "ssh -L 5001:127.0.0.1:5001" in text and "basic-auth" in text
-
-
-def test_dstui_ui_host_warning_is_printed(home: Path) -> None:
-    wide = dstui("ui", "--host", "0.0.0.0", "--port", "5002", timeout=120)
-    assert wide.returncode == 0, wide.stderr
-    assert "dstui: warning: --host 0.0.0.0 serves MLflow without authentication" in wide.stderr
-    assert "ssh -L 5002:127.0.0.1:5002" in wide.stderr + wide.stdout and "basic-auth" in wide.stderr
-    local = dstui("ui", "--port", "5002", timeout=120)
-    assert local.returncode == 0 and "warning" not in local.stderr
