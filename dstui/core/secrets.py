@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -73,8 +74,8 @@ SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", 
 MIN_TEXT_MASK = 4
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # an env_visible entry: NAME or PREFIX_*
 
-# A URI's userinfo ends at the first '/', '@' or whitespace after '://' (see strip_credentials).
-_USERINFO_END = re.compile(r"[/@\s]")
+# '://' then a URI's userinfo: up to the first '/', '@' or whitespace, when that is an '@'.
+_USERINFO = re.compile(r"://(?=[^/@\s:])[^/@\s]*@")
 _SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
 SCHEME_LOOKBACK = 64  # a scheme longer than this still counts: its last 64 characters are looked at
 # Well-known token shapes, each behind a literal prefix (linear: a failed try costs at most the
@@ -142,26 +143,22 @@ def strip_credentials(text: str) -> str:
 
 
 def _strip_userinfo(text: str) -> str:
-    """``scheme://user:pass@`` -> ``scheme://***@``: anchored on '://' (rare), scheme looked back for.
+    """``scheme://user:pass@`` -> ``scheme://***@``: anchored on '://' (rare), the scheme looked back for.
 
     The userinfo is what lies between '://' and the first '/', '@' or whitespace
-    when that is an '@' and the userinfo does not start with ':'. Each scan stops
-    at the next '/', so the scans of two '://' never overlap: linear overall.
+    when that is an '@' and the userinfo does not start with ':'. A try stops at
+    the next '/', so the tries of two '://' never overlap: linear overall.
     """
     if "://" not in text:
         return text
     out: list[str] = []
     done = 0  # text[:done] is in out
-    at = text.find("://")
-    while at != -1:
-        start = at + 3
-        end = _USERINFO_END.search(text, start)
-        if end is not None and text[end.start()] == "@" and end.start() > start and text[start] != ":" and _has_scheme(text, at):
-            out += [text[done:start], MASK]
-            done = end.start()
-            at = text.find("://", end.start() + 1)
-        else:
-            at = text.find("://", start)
+    for m in _USERINFO.finditer(text):
+        if _has_scheme(text, m.start()):
+            out += [text[done : m.start() + 3], MASK]
+            done = m.end() - 1  # the '@' stays
+    if not out:
+        return text
     out.append(text[done:])
     return "".join(out)
 
@@ -178,6 +175,7 @@ def _has_scheme(text: str, at: int) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)  # a log repeats the same few flags
 def is_secret_flag(flag: str) -> bool:
     """Whether a command-line flag's name says its value is secret (``--hf_token``, ``--apiKey``)."""
     name = flag.lstrip("-")[:128]
