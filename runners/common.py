@@ -375,6 +375,12 @@ def _listen_on(addr: str, port: int) -> socket.socket | None:
     return sock
 
 
+def one_node(env: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether every rank of the job runs on this node (the launchers' LOCAL_SIZE / CROSS_SIZE say so)."""
+    world = env.get("WORLD_SIZE")
+    return env.get("CROSS_SIZE") == "1" or world in (env.get("LOCAL_SIZE"), env.get("LOCAL_WORLD_SIZE"))
+
+
 def init_distributed() -> None:
     """``deepspeed.init_distributed()``, with the rendezvous bound to MASTER_ADDR only (issue 33.7).
 
@@ -395,13 +401,19 @@ def init_distributed() -> None:
         deepspeed.init_distributed()
         return
     rank, world, addr, port = int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    if _is_loopback(addr):
+    local = _is_loopback(addr)
+    if local and not one_node(env):
+        # a host name that resolves to loopback here only (Debian's 127.0.1.1 line) while the
+        # other nodes reach it by its real address: torch's own store, on every address
+        deepspeed.init_distributed()
+        return
+    if local:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(minutes=30)  # DeepSpeed's default_pg_timeout
     listener = _listen_on(addr, port) if rank == 0 else None
     if rank == 0 and listener is None:
-        print(f"train: MASTER_ADDR {addr} is not an address of this host; torch's store listens on all",
+        print(f"dstui runner: MASTER_ADDR {addr} is not an address of this host; torch's store listens on all",
               file=sys.stderr, flush=True)  # fmt: skip
         deepspeed.init_distributed()
         return
