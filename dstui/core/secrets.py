@@ -96,9 +96,9 @@ _TOKEN_SHAPES = re.compile(
 ARGV_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "pwd", "auth", "authorization",
                      "credential", "credentials", "apikey")  # fmt: skip
 _FLAG_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
-# '--name=value' or '--name value' in free text; the name is bounded, so a run of dashes or
-# letters costs one try per '--'.
-_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]{0,63})(=|[ \t]{1,8})(?!-)([^\s'\",;)\]}]+)")
+# '--name=value', '--name value' or a Python list's "'--name', 'value'" in free text; the name
+# is bounded, so a run of dashes or letters costs one try per '-'.
+_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]{0,63})(=|[ \t]{1,8}|['\"], ?['\"])(?!-)([^\s'\",;)\]}]+)")
 ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]{0,127})\}")  # an argv element's value from the environment
 _KNOWN: set[str] = set()  # hidden values this process has read (see remember)
 

@@ -61,6 +61,8 @@ def test_token_shapes_are_masked_in_free_text(token: str) -> None:
 def test_secret_flags_are_masked_in_free_text() -> None:
     text = "python train.py --hf_token abc123 --api-key=xyz --steps 3 'Namespace(--password pw)'"
     assert secrets.strip_credentials(text) == "python train.py --hf_token *** --api-key=*** --steps 3 'Namespace(--password ***)'"
+    logged = "starting ['prog', '--hf_token', 'abc123', \"--secret\", \"s3\", '--steps', '3']"
+    assert secrets.strip_credentials(logged) == "starting ['prog', '--hf_token', '***', \"--secret\", \"***\", '--steps', '3']"
 
 
 def test_redact_masks_argv_fields_in_every_part_of_a_spec() -> None:
@@ -160,3 +162,31 @@ def test_ui_warns_when_it_would_listen_beyond_this_host() -> None:
     assert exposure_warning("127.0.0.1", 5000) is None and exposure_warning("localhost", 5000) is None
     text = exposure_warning("0.0.0.0", 5001)
     assert text and "without authentication" in text and "ssh -L 5001:127.0.0.1:5001" in text and "basic-auth" in text
+
+
+def test_a_slurm_rank_resolves_references_from_the_jobs_environment(tmp_path: Path) -> None:
+    """job.sh holds ``{env:NAME}``; each rank (dstui.execute.slurm_rank) puts the value in its own argv."""
+    import os
+
+    show = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "--hf_token", "{env:MY_TOKEN}"]
+    env = {**os.environ, "MY_TOKEN": "tok-from-sbatch-env"}
+    ok = subprocess.run([sys.executable, "-m", "dstui.execute.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.strip() == "['--hf_token', 'tok-from-sbatch-env']", ok.stderr
+    env.pop("MY_TOKEN")
+    gone = subprocess.run([sys.executable, "-m", "dstui.execute.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
+    assert gone.returncode == 127 and "MY_TOKEN is not set (the command names it as {env:MY_TOKEN})" in gone.stderr
+
+
+def test_a_slurm_job_script_names_argv_secrets_and_sbatch_gets_them(tmp_path: Path) -> None:
+    from dstui.execute.slurm_script import hidden_argv, job_script
+    from dstui.spec.models import SlurmOptions
+
+    command = ["prog", "--hf_token", "abc123", f"--login={HF}", "--ref", "{env:MY_TOKEN}", "--steps", "3"]
+    (run,) = expand(parse_spec({"name": "s", "settings": {"kind": "command", "command": command}}))
+    rd = RunDir(tmp_path / "s-r0")
+    text = job_script(run, rd, SlurmOptions(), port=1234)
+    assert "abc123" not in text and HF not in text
+    assert "--hf_token '{env:DSTUI_ARGV_2}' '{env:DSTUI_ARGV_3}' --ref '{env:MY_TOKEN}' --steps 3" in text
+    argv, values = hidden_argv(run, launch.build_argv(run, rd, port=1234))
+    assert values == {"DSTUI_ARGV_2": "abc123", "DSTUI_ARGV_3": f"--login={HF}"}
+    assert secrets.resolve_env_refs(argv, {**values, "MY_TOKEN": "t"}) == [*command[:5], "t", "--steps", "3"]
