@@ -37,6 +37,7 @@ SEE = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:i + 2]])\n"
 )
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+pytestmark = pytest.mark.xdist_group("argv-secrets")  # one worker: the module's batch is made once
 
 
 def _random(n: int) -> str:
@@ -97,8 +98,9 @@ def _run_batch(root: Path, home: Path, env: dict, spec: Path, saw: Path, tokens:
                 status = json.loads(status_file.read_text() or "{}")
                 if status.get("pgid") and status.get("state") == "running":
                     argv = status.get("argv") or []
-                    if "--master-port" in argv:
-                        master_port = int(argv[argv.index("--master-port") + 1])
+                    flag = next((f for f in ("--master-port", "--master_port") if f in argv), None)  # dstui's / DeepSpeed's
+                    if flag:
+                        master_port = int(argv[argv.index(flag) + 1])
                     listens |= _listening(int(status["pgid"]))
             time.sleep(0.2)
         out, err = run.communicate(timeout=60)
