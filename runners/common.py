@@ -375,6 +375,16 @@ def _listen_on(addr: str, port: int) -> socket.socket | None:
     return sock
 
 
+def _store_on(dist: Any, listener: socket.socket, addr: str, port: int, world: int, timeout: Any) -> Any:
+    """rank 0's TCPStore on ``listener``; None where this torch takes no ``master_listen_fd`` (or not with libuv)."""
+    for extra in ({}, {"use_libuv": False}):
+        try:
+            return dist.TCPStore(addr, port, world, True, timeout, master_listen_fd=listener.fileno(), multi_tenant=True, **extra)
+        except (TypeError, RuntimeError, ValueError):
+            continue
+    return None
+
+
 def one_node(env: dict[str, str] | os._Environ[str]) -> bool:
     """Whether every rank of the job runs on this node (the launchers' LOCAL_SIZE / CROSS_SIZE say so)."""
     world = env.get("WORLD_SIZE")
@@ -418,8 +428,14 @@ def init_distributed() -> None:
         deepspeed.init_distributed()
         return
     if listener is not None:
+        store = _store_on(dist, listener, addr, port, world, timeout)
+        if store is None:  # an older torch: its own store, on every address
+            listener.close()
+            print("dstui runner: this torch cannot take a bound socket for its store; it listens on all addresses",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            deepspeed.init_distributed()
+            return
         _LISTENER.append(listener)
-        store = dist.TCPStore(addr, port, world, True, timeout, master_listen_fd=listener.fileno(), multi_tenant=True)
     else:
         store = dist.TCPStore(addr, port, world, False, timeout)
     backend = get_accelerator().communication_backend_name()
