@@ -145,6 +145,10 @@ def test_dstuis_own_files_under_its_home_are_private(batch: dict) -> None:
     dstuis += [p for p in home.rglob("*") if p.is_file() and "artifacts" in p.parts]
     assert len(dstuis) > 10
     assert {str(p.relative_to(home)): oct(stat.S_IMODE(p.stat().st_mode)) for p in dstuis if stat.S_IMODE(p.stat().st_mode) & 0o077} == {}
+    # the walk the issue asks for: no file others may read holds a token (a job's own files may be 0644)
+    needles = [t.encode() for t in batch["tokens"].values()]
+    readable = [p for p in home.rglob("*") if p.is_file() and stat.S_IMODE(p.stat().st_mode) & 0o044]
+    assert [str(p) for p in readable if any(n in p.read_bytes() for n in needles)] == []
 
 
 def test_one_node_rendezvous_listens_on_loopback_only(batch: dict) -> None:
