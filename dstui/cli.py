@@ -77,6 +77,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the real command line, not a call from Python
         bytecode.reexec_with_cache()
+    secrets.private_umask()  # run folders, cmd.txt, the MLflow store: 0700/0600 (core.secrets)
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is None and not any(a in ("-h", "--help", "--version") for a in argv):

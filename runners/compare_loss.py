@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             port = sock.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    deepspeed.init_distributed()
+    common.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     accel = get_accelerator()
     if accel.device_name() != "cpu":

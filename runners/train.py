@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if accel.device_name() != "cpu":
             accel.set_device(args.local_rank)
-        deepspeed.init_distributed()
+        common.init_distributed()
     except Exception as e:  # noqa: BLE001 - e.g. the master port is taken
         print(f"train.py: error: cannot start the process group: {e}", file=sys.stderr, flush=True)
         return 1

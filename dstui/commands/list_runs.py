@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.commands:
         for r in p.runs:
             rd = RunDir(Path("runs/<batch>") / r.name)
-            print(shlex.join(launch.build_argv(r, rd)))
+            print(shlex.join(launch.shown_command(r, launch.build_argv(r, rd))))
     return 0
 
 

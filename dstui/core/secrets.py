@@ -18,14 +18,28 @@ The rules, applied by every writer through this module:
    dstui writes itself, too (everything the supervisor prints into its log,
    command lines), so an exception that quotes one does not leak it.
 
+5. Command lines (``command``, ``extra_args``): the value after a flag whose
+   name says token/key/secret/password/auth (``--hf_token V``, ``--api-key=V``)
+   and every well-known token shape (``hf_…``, ``sk-…``, ``ghp_…``,
+   ``github_pat_…``, ``AKIA…``, ``xox?-…``) become ``***``. An argv element may
+   take a value from the environment by reference, ``{env:NAME}``: files show
+   the reference, only the launched process gets the value (:func:`resolve_env_refs`).
+
+Every scan here is linear in its input (issue 33.1: the scrubber reads whole
+run logs on upload): patterns anchor on rare characters (``://``, ``--``, a
+token's literal prefix) and look back a bounded distance or forward to the
+next anchor (benchmarks/scrubber.py: a 10 MiB line in well under a second).
+
 What a job prints about its own environment is its own output (stdout.log);
-text artifacts lose URI credentials on upload, nothing more.
+text artifacts lose URI credentials, token shapes and secret flags' values on
+upload (:func:`strip_credentials`), nothing more.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -62,7 +76,30 @@ SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", 
 MIN_TEXT_MASK = 4
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # an env_visible entry: NAME or PREFIX_*
 
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
+# '://' then a URI's userinfo: up to the first '/', '@' or whitespace, when that is an '@'.
+_USERINFO = re.compile(r"://(?=[^/@\s:])[^/@\s]*@")
+_SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
+SCHEME_LOOKBACK = 64  # a scheme longer than this still counts: its last 64 characters are looked at
+# Well-known token shapes, each behind a literal prefix (linear: a failed try costs at most the
+# prefix plus the minimum length). Not preceded by a word character: 'xhf_...' is not a token.
+_TOKEN_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9_])(?:"
+    r"hf_[A-Za-z0-9]{20,}"  # Hugging Face
+    r"|sk-[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic (sk-proj-..., sk-ant-...)
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"  # GitHub classic tokens
+    r"|github_pat_[A-Za-z0-9_]{22,}"  # GitHub fine-grained tokens
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"  # AWS access key ids
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
+    r")"
+)
+# Words of a flag name that say its value is secret (--hf_token, --api-key, --apiKey, --db-password).
+ARGV_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "pwd", "auth", "authorization",
+                     "credential", "credentials", "apikey")  # fmt: skip
+_FLAG_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
+# '--name=value', '--name value' or a Python list's "'--name', 'value'" in free text; the name
+# is bounded, so a run of dashes or letters costs one try per '-'.
+_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]{0,63})(=|[ \t]{1,8}|['\"], ?['\"])(?!-)([^\s'\",;)\]}]+)")
+ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]{0,127})\}")  # an argv element's value from the environment
 _KNOWN: set[str] = set()  # hidden values this process has read (see remember)
 
 
@@ -93,8 +130,114 @@ def mask_env(env: Mapping[str, Any], visible: Iterable[str] = ()) -> dict[str, A
 
 
 def strip_credentials(text: str) -> str:
-    """``postgres://u:pass@h/db`` -> ``postgres://***@h/db``, anywhere in ``text``."""
-    return _URI_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    """Credentials out of free text, in time linear in its length.
+
+    ``postgres://u:pass@h/db`` -> ``postgres://***@h/db``; a token shape
+    (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``, ...) -> ``***``; the value of a
+    secret-named flag (``--hf_token V``, ``--api-key=V``) -> ``***``.
+    """
+    if not text:
+        return text
+    text = _strip_userinfo(text)
+    if "-" in text:
+        text = _FLAG_IN_TEXT.sub(_mask_flag_match, text)
+    return _TOKEN_SHAPES.sub(MASK, text)
+
+
+def _strip_userinfo(text: str) -> str:
+    """``scheme://user:pass@`` -> ``scheme://***@``: anchored on '://' (rare), the scheme looked back for.
+
+    The userinfo is what lies between '://' and the first '/', '@' or whitespace
+    when that is an '@' and the userinfo does not start with ':'. A try stops at
+    the next '/', so the tries of two '://' never overlap: linear overall.
+    """
+    if "://" not in text:
+        return text
+    out: list[str] = []
+    done = 0  # text[:done] is in out
+    for m in _USERINFO.finditer(text):
+        if _has_scheme(text, m.start()):
+            out += [text[done : m.start() + 3], MASK]
+            done = m.end() - 1  # the '@' stays
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _has_scheme(text: str, at: int) -> bool:
+    """Whether '://' at ``at`` follows a scheme: scheme characters with a letter among them."""
+    i = at
+    while i > 0 and text[i - 1] in _SCHEME_CHARS:
+        if at - i >= SCHEME_LOOKBACK:
+            return True  # a longer run: masking too much is safe, scanning it all is not
+        i -= 1
+        if text[i].isascii() and text[i].isalpha():
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=4096)  # a log repeats the same few flags
+def is_secret_flag(flag: str) -> bool:
+    """Whether a command-line flag's name says its value is secret (``--hf_token``, ``--apiKey``)."""
+    name = flag.lstrip("-")[:128]
+    if not name or not flag.startswith("-"):
+        return False
+    words = [w.lower() for w in _FLAG_WORD.findall(name)]
+    joined = "".join(words)
+    return any(w in ARGV_SECRET_WORDS for w in words) or joined.endswith(("token", "apikey", "secret", "password", "passwd"))
+
+
+def _mask_flag_match(m: re.Match[str]) -> str:
+    if not is_secret_flag(m.group(1)) or m.group(3) == MASK or m.group(3).startswith("{env:"):
+        return m.group(0)
+    return f"{m.group(1)}{m.group(2)}{MASK}"
+
+
+def mask_argv(argv: Iterable[str], values: Iterable[str] = ()) -> list[str]:
+    """An argv as files and the terminal show it: secret flags' values, token shapes, hidden values masked.
+
+    ``--hf_token V`` (the next element) and ``--api-key=V`` both lose ``V``;
+    ``{env:NAME}`` references stay as they are (they name, not hold, a value).
+    """
+    values = tuple(values)
+    out: list[str] = []
+    after_secret_flag = False
+    for arg in argv:
+        if not isinstance(arg, str):
+            out.append(arg)
+            after_secret_flag = False
+            continue
+        if after_secret_flag and not arg.startswith("--"):
+            out.append(arg if ENV_REF.fullmatch(arg) else MASK)
+            after_secret_flag = False
+            continue
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-") and " " not in flag and is_secret_flag(flag) and not ENV_REF.fullmatch(value):
+            out.append(f"{flag}={MASK}")
+        else:
+            out.append(mask_text(arg, values))
+        after_secret_flag = not eq and arg.startswith("-") and is_secret_flag(arg)
+    return out
+
+
+class MissingEnvRef(KeyError):
+    """An argv element names ``{env:NAME}`` and NAME is not set where the run starts."""
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} is not set (the command names it as {{env:{self.args[0]}}})"
+
+
+def resolve_env_refs(argv: Iterable[str], env: Mapping[str, str]) -> list[str]:
+    """The argv the process gets: every ``{env:NAME}`` replaced by ``env[NAME]`` (MissingEnvRef if unset)."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in env:
+            raise MissingEnvRef(name)
+        return env[name]
+
+    return [ENV_REF.sub(value, a) if isinstance(a, str) and "{env:" in a else a for a in argv]
 
 
 def visible_names_in(obj: object) -> list[str]:
@@ -128,11 +271,10 @@ def _redact(obj: object, visible: tuple[str, ...]) -> object:
     if isinstance(obj, dict):
         out = {k: (_env_field(v, visible) if k == "env" else _redact(v, visible)) for k, v in obj.items()}
         env = obj.get("env")
-        if isinstance(env, dict):
-            hidden = [str(env[n]) for n in hidden_names(env, visible)]
-            for k in ARGV_FIELDS:
-                if isinstance(out.get(k), list):
-                    out[k] = [mask_text(a, hidden) if isinstance(a, str) else a for a in out[k]]
+        hidden = [str(env[n]) for n in hidden_names(env, visible)] if isinstance(env, dict) else []
+        for k in ARGV_FIELDS:  # in any dict: settings, conditions, launcher options
+            if isinstance(obj.get(k), list):
+                out[k] = mask_argv(obj[k], hidden)
         return out
     if isinstance(obj, list):
         return [_redact(x, visible) for x in obj]
@@ -190,6 +332,44 @@ def mask_output() -> None:
         sys.stdout = MaskingStream(sys.stdout)  # type: ignore[assignment]
     if not isinstance(sys.stderr, MaskingStream):
         sys.stderr = MaskingStream(sys.stderr)  # type: ignore[assignment]
+
+
+# ---- private files: dstui's own are this user's alone, whatever the umask ----
+
+PRIVATE_UMASK = 0o077  # folders 0700, files 0600
+USER_UMASK_ENV = "DSTUI_USER_UMASK"  # the umask dstui was started with (octal), for the jobs it launches
+
+
+def private_umask() -> None:
+    """Make everything this process (and the supervisor it starts) creates private: 0700/0600.
+
+    Run folders, cmd.txt, status.json, the MLflow store and its artifact copies
+    (MLflow copies keep the source's mode) are created under this umask. The
+    user's own umask is remembered for the jobs (:func:`user_umask`): a job's
+    files (a shared cache, checkpoints) are as its user wants them.
+    """
+    old = os.umask(PRIVATE_UMASK)
+    os.environ.setdefault(USER_UMASK_ENV, oct(old))
+
+
+def user_umask() -> int:
+    """The umask a launched job gets: the one dstui was started with."""
+    try:
+        return int(os.environ[USER_UMASK_ENV], 8)
+    except (KeyError, ValueError):
+        current = os.umask(PRIVATE_UMASK)
+        os.umask(current)
+        return current
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and its parents) and make it and its parent 0700, whatever the umask."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder in (path.parent, path):
+        with contextlib.suppress(OSError):  # a folder of someone else's keeps its mode
+            os.chmod(folder, 0o700)
+    return path
 
 
 # ---- the real values: outside the run and batch folders ----

@@ -244,7 +244,7 @@ def compile_cache_dirs(rev_env: str | None, *, python: str | None = None) -> dic
 def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict | None = None) -> RunDir:
     """Create the run folder with everything known before launch; state 'queued'."""
     rd = RunDir(names.child_path(batch_path, run.name))
-    rd.path.mkdir(parents=True, exist_ok=True)
+    secrets.private_dir(rd.path)
     spec = run.model_dump(mode="json")
     spec.update(name=run.name, key=run.key, revision_info=revision or {})
     shown = secrets.redact(spec)
@@ -289,10 +289,26 @@ def check_real_env(run: RunSpec, rd: RunDir) -> None:
 
 
 def shown_command(run: RunSpec, argv: list[str]) -> list[str]:
-    """The argv as cmd.txt, status.json and the terminal show it: no credentials, no hidden env value."""
+    """The argv as cmd.txt, status.json and the terminal show it (core.secrets.mask_argv).
+
+    No credentials, no hidden env value, no value of a secret-named flag or
+    token shape; ``{env:NAME}`` stays a reference.
+    """
     env = run.settings.env
     hidden = [env[n] for n in secrets.hidden_names(env, run.settings.env_visible)]
-    return [secrets.mask_text(a, hidden) for a in argv]
+    return secrets.mask_argv(argv, hidden)
+
+
+class EnvRefMissing(OSError):
+    """A command names ``{env:NAME}`` and NAME is set neither in the spec's env nor where dstui runs."""
+
+
+def real_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """What the process gets: ``{env:NAME}`` references replaced by their values (never written down)."""
+    try:
+        return secrets.resolve_env_refs(argv, env)
+    except secrets.MissingEnvRef as e:
+        raise EnvRefMissing(str(e)) from None
 
 
 def start(
@@ -312,9 +328,10 @@ def start(
     check_real_env(run, rd)
     argv = build_argv(run, rd, python=python, gpu_slice=gpu_slice)
     shown_argv = shown_command(run, argv)
+    env = build_env(run, rd, revision=revision)
+    argv = real_argv(argv, env)
     rd.cmd_file.write_text(shlex.join(shown_argv) + "\n")
     rd.exit_file.unlink(missing_ok=True)
-    env = build_env(run, rd, revision=revision)
     if run.settings.kind == "command" and gpu_slice is not None and "CUDA_VISIBLE_DEVICES" not in run.settings.env:
         # a program of its own sees only the GPUs the supervisor gave it (ranks get theirs from ranks.py)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_slice)
@@ -328,6 +345,7 @@ def start(
             cwd=cwd or str(rd.path),
             start_new_session=True,
             close_fds=True,
+            umask=secrets.user_umask(),  # dstui's files are private; the job's are as its user wants
         )
     rd.update_status(
         state="running",

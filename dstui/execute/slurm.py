@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.rundir import ACTIVE_STATES, RunDir
-from dstui.execute import launch, slurm_cli
+from dstui.execute import launch, slurm_cli, slurm_script
 from dstui.execute.slurm_cli import JobInfo, SlurmError
 from dstui.execute.slurm_script import SCRIPT_NAME, job_script
 from dstui.spec.models import RunSpec, SlurmOptions
@@ -84,10 +84,11 @@ class SlurmExecutor:
         launch.check_real_env(run, rd)
         script = rd.path / SCRIPT_NAME
         script.write_text(text)
+        _, argv_values = slurm_script.hidden_argv(run, argv)  # job.sh names them; sbatch's environment holds them
         argv = launch.shown_command(run, argv)
         rd.cmd_file.write_text(shlex.join(argv) + "\n")
         rd.exit_file.unlink(missing_ok=True)
-        env = {**os.environ, **launch.build_env(run, rd, revision=rev)}
+        env = {**os.environ, **launch.build_env(run, rd, revision=rev), **argv_values}
         job_id = slurm_cli.submit(script, env=env)
         rd.update_status(
             executor="slurm", job_id=job_id, slurm_state="PENDING", reason="Slurm: PENDING", state="queued",

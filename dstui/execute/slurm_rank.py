@@ -32,8 +32,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m dstui.execute.slurm_rank -- ARGV...", file=sys.stderr)
         return 2
     os.environ.update(rank_env(dict(os.environ)))
+    from dstui.core.secrets import MissingEnvRef, resolve_env_refs  # stdlib only
+
     try:
-        os.execvp(argv[1], argv[1:])
+        command = resolve_env_refs(argv[1:], os.environ)  # {env:NAME}: job.sh names it, the rank gets it
+    except MissingEnvRef as e:
+        print(f"dstui: cannot start the rank: {e}", file=sys.stderr, flush=True)
+        return 127
+    try:
+        os.execvp(command[0], command)
     except OSError as e:
         print(f"dstui: cannot start {argv[1]!r} on {os.uname().nodename}: {e}", file=sys.stderr, flush=True)
         return 127

@@ -55,6 +55,26 @@ def rank_argv(run: RunSpec, rd: RunDir, *, python: str, port: int) -> list[str]:
     return [python, "-u", *launch.script_args(run, rd)]
 
 
+def hidden_argv(run: RunSpec, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The argv job.sh holds, and the values it leaves to sbatch's environment.
+
+    job.sh lies in the run folder (an MLflow artifact): an element that would be
+    shown masked (a secret flag's value, a token shape, a hidden env value)
+    becomes ``{env:DSTUI_ARGV_<i>}``, which each rank resolves
+    (dstui.execute.slurm_rank) from the environment sbatch hands the job.
+    """
+    shown = launch.shown_command(run, argv)
+    out: list[str] = []
+    values: dict[str, str] = {}
+    for i, (real, seen) in enumerate(zip(argv, shown, strict=True)):
+        if real == seen:
+            out.append(real)
+        else:
+            values[f"DSTUI_ARGV_{i}"] = real
+            out.append(f"{{env:DSTUI_ARGV_{i}}}")
+    return out, values
+
+
 def job_script(
     run: RunSpec,
     rd: RunDir,
@@ -68,7 +88,7 @@ def job_script(
 ) -> str:
     """The whole job script. ``python`` runs the ranks (a revision's env); dstui's own runs the helpers."""
     python = python or sys.executable
-    argv = rank_argv(run, rd, python=python, port=port)
+    argv, _ = hidden_argv(run, rank_argv(run, rd, python=python, port=port))
     env = launch.build_env(run, rd, base={}, revision=revision)
     # hidden env values are not written into the run folder (it becomes an MLflow artifact):
     # they reach the job through sbatch's environment (--export=ALL, Slurm's default)

@@ -111,12 +111,16 @@ class Settings(StrictModel):
     atol: float = Field(0.0, ge=0, description="verify: absolute tolerance.", json_schema_extra=VERIFY)
     ds_config: str = Field("base.json", description="Template in configs/deepspeed/ or a path.")
     ds_overrides: dict[str, Any] = Field(default_factory=dict, description="Merged into the generated ds_config.")
-    command: list[str] | None = Field(None, description="kind=command: argv list, never a shell string.")
+    command: list[str] | None = Field(
+        None,
+        description="kind=command: argv list, never a shell string. '{env:NAME}' in an element takes NAME's value "
+        "(run env, else dstui's environment) for the process only; files show the reference.",
+    )
     metrics_format: MetricsFormat = Field("jsonl", description="How dstui reads the program's metrics.")
     launcher: Launcher = Field(default_factory=Launcher, description="deepspeed launcher options.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     env_visible: list[str] = Field(default_factory=list, description="env names (or PREFIX_*) shown in files, params and logs; every other env value is masked (core.secrets).")
-    extra_args: list[str] = Field(default_factory=list, description="More runner arguments (argv list).")
+    extra_args: list[str] = Field(default_factory=list, description="More runner arguments (argv list; '{env:NAME}' as in command).")
     hung_after_s: float = Field(600.0, gt=0, description="No new output for this long = hung.")
     stall_after_s: float | None = Field(
         None, gt=0, description="No new training step for this long = stalled (catches a run that prints while stuck)."
