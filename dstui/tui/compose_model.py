@@ -1,19 +1,29 @@
 """The compose screen's editing model over a spec mapping (no textual here).
 
-A spec is edited as the plain mapping YAML gives (so fields the form does not
-show, like ``exclude`` or explicit ``conditions``, survive a save). A form
-field with one value goes to ``settings``; with several values it becomes an
-axis; with none it falls back to the default.
+A spec is edited as the plain mapping YAML gives (what ``dstui run`` reads), so
+the file can be written back by changing only the edited keys
+(:func:`dstui.spec.loading.updated_text`). A form field with one value goes to
+``settings``; with several values it becomes an axis; with none it falls back
+to the default. Every Settings field has a form row, chosen by its type
+(:func:`field_kind`): toggles for booleans and fixed choices, a comma list for
+numbers and words, a YAML/JSON text for mappings, lists and nested options
+(``ds_overrides``, ``command``, ``launcher``). Exclusions, explicit conditions
+and the spec's run options are YAML texts too, checked here before they reach
+the mapping. :func:`preview_rows` builds the preview's rows.
 """
 
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import yaml
 
 from dstui.core.paths import CONFIGS_DIR
-from dstui.spec.models import Settings
+from dstui.spec.models import RunSpec, Settings
 
 # (field, label, kind, choices) in form order. kind: "choice" (toggles), "list" (comma list)
 CHOICES: dict[str, list[Any]] = {
@@ -54,6 +64,54 @@ FORM_ORDER = (
 )  # fmt: skip
 
 
+MAX_TEXT = 64 * 1024  # a YAML field's text: more is refused, not parsed
+
+
+def _plain(annotation: Any) -> tuple[Any, bool]:
+    """(the annotation without ``| None``, whether None is allowed)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def field_kind(field: str) -> str:
+    """How the form edits a Settings field: 'choice' (toggles), 'list' (comma list) or 'yaml' (a text)."""
+    if field in CHOICES:
+        return "choice"
+    if field in LIST_FIELDS:
+        return "list"
+    ann, _ = _plain(Settings.model_fields[field].annotation)
+    if ann is bool or typing.get_origin(ann) is Literal:
+        return "choice"
+    if ann in (int, float, str):
+        return "list"
+    return "yaml"
+
+
+def choices_of(field: str) -> list[Any]:
+    if field in CHOICES:
+        return CHOICES[field]
+    ann, _ = _plain(Settings.model_fields[field].annotation)
+    return [False, True] if ann is bool else list(typing.get_args(ann))
+
+
+def scalar_type(field: str) -> type:
+    if field in LIST_FIELDS:
+        return LIST_FIELDS[field]
+    return _plain(Settings.model_fields[field].annotation)[0]
+
+
+def label_of(field: str) -> str:
+    return LABELS.get(field) or field.replace("_", " ")
+
+
+# every other Settings field, in the model's order, below the main ones
+MORE_ORDER = tuple(f for f in Settings.model_fields if f not in FORM_ORDER)
+
+
 def choice_text(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -73,7 +131,8 @@ def new_spec(name: str) -> dict[str, Any]:
 
 
 def default(field: str) -> Any:
-    return Settings.model_fields[field].default
+    value = Settings.model_fields[field].get_default(call_default_factory=True)
+    return value.model_dump(mode="json", exclude_defaults=True) if hasattr(value, "model_dump") else value
 
 
 def values_of(data: dict[str, Any], field: str) -> list[Any]:
@@ -89,6 +148,7 @@ def values_of(data: dict[str, Any], field: str) -> list[Any]:
 
 def set_values(data: dict[str, Any], field: str, values: list[Any]) -> dict[str, Any]:
     """A copy of ``data`` with the field's values set (one: setting; several: axis)."""
+    had_settings = "settings" in data
     data = copy.deepcopy(data)
     settings = data.setdefault("settings", {}) or {}
     data["settings"] = settings
@@ -112,22 +172,195 @@ def set_values(data: dict[str, Any], field: str, values: list[Any]) -> dict[str,
     data["axes"] = axes
     if not axes:
         data.pop("axes")
+    if not settings and not had_settings:
+        data.pop("settings")  # an edit undone leaves the mapping as it was
     return data
 
 
 def parse_list(field: str, text: str) -> list[Any]:
-    """Comma- or space-separated values of a list field; ValueError names the bad one."""
-    kind = LIST_FIELDS[field]
+    """Comma-separated values of a list field (numbers: spaces too); ValueError names the bad one."""
+    kind = scalar_type(field)
+    parts = text.replace(",", " ").split() if kind in (int, float) or field == "model" else [p.strip() for p in text.split(",")]
     out: list[Any] = []
-    for part in text.replace(",", " ").split():
+    for part in (p for p in parts if p):
         if kind is int:
             try:
                 out.append(int(part))
             except ValueError:
-                raise ValueError(f"{LABELS[field]}: '{part}' is not a whole number") from None
+                raise ValueError(f"{label_of(field)}: '{part}' is not a whole number") from None
+        elif kind is float:
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise ValueError(f"{label_of(field)}: '{part}' is not a number") from None
         else:
             out.append(part)
     return out
+
+
+# -- YAML texts: mappings, lists, nested options, exclusions, conditions ---------------------
+
+
+def yaml_text(value: Any) -> str:
+    """A value as the form's YAML text; empty for nothing (an empty mapping or list, None)."""
+    if value in (None, {}, []):
+        return ""
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=None, allow_unicode=True, width=4096)
+
+
+def read_yaml(text: str, what: str) -> Any:
+    """The value of a YAML (or JSON) text; ValueError with the line when it is not YAML."""
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{what}: {len(text)} characters; at most {MAX_TEXT}")
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ValueError(f"{what}: not valid YAML/JSON{where}: {problem}") from None
+
+
+def _check_value(field: str, value: Any) -> str | None:
+    """None when ``value`` fits the Settings field's type, else pydantic's first complaint."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(Settings.model_fields[field].annotation).validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        return (f"{loc}: " if loc else "") + err["msg"]
+    return None
+
+
+def parse_yaml_field(field: str, text: str) -> list[Any]:
+    """The values of a YAML field: one value of the field's type, or a list of them (an axis); [] when empty."""
+    what = label_of(field)
+    value = read_yaml(text, what)
+    if value is None:
+        return []
+    why = _check_value(field, value)
+    if why is None:
+        return [value]
+    if isinstance(value, list) and len(value) > 1 and all(_check_value(field, v) is None for v in value):
+        return value  # several values: an axis
+    raise ValueError(f"{what}: {why}")
+
+
+def parse_exclusions(text: str) -> list[dict[str, Any]]:
+    """Exclusions: a list of partial matches (setting: value); ValueError names the bad item."""
+    from dstui.spec.models import SETTING_NAMES
+
+    value = read_yaml(text, "exclusions")
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError("exclusions: a list of mappings, e.g. - {zero_stage: 0, offload: cpu}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not item:
+            raise ValueError(f"exclusions item {i + 1}: a mapping of setting: value")
+        bad = [k for k in item if k not in SETTING_NAMES]
+        if bad:
+            raise ValueError(f"exclusions item {i + 1}: unknown setting '{bad[0]}'")
+    return value
+
+
+def parse_conditions(text: str) -> list[dict[str, Any]]:
+    """Explicit conditions: a list of {name, setting: value...}; ValueError names the bad item."""
+    from dstui.spec.models import SETTING_NAMES
+
+    value = read_yaml(text, "conditions")
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError("conditions: a list of mappings, e.g. - {name: fast, micro_batch: 4}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise ValueError(f"conditions item {i + 1}: a mapping with a 'name'")
+        bad = [k for k in item if k != "name" and k not in SETTING_NAMES]
+        if bad:
+            raise ValueError(f"conditions item {i + 1} ({item['name']}): unknown setting '{bad[0]}'")
+    return value
+
+
+# the spec's own options besides settings, axes, exclusions, conditions, repeats, revisions, baseline
+RUN_OPTIONS = ("description", "executor", "slurm", "guard", "skip_predicted_oom", "gpu_memory_gib")
+
+
+def run_options(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: data[k] for k in RUN_OPTIONS if k in data}
+
+
+def parse_run_options(text: str) -> dict[str, Any]:
+    """The 'run options' text: a mapping of executor, slurm, guard, ...; ValueError when something else."""
+    value = read_yaml(text, "run options")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"run options: a mapping of {', '.join(RUN_OPTIONS)}")
+    bad = [k for k in value if k not in RUN_OPTIONS]
+    if bad:
+        raise ValueError(f"run options: '{bad[0]}' is not one; known: {', '.join(RUN_OPTIONS)}")
+    return value
+
+
+def set_run_options(data: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    for k in RUN_OPTIONS:
+        if k in options:
+            out[k] = options[k]
+        else:
+            out.pop(k, None)
+    return out
+
+
+# -- the preview's rows ------------------------------------------------------------------
+
+PREVIEW_COLUMNS = ("#", "run", "mem/GPU", "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model", "other")
+SHOWN = {"zero_stage", "offload", "offload_params", "deepcompile", "compile", "kind", "dtype", "micro_batch",
+         "seq_length", "grad_accum", "gpus", "nodes", "model"}  # fmt: skip
+OTHER_MAX = 60
+
+
+def other_text(r: RunSpec) -> str:
+    """The run's settings that differ from the defaults and have no column of their own, short."""
+    s = r.settings
+    parts = []
+    for name in Settings.model_fields:
+        if name in SHOWN:
+            continue
+        value = getattr(s, name)
+        if value == default(name) or (name == "warmup_steps" and value == 2) or name == "steps":
+            continue
+        if hasattr(value, "model_dump"):
+            value = value.model_dump(exclude_defaults=True)
+            if not value:
+                continue
+        text = yaml.safe_dump(value, default_flow_style=True, width=4096).strip().removesuffix("...").strip()
+        parts.append(name if value is True else f"{name}={text}")
+    out = " ".join(parts)
+    return out if len(out) <= OTHER_MAX else out[: OTHER_MAX - 1] + "…"
+
+
+def preview_row(r: RunSpec) -> tuple[str, ...]:
+    """One run of the preview (the mem/GPU cell is filled later by the check)."""
+    s = r.settings
+    off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
+    comp = "cmd" if s.kind == "command" else "dc" if s.deepcompile else "tc" if s.compile else "-"
+    return (
+        str(r.order), r.name, "", f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
+        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name, other_text(r),
+    )  # fmt: skip
+
+
+def preview_rows(runs: list[RunSpec]) -> list[tuple[str, ...]]:
+    """The preview's rows, in run order: the place where a per-run mark (e.g. 'why not') joins them."""
+    return [preview_row(r) for r in runs]
 
 
 def list_text(values: list[Any]) -> str:

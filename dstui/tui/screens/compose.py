@@ -1,4 +1,14 @@
-"""Compose: open or create a spec, pick axis values, see the expanded runs, save, launch.
+"""Compose: open or create a spec, edit every part of it, see the expanded runs, save, launch.
+
+The spec is edited in memory: a plain mapping as PyYAML reads it (what ``dstui
+run`` sees). The file is the user's: it is written only by a save (ctrl+s, or
+Enter on a path in the path field), and a save changes only the edited keys
+(comments, order and layout kept: :func:`dstui.spec.loading.updated_text`).
+dstui's own specs (configs/experiments/, the installed copies) open read-only
+and are saved under a new name. Launching an unchanged spec launches its file;
+launching edits not saved launches them as they are and keeps their text
+beside the batch (dstui/tui/run_control.py), the file untouched. Quitting or
+opening another spec with unsaved edits asks first.
 
 Every edit re-runs :func:`dstui.spec.models.parse_spec` and :func:`dstui.spec.models.expand`
 (pure and cheap), so the run list, its count and the first error (the CLI's
@@ -14,6 +24,8 @@ this screen owns the spec mapping); the right side is
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +40,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, OptionList
 
 from dstui.core.errors import DstuiError, SpecError
-from dstui.spec.models import ExperimentSpec, RunSpec, dump_spec, expand, parse_spec, save_spec
+from dstui.spec.loading import SpecDraft, is_shipped, plain_text, save_spec_text, updated_text
+from dstui.spec.models import ExperimentSpec, RunSpec, expand, parse_spec, read_spec_text
 from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
 from dstui.tui.compose_check import CheckResult
@@ -47,25 +60,36 @@ class Validated(Message):
 
 class ComposeScreen(Screen):
     TITLE = "Compose"
-    HELP = """Open a spec (type a path and Enter, or pick one from the list) or type a new file name to start one.
+    HELP = """Open a spec (type a path and Enter, or pick one from the list); ctrl+n starts a new one.
 A field with one value is a base setting; several values (toggles, or a comma list) make an axis,
-and the run list is their product. Errors are the same as `dstui list` prints.
+and the run list is their product. Mappings and lists (ds_overrides, command, launcher, ...),
+exclusions, explicit conditions and run options are YAML or JSON texts; a list of values is an axis.
+Errors are the same as `dstui list` prints; a text that does not read is shown and not used.
 mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's
 gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.
 ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.
-ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."""
+ctrl+s saves to the path in 'spec file' (only the edited keys change; comments stay). Enter in
+'spec file' saves the edits under that path (asking before overwriting), or opens it when there
+are none. dstui's own specs are read-only: save them under a new name.
+ctrl+r launches the spec as it is in the Runs screen: an edited spec is not saved by launching;
+its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits asks first."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
-        Binding("ctrl+r", "launch", "Save+launch"),
+        Binding("ctrl+r", "launch", "Launch"),
         Binding("ctrl+o", "open", "Open"),
+        Binding("ctrl+n", "new", "New"),
         Binding("ctrl+e", "revisions", "Revisions"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.path: Path | None = None
-        self.data: dict[str, Any] = cm.new_spec("experiment")
+        self.path: Path | None = None  # the file being edited (None: a new spec with no name yet)
+        self.original: str | None = None  # its text when opened or last saved (None: not on disk)
+        self.base: dict[str, Any] = cm.new_spec("experiment")  # what that text means
+        self.data: dict[str, Any] = copy.deepcopy(self.base)  # the spec as edited
+        self.read_only = False  # one of dstui's own specs
+        self.invalid: dict[str, str] = {}  # form widget -> why its text is not used
         self.spec: ExperimentSpec | None = None
         self.runs: list[RunSpec] = []
         self.error: str | None = None
@@ -87,6 +111,15 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
     def preview(self) -> RunPreview:
         return self.query_one(RunPreview)
 
+    @property
+    def path_input(self) -> Input:
+        return self.query_one("#path", Input)
+
+    @property
+    def dirty(self) -> bool:
+        """Edits not saved: the mapping differs from what the file (or the new spec) held."""
+        return self.data != self.base
+
     @staticmethod
     def _rel(p: Path) -> Path:
         try:
@@ -103,33 +136,83 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
             self._fill_form()
             self.recompute()
 
-    # -- loading and saving ----------------------------------------------------
+    # -- opening -------------------------------------------------------------
 
     def load(self, path: Path) -> None:
-        path = Path(path)
-        self.path = path.resolve()
-        self.query_one("#path", Input).value = str(self._rel(self.path))
+        """Edit ``path`` (a new spec named after it when there is no such file); unsaved edits are dropped."""
+        path = Path(path).resolve()
         if path.is_file():
             try:
-                data = yaml.safe_load(path.read_text())
+                text = read_spec_text(path)
+                data = yaml.safe_load(text)
+            except SpecError as e:
+                self.notify(str(e), severity="error")
+                return
             except yaml.YAMLError as e:
-                self.notify(f"{path}: invalid YAML: {e}", severity="error")
+                self.notify(f"{path}: invalid YAML: {' '.join(str(e).split())[:200]}", severity="error")
                 return
             if not isinstance(data, dict):
                 self.notify(f"{path}: a spec must be a YAML mapping", severity="error")
                 return
-            self.data = data
+            self.original, self.base = text, data
+            self.read_only = is_shipped(path)
+            if self.read_only:
+                self.notify(f"{path.name} is one of dstui's own specs: read-only, save it under a new name", timeout=5)
         else:
-            self.data = cm.new_spec(path.stem)
+            self.original, self.base, self.read_only = None, cm.new_spec(path.stem), False
             self.notify(f"new spec {path.name}: ctrl+s saves it", timeout=4)
+        self.path = path
+        self.app.spec_path = path  # type: ignore[attr-defined]
+        self.data = copy.deepcopy(self.base)
+        self.invalid.clear()
+        self.path_input.value = str(self._rel(path))
         self._fill_form()
         self.recompute()
 
+    def ask_discard(self, what: str, then: Callable[[], object]) -> None:
+        """Run ``then`` at once without unsaved edits, else after the user agrees to lose them."""
+        if not self.dirty:
+            then()
+            return
+        from dstui.tui.screens.confirm import ConfirmScreen
+
+        name = self.path.name if self.path else "the new spec"
+        self.app.push_screen(
+            ConfirmScreen(f"{name} has unsaved edits.\n{what} and lose them? (ctrl+s saves them first)"),
+            lambda yes: then() if yes else None,
+        )
+
+    def request_open(self, path: Path) -> None:
+        path = Path(path).resolve()
+        if path == self.path and not self.dirty:
+            return
+        self.ask_discard(f"Open {path.name}", lambda: self.load(path))
+
+    def action_new(self) -> None:
+        def start() -> None:
+            self.path, self.original, self.read_only = None, None, False
+            self.base = cm.new_spec("experiment")
+            self.data = copy.deepcopy(self.base)
+            self.invalid.clear()
+            self.path_input.value = ""
+            self._fill_form()
+            self.recompute()
+            self.path_input.focus()
+
+        self.ask_discard("Start a new spec", start)
+
     def _fill_form(self) -> None:
         self.form.fill(self.data)
-        extras = [k for k in ("conditions", "exclude") if self.data.get(k)]
-        if extras:
-            self.notify("kept as they are: " + ", ".join(extras) + " (edit the YAML for those)", timeout=4)
+        self._show_path()
+
+    def _show_path(self) -> None:
+        if self.read_only:
+            text = "spec file [yellow]read-only (dstui's own)[/]: Enter on a new path saves a copy"
+        elif self.dirty:
+            text = "spec file [bold yellow]● unsaved[/]: ctrl+s saves; Enter saves as the path"
+        else:
+            text = "spec file (Enter opens or starts one)"
+        self.form.show_path(text)
 
     def action_revisions(self) -> None:
         from dstui.tui.screens.revisions import RevisionEditor
@@ -144,61 +227,133 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         self.recompute()
 
     def action_open(self) -> None:
-        self.query_one("#path", Input).focus()
+        self.path_input.focus()
 
     @on(Input.Submitted, "#path")
     def _path_submitted(self, event: Input.Submitted) -> None:
-        if event.value.strip():
-            self.app.spec_path = Path(event.value.strip()).resolve()  # type: ignore[attr-defined]
-            self.load(Path(event.value.strip()))
+        text = event.value.strip()
+        if not text:
+            return
+        target = Path(text).expanduser().resolve()
+        if target == self.path:
+            self.save_to(target)
+        elif target.is_file() and not self.dirty:
+            self.load(target)
+        elif target.is_file() or self.path is not None or self.dirty:
+            self.save_to(target)  # save as: the edits (or a copy of the spec) under the new path
+        else:
+            self.load(target)  # a new spec named after the path
 
     @on(OptionList.OptionSelected, "#files")
     def _file_picked(self, event: OptionList.OptionSelected) -> None:
-        path = Path(str(event.option.id))
-        self.app.spec_path = path.resolve()  # type: ignore[attr-defined]
-        self.load(path)
+        self.request_open(Path(str(event.option.id)))
 
-    def save(self) -> Path | None:
-        text = self.query_one("#path", Input).value.strip()
-        if not text:
-            self.notify("type a file name in 'spec file' first", severity="warning")
-            self.query_one("#path", Input).focus()
-            return None
-        path = Path(text).resolve()
+    # -- saving --------------------------------------------------------------
+
+    def _suggest_path(self) -> Path:
+        """Where a copy of a read-only spec could go: NAME.yaml here, else NAME-2.yaml, ..."""
+        name = str(self.data.get("name") or "experiment")
+        for n in range(1, 100):
+            p = Path.cwd() / (f"{name}.yaml" if n == 1 else f"{name}-{n}.yaml")
+            if not p.exists():
+                return p
+        return Path.cwd() / f"{name}-copy.yaml"
+
+    def _ask_for_path(self, why: str) -> None:
+        self.path_input.value = str(self._rel(self._suggest_path()))
+        self.path_input.focus()
+        self.notify(f"{why}: Enter saves as the path in 'spec file'", severity="warning", timeout=6)
+
+    def save_to(self, target: Path, *, overwrite: bool = False) -> bool:
+        """Write the spec to ``target`` (only the edited keys change); False when it was not written."""
+        if self.invalid:
+            self.notify(f"not saved: {next(iter(self.invalid.values()))}", severity="error", timeout=8)
+            return False
+        if is_shipped(target):
+            self._ask_for_path(f"{target.name} is one of dstui's own specs")
+            return False
+        same = target == self.path
+        if same and not self.dirty and self.original is not None:
+            self.notify("no changes to save")
+            return True
+        if not same and target.exists() and not overwrite:
+            from dstui.tui.screens.confirm import ConfirmScreen
+
+            self.app.push_screen(
+                ConfirmScreen(f"{self._rel(target)} exists.\nOverwrite it with this spec?"),
+                lambda yes: self.save_to(target, overwrite=True) if yes else None,
+            )
+            return False
         try:
-            spec = parse_spec(self.data, file=str(path))
-            expand(spec, file=str(path))
+            spec = parse_spec(self.data, file=str(target))
+            expand(spec, file=str(target))
+            text = updated_text(self.original, self.data, file=str(target))
+            save_spec_text(target, text)
         except SpecError as e:
             self.notify(f"not saved: {e}", severity="error", timeout=8)
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_spec(spec, path)
-        self.path = path
-        self.app.spec_path = path  # type: ignore[attr-defined]
-        # what is on disk is what we edit from now on (normalised by the model)
-        self.data = yaml.safe_load(dump_spec(spec))
-        self.notify(f"saved {self._rel(path)}: {len(self.runs)} runs")
-        return path
+            return False
+        except OSError as e:
+            self.notify(f"not saved: {target}: {e.strerror or e}", severity="error", timeout=8)
+            return False
+        self.path, self.original, self.read_only = target, text, False
+        self.base = copy.deepcopy(self.data)
+        self.app.spec_path = target  # type: ignore[attr-defined]
+        self.path_input.value = str(self._rel(target))
+        self._show_path()
+        self.notify(f"saved {self._rel(target)}: {len(self.runs)} runs")
+        return True
 
     def action_save(self) -> None:
-        self.save()
+        if self.read_only:
+            self._ask_for_path(f"{self.path.name if self.path else 'this spec'} is one of dstui's own specs")
+            return
+        text = self.path_input.value.strip()
+        if not text:
+            self._ask_for_path("this spec has no file yet")
+            return
+        self.save_to(Path(text).expanduser().resolve())
+
+    def draft(self) -> SpecDraft | None:
+        """The spec as edited when that is not its file (unsaved edits, or no file yet); None otherwise."""
+        if self.path is not None and self.original is not None and not self.dirty:
+            return None
+        try:
+            text = updated_text(self.original, self.data)
+        except SpecError:
+            text = plain_text(self.data)  # a copy to launch from: its layout matters less than the runs
+        return SpecDraft(copy.deepcopy(self.data), text, self.path if self.original is not None else None)
 
     def action_launch(self) -> None:
-        if self.save() is not None:
-            self.app.launch_current()  # type: ignore[attr-defined]
+        if self.invalid or self.error:
+            why = next(iter(self.invalid.values()), None) or self.error
+            self.notify(f"not launched: {why}", severity="error", timeout=8)
+            return
+        if self.path is not None and self.original is not None and not self.dirty:
+            self.app.spec_path = self.path  # type: ignore[attr-defined]
+        self.app.launch_current()  # type: ignore[attr-defined]  (launches self.draft() when edited)
 
     # -- editing -------------------------------------------------------------
 
     def on_spec_form_field_edited(self, message: SpecForm.FieldEdited) -> None:
+        self.invalid.pop(message.source, None)
         self.data = cm.set_values(self.data, message.field, message.values)
         self.recompute()
 
     def on_spec_form_top_edited(self, message: SpecForm.TopEdited) -> None:
-        self.data = cm.set_top(self.data, message.key, message.value)
+        self.invalid.pop(message.source, None)
+        if message.key == "run options":
+            self.data = cm.set_run_options(self.data, message.value)
+        else:
+            self.data = cm.set_top(self.data, message.key, message.value)
         self.recompute()
 
     def on_spec_form_invalid(self, message: SpecForm.Invalid) -> None:
-        self.preview.show_error(message.error)
+        self.invalid[message.source] = message.error
+        self.preview.show_error(self._first_error())
+        self._show_path()
+
+    def _first_error(self) -> str | None:
+        return next(iter(self.invalid.values()), None) or self.error
 
     def recompute(self) -> None:
         """parse_spec + expand on the current mapping; update the run list and count."""
@@ -211,7 +366,8 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         except DstuiError as e:
             self.spec, self.runs, self.error = None, [], str(e)
         self.preview.show_runs(self.spec, self.runs)
-        self.preview.show_error(self.error)
+        self.preview.show_error(self._first_error())
+        self._show_path()
         self._schedule_validation()
 
     # -- DeepSpeed validation and memory forecast (thread) ---------------------

@@ -179,18 +179,22 @@ opens the live view on them (no marks: the batch)."""
         run_control.retry(rd, lambda text: self.app.call_from_thread(self.notify, text))
 
     def action_launch(self) -> None:
+        # the spec open in Compose: as edited there when it has unsaved edits (its file is not written)
+        draft = self.app.compose_draft() if hasattr(self.app, "compose_draft") else None
         spec = getattr(self.app, "spec_path", None)
+        if draft is not None:
+            spec = draft.origin or Path.cwd() / f"{draft.data.get('name') or 'experiment'}.yaml"
         if not spec:
             self.notify("open or compose a spec first (1, or ctrl+p: Open spec)", severity="warning")
             return
-        self.notify(f"validating {Path(spec).name} ...")
-        self.launch(Path(spec))
+        self.notify(f"validating {Path(spec).name}{' (as edited, not saved)' if draft else ''} ...")
+        self.launch(Path(spec), draft)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
-    def launch(self, spec: Path) -> None:
+    def launch(self, spec: Path, draft=None) -> None:  # noqa: ANN001 - a SpecDraft (spec models load lazily)
         # the same functions and the same default as `dstui run`: validate everything, lay out folders, detach
         parallel = getattr(self.app, "parallel", run_control.DEFAULT_PARALLEL)
-        b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m))
+        b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m), draft)
         self.post_message(Launched(b.id, n))
 
     def on_launched(self, message: Launched) -> None:
