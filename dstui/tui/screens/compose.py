@@ -207,7 +207,8 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
 
     def _show_path(self) -> None:
         if self.read_only:
-            text = "spec file [yellow]read-only (dstui's own)[/]: Enter on a new path saves a copy"
+            edits = ", [bold yellow]● unsaved[/]" if self.dirty else ""
+            text = f"spec file [yellow]read-only (dstui's own)[/]{edits}: Enter on a new path saves a copy"
         elif self.dirty:
             text = "spec file [bold yellow]● unsaved[/]: ctrl+s saves; Enter saves as the path"
         else:

@@ -98,13 +98,13 @@ class SpecForm(VerticalScroll):
         yield Static(id="revisions")
         for wid in ("tx-exclude", "tx-conditions"):
             label, hint = SPEC_TEXTS[wid]
-            yield Label(label, classes="form-title")
+            yield Label(label, classes="form-section")
             yield _text_area(wid, hint)
         with Collapsible(title=f"more settings ({len(cm.MORE_ORDER)})", id="more", collapsed=True):
             for field in cm.MORE_ORDER:
                 yield from self._field_row(field)
             label, hint = SPEC_TEXTS["tx-options"]
-            yield Label(label, classes="form-title")
+            yield Label(label, classes="form-section")
             yield _text_area("tx-options", hint)
 
     def _field_row(self, field: str) -> ComposeResult:
