@@ -57,7 +57,17 @@ LABELS = {
     "grad_accum": "grad accum",
     "gpus": "GPUs/node",
     "steps": "steps",
+    "dataset_config": "dataset cfg",
+    "dataset_percent": "dataset %",
+    "sequence_parallel": "seq parallel",
+    "mirror_zero3_hooks": "zero3 hooks",
+    "metrics_format": "metrics fmt",
+    "hung_after_s": "hung after s",
+    "stall_after_s": "stall after s",
+    "max_runtime_s": "max runtime s",
+    "load_weights": "load weights",
 }
+LABEL_WIDTH = 13  # the form's label column holds this many characters and a space
 FORM_ORDER = (
     "model", "zero_stage", "offload", "offload_params", "deepcompile", "compile", "dtype",
     "micro_batch", "seq_length", "grad_accum", "activation_checkpointing", "gpus", "steps",

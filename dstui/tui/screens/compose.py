@@ -351,6 +351,11 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
     def on_spec_form_invalid(self, message: SpecForm.Invalid) -> None:
         self.invalid[message.source] = message.error
         self.preview.show_error(self._first_error())
+        # the DeepSpeed check said something about the spec before this edit: not about what is typed now
+        if self._validate_timer is not None:
+            self._validate_timer.stop()
+        self.generation += 1
+        self.preview.check_pending(False)
         self._show_path()
 
     def _first_error(self) -> str | None:

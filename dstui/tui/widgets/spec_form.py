@@ -40,6 +40,9 @@ SPEC_TEXTS = {
 }
 
 
+CHOICE_WIDTH = 29  # the form's columns beside the label (see #form and .form-label in dstui.tcss)
+
+
 def _repo_rel(p: Any) -> str:
     try:
         return str(p.relative_to(REPO_DIR))
@@ -111,11 +114,18 @@ class SpecForm(VerticalScroll):
         kind = cm.field_kind(field)
         label = cm.label_of(field)
         if kind == "choice":
-            boxes = [
-                Toggle(cm.choice_text(v), id=f"ck-{field}-{i}", classes="choice")
-                for i, v in enumerate(cm.choices_of(field))
-            ]
-            yield _row(label, Horizontal(*boxes, classes="choices"))
+            # toggles side by side, on more lines when they do not fit beside the label
+            lines: list[list[Toggle]] = [[]]
+            used = 0
+            for i, v in enumerate(cm.choices_of(field)):
+                text = cm.choice_text(v)
+                if lines[-1] and used + len(text) + 4 > CHOICE_WIDTH:  # '[x]', the text, its padding
+                    lines.append([])
+                    used = 0
+                lines[-1].append(Toggle(text, id=f"ck-{field}-{i}", classes="choice"))
+                used += len(text) + 6  # and the space before the next
+            for n, boxes in enumerate(lines):
+                yield _row(label if n == 0 else "", Horizontal(*boxes, classes="choices"))
         elif kind == "list":
             inp = Input(id=f"in-{field}", compact=True, placeholder="comma list")
             if field == "model":
@@ -123,8 +133,8 @@ class SpecForm(VerticalScroll):
                 inp.placeholder = "preset or hub id, comma list"
             yield _row(label, inp)
         else:
-            yield Label(f"{label} (YAML/JSON; a list of values = axis)", classes="form-title")
-            yield _text_area(f"tx-{field}", "")
+            yield Label(f"{label} (YAML/JSON)", classes="form-title")
+            yield _text_area(f"tx-{field}", "YAML or JSON; a list of values: an axis")
 
     def fill(self, data: dict[str, Any]) -> None:
         """Show a spec mapping (no edit messages come of it)."""
