@@ -30,6 +30,7 @@ from textual.widgets.option_list import Option
 
 from dstui.core.paths import REPO_DIR
 from dstui.tui import compose_model as cm
+from dstui.tui import compose_texts as ct
 from dstui.tui.widgets.toggle import Toggle
 
 # YAML texts of the spec itself (not Settings fields): widget id -> (label, hint)
@@ -149,12 +150,12 @@ class SpecForm(VerticalScroll):
                 elif kind == "list":
                     self.query_one(f"#in-{field}", Input).value = cm.list_text([v for v in values if v is not None])
                 else:
-                    self.query_one(f"#tx-{field}", TextArea).load_text(cm.yaml_text(values[0] if len(values) == 1 else values))
+                    self.query_one(f"#tx-{field}", TextArea).load_text(ct.yaml_text(values[0] if len(values) == 1 else values))
             self.query_one("#repeats", Input).value = str(data.get("repeats", 1))
             self.query_one("#baseline", Input).value = str(data.get("baseline") or "")
-            self.query_one("#tx-exclude", TextArea).load_text(cm.yaml_text(data.get("exclude")))
-            self.query_one("#tx-conditions", TextArea).load_text(cm.yaml_text(data.get("conditions")))
-            self.query_one("#tx-options", TextArea).load_text(cm.yaml_text(cm.run_options(data)))
+            self.query_one("#tx-exclude", TextArea).load_text(ct.yaml_text(data.get("exclude")))
+            self.query_one("#tx-conditions", TextArea).load_text(ct.yaml_text(data.get("conditions")))
+            self.query_one("#tx-options", TextArea).load_text(ct.yaml_text(ct.run_options(data)))
         self.show_revisions(data)
 
     def show_path(self, text: str) -> None:
@@ -200,12 +201,12 @@ class SpecForm(VerticalScroll):
         text = event.text_area.text
         try:
             if wid == "tx-exclude":
-                self.post_message(self.TopEdited("exclude", cm.parse_exclusions(text) or None, wid))
+                self.post_message(self.TopEdited("exclude", ct.parse_exclusions(text) or None, wid))
             elif wid == "tx-conditions":
-                self.post_message(self.TopEdited("conditions", cm.parse_conditions(text) or None, wid))
+                self.post_message(self.TopEdited("conditions", ct.parse_conditions(text) or None, wid))
             elif wid == "tx-options":
-                self.post_message(self.TopEdited("run options", cm.parse_run_options(text), wid))
+                self.post_message(self.TopEdited("run options", ct.parse_run_options(text), wid))
             else:
-                self.post_message(self.FieldEdited(wid[3:], cm.parse_yaml_field(wid[3:], text), wid))
+                self.post_message(self.FieldEdited(wid[3:], ct.parse_yaml_field(wid[3:], text), wid))
         except ValueError as e:
             self.post_message(self.Invalid(wid, str(e)))
