@@ -33,6 +33,8 @@ def read_yaml(text: str, what: str) -> Any:
         raise ValueError(f"{what}: {len(text)} characters; at most {MAX_TEXT}")
     try:
         return yaml.safe_load(text) if text.strip() else None
+    except RecursionError:
+        raise ValueError(f"{what}: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

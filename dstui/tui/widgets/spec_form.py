@@ -56,7 +56,7 @@ def _row(label: str, widget: Any) -> Horizontal:
 
 
 def _text_area(wid: str, hint: str) -> TextArea:
-    area = TextArea(id=wid, classes="yaml-text", soft_wrap=True, show_line_numbers=False, tab_behavior="indent")
+    area = TextArea(id=wid, classes="yaml-text", soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
     area.placeholder = hint
     return area
 
