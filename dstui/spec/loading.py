@@ -183,7 +183,7 @@ def _fresh(value: Any, *, flow: bool | None = None) -> Any:
     if isinstance(value, str):
         try:
             plain = yaml.safe_load(value)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             plain = None
         if plain != value:
             return SingleQuotedScalarString(value)
@@ -324,12 +324,18 @@ def updated_text(original: str | None, data: dict[str, Any], *, file: str | None
     if not isinstance(old, dict):
         raise SpecError("the file on disk is not a YAML mapping; save under a new name", file=file)
     rt = _yaml_rt(original)
-    doc = rt.load(original)
-    if not isinstance(doc, dict):
-        raise SpecError("the file on disk is not a YAML mapping; save under a new name", file=file)
-    _apply(doc, old, data)
-    buf = io.StringIO()
-    rt.dump(doc, buf)
+    try:
+        doc = rt.load(original)
+        if not isinstance(doc, dict):
+            raise SpecError("the file on disk is not a YAML mapping; save under a new name", file=file)
+        _apply(doc, old, data)
+        buf = io.StringIO()
+        rt.dump(doc, buf)
+    except SpecError:
+        raise
+    except Exception as e:  # ruamel is stricter than PyYAML (e.g. a key given twice): say so, write nothing
+        why = " ".join(str(e).split())[:200]
+        raise SpecError(f"cannot keep this file's layout ({type(e).__name__}: {why}); save under a new name", file=file) from None
     text = buf.getvalue()
     if yaml.safe_load(text) != data:
         raise SpecError("this edit cannot be written without changing other keys; save under a new name", file=file)

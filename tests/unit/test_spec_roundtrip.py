@@ -103,6 +103,12 @@ def test_a_file_that_is_not_a_mapping_is_refused() -> None:
         updated_text("- a\n- b\n", {"name": "x"})
 
 
+def test_a_key_given_twice_is_refused_not_a_traceback() -> None:
+    text = "name: a\nsettings: {steps: 3}\nsettings: {steps: 4}\n"  # PyYAML takes the last, ruamel refuses
+    with pytest.raises(SpecError, match="cannot keep this file's layout"):
+        updated_text(text, {"name": "b", "settings": {"steps": 4}})
+
+
 def test_shipped_specs_are_recognised(tmp_path) -> None:  # noqa: ANN001
     shipped = shipped_spec_dirs()[0] / "smoke.yaml"
     assert shipped.is_file() and is_shipped(shipped)

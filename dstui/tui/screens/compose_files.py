@@ -152,7 +152,7 @@ class SpecFileActions:
         try:
             spec = parse_spec(self.data, file=str(target))
             expand(spec, file=str(target))
-            text = updated_text(self.original, self.data, file=str(target))
+            text = self._text_for(target, same)
             save_spec_text(target, text)
         except SpecError as e:
             self.notify(f"not saved: {e}", severity="error", timeout=8)
@@ -167,6 +167,16 @@ class SpecFileActions:
         self._show_path()
         self.notify(f"saved {self._rel(target)}: {len(self.runs)} runs")
         return True
+
+    def _text_for(self, target: Path, same: bool) -> str:
+        """The file's text with the edits; under a new name, plain YAML when the layout cannot be kept."""
+        try:
+            return updated_text(self.original, self.data, file=str(target))
+        except SpecError as e:
+            if same:
+                raise
+            self.notify(f"{e.message.split(';')[0]}: written as plain YAML, without its comments", severity="warning", timeout=8)
+            return plain_text(self.data)
 
     def action_save(self) -> None:
         if self.read_only:
