@@ -29,7 +29,7 @@ from dstui.core.secrets import prune_private, redact, strip_credentials
 from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
-from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec
+from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
 
 
 @dataclass
@@ -52,11 +52,16 @@ def plan(
     only: list[str] | None = None,
     executor: str | None = None,
     slurm: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> Plan:
-    """A validated spec; ``executor`` and ``slurm`` (set fields only) override the spec's (CLI flags)."""
+    """A validated spec; ``executor`` and ``slurm`` (set fields only) override the spec's (CLI flags).
+
+    ``data``: the spec as edited in Compose and not saved; ``spec_path`` then only names it and
+    places relative ds_config paths.
+    """
     spec_path = Path(spec_path).resolve()
     file = str(spec_path)
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path) if data is None else parse_spec(data, file=file)
     if executor or slurm:
         spec = with_executor(spec, executor, slurm or {}, file=file)
     runs = expand(spec, file=file)
@@ -83,8 +88,6 @@ def with_executor(spec: ExperimentSpec, executor: str | None, slurm: dict[str, A
     if executor:
         data["executor"] = executor
     data["slurm"] = {**data.get("slurm", {}), **{k: v for k, v in slurm.items() if v is not None}}
-    from dstui.spec.models import parse_spec
-
     return parse_spec(data, file=file)
 
 

@@ -115,7 +115,20 @@ class DstuiApp(App):
         self.switch_mode("compose")
         screen = self.screen
         if isinstance(screen, ComposeScreen):
-            screen.load(self.spec_path)
+            screen.request_open(self.spec_path)  # asks first when the open spec has unsaved edits
+
+    def compose_draft(self):  # noqa: ANN201 - a SpecDraft or None (spec models load lazily)
+        """The spec open in Compose when it has edits not saved (launch that, not its file); else None."""
+        screen = self.get_screen_for_mode("compose")
+        return screen.draft() if screen is not None and hasattr(screen, "draft") else None
+
+    async def action_quit(self) -> None:
+        """Quit; with unsaved edits in Compose, only after the user says so."""
+        screen = self.get_screen_for_mode("compose")
+        if screen is not None and getattr(screen, "dirty", False):
+            screen.ask_discard("Quit", self.exit)
+            return
+        self.exit()
 
     def launch_current(self) -> None:
         self.switch_mode("runs")

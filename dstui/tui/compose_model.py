@@ -1,19 +1,28 @@
 """The compose screen's editing model over a spec mapping (no textual here).
 
-A spec is edited as the plain mapping YAML gives (so fields the form does not
-show, like ``exclude`` or explicit ``conditions``, survive a save). A form
-field with one value goes to ``settings``; with several values it becomes an
-axis; with none it falls back to the default.
+A spec is edited as the plain mapping YAML gives (what ``dstui run`` reads), so
+the file can be written back by changing only the edited keys
+(:func:`dstui.spec.loading.updated_text`). A form field with one value goes to
+``settings``; with several values it becomes an axis; with none it falls back
+to the default. Every Settings field has a form row, chosen by its type
+(:func:`field_kind`): toggles for booleans and fixed choices, a comma list for
+numbers and words, a YAML/JSON text for mappings, lists and nested options
+(``ds_overrides``, ``command``, ``launcher``; read by
+:mod:`dstui.tui.compose_texts`). :func:`preview_rows` builds the preview's rows.
 """
 
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import yaml
 
 from dstui.core.paths import CONFIGS_DIR
-from dstui.spec.models import Settings
+from dstui.spec.models import RunSpec, Settings
 
 # (field, label, kind, choices) in form order. kind: "choice" (toggles), "list" (comma list)
 CHOICES: dict[str, list[Any]] = {
@@ -47,11 +56,66 @@ LABELS = {
     "grad_accum": "grad accum",
     "gpus": "GPUs/node",
     "steps": "steps",
+    "dataset_config": "dataset cfg",
+    "dataset_percent": "dataset %",
+    "sequence_parallel": "seq parallel",
+    "mirror_zero3_hooks": "zero3 hooks",
+    "metrics_format": "metrics fmt",
+    "hung_after_s": "hung after s",
+    "stall_after_s": "stall after s",
+    "max_runtime_s": "max runtime s",
+    "load_weights": "load weights",
 }
+LABEL_WIDTH = 13  # the form's label column holds this many characters and a space
 FORM_ORDER = (
     "model", "zero_stage", "offload", "offload_params", "deepcompile", "compile", "dtype",
     "micro_batch", "seq_length", "grad_accum", "activation_checkpointing", "gpus", "steps",
 )  # fmt: skip
+
+
+def _plain(annotation: Any) -> tuple[Any, bool]:
+    """(the annotation without ``| None``, whether None is allowed)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def field_kind(field: str) -> str:
+    """How the form edits a Settings field: 'choice' (toggles), 'list' (comma list) or 'yaml' (a text)."""
+    if field in CHOICES:
+        return "choice"
+    if field in LIST_FIELDS:
+        return "list"
+    ann, _ = _plain(Settings.model_fields[field].annotation)
+    if ann is bool or typing.get_origin(ann) is Literal:
+        return "choice"
+    if ann in (int, float, str):
+        return "list"
+    return "yaml"
+
+
+def choices_of(field: str) -> list[Any]:
+    if field in CHOICES:
+        return CHOICES[field]
+    ann, _ = _plain(Settings.model_fields[field].annotation)
+    return [False, True] if ann is bool else list(typing.get_args(ann))
+
+
+def scalar_type(field: str) -> type:
+    if field in LIST_FIELDS:
+        return LIST_FIELDS[field]
+    return _plain(Settings.model_fields[field].annotation)[0]
+
+
+def label_of(field: str) -> str:
+    return LABELS.get(field) or field.replace("_", " ")
+
+
+# every other Settings field, in the model's order, below the main ones
+MORE_ORDER = tuple(f for f in Settings.model_fields if f not in FORM_ORDER)
 
 
 def choice_text(value: Any) -> str:
@@ -73,7 +137,8 @@ def new_spec(name: str) -> dict[str, Any]:
 
 
 def default(field: str) -> Any:
-    return Settings.model_fields[field].default
+    value = Settings.model_fields[field].get_default(call_default_factory=True)
+    return value.model_dump(mode="json", exclude_defaults=True) if hasattr(value, "model_dump") else value
 
 
 def values_of(data: dict[str, Any], field: str) -> list[Any]:
@@ -89,6 +154,7 @@ def values_of(data: dict[str, Any], field: str) -> list[Any]:
 
 def set_values(data: dict[str, Any], field: str, values: list[Any]) -> dict[str, Any]:
     """A copy of ``data`` with the field's values set (one: setting; several: axis)."""
+    had_settings = "settings" in data
     data = copy.deepcopy(data)
     settings = data.setdefault("settings", {}) or {}
     data["settings"] = settings
@@ -112,22 +178,74 @@ def set_values(data: dict[str, Any], field: str, values: list[Any]) -> dict[str,
     data["axes"] = axes
     if not axes:
         data.pop("axes")
+    if not settings and not had_settings:
+        data.pop("settings")  # an edit undone leaves the mapping as it was
     return data
 
 
 def parse_list(field: str, text: str) -> list[Any]:
-    """Comma- or space-separated values of a list field; ValueError names the bad one."""
-    kind = LIST_FIELDS[field]
+    """Comma-separated values of a list field (numbers: spaces too); ValueError names the bad one."""
+    kind = scalar_type(field)
+    parts = text.replace(",", " ").split() if kind in (int, float) or field == "model" else [p.strip() for p in text.split(",")]
     out: list[Any] = []
-    for part in text.replace(",", " ").split():
+    for part in (p for p in parts if p):
         if kind is int:
             try:
                 out.append(int(part))
             except ValueError:
-                raise ValueError(f"{LABELS[field]}: '{part}' is not a whole number") from None
+                raise ValueError(f"{label_of(field)}: '{part}' is not a whole number") from None
+        elif kind is float:
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise ValueError(f"{label_of(field)}: '{part}' is not a number") from None
         else:
             out.append(part)
     return out
+
+
+# -- the preview's rows ------------------------------------------------------------------
+
+PREVIEW_COLUMNS = ("#", "run", "mem/GPU", "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model", "other")
+SHOWN = {"zero_stage", "offload", "offload_params", "deepcompile", "compile", "kind", "dtype", "micro_batch",
+         "seq_length", "grad_accum", "gpus", "nodes", "model"}  # fmt: skip
+OTHER_MAX = 60
+
+
+def other_text(r: RunSpec) -> str:
+    """The run's settings that differ from the defaults and have no column of their own, short."""
+    s = r.settings
+    parts = []
+    for name in Settings.model_fields:
+        if name in SHOWN:
+            continue
+        value = getattr(s, name)
+        if value == default(name) or (name == "warmup_steps" and value == 2) or name == "steps":
+            continue
+        if hasattr(value, "model_dump"):
+            value = value.model_dump(exclude_defaults=True)
+            if not value:
+                continue
+        text = yaml.safe_dump(value, default_flow_style=True, width=4096).strip().removesuffix("...").strip()
+        parts.append(name if value is True else f"{name}={text}")
+    out = " ".join(parts)
+    return out if len(out) <= OTHER_MAX else out[: OTHER_MAX - 1] + "…"
+
+
+def preview_row(r: RunSpec) -> tuple[str, ...]:
+    """One run of the preview (the mem/GPU cell is filled later by the check)."""
+    s = r.settings
+    off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
+    comp = "cmd" if s.kind == "command" else "dc" if s.deepcompile else "tc" if s.compile else "-"
+    return (
+        str(r.order), r.name, "", f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
+        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name, other_text(r),
+    )  # fmt: skip
+
+
+def preview_rows(runs: list[RunSpec]) -> list[tuple[str, ...]]:
+    """The preview's rows, in run order: the place where a per-run mark (e.g. 'why not') joins them."""
+    return [preview_row(r) for r in runs]
 
 
 def list_text(values: list[Any]) -> str:

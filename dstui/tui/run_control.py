@@ -10,12 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dstui.core import paths
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute.gpu_share import AUTO
 
+if TYPE_CHECKING:  # the spec models cost ~0.2 s to import: not on the TUI's start path
+    from dstui.spec.loading import SpecDraft
+
 MAX_BATCHES = 30
+DRAFT_FILE = "spec.yaml"  # an edited, unsaved spec's copy beside the batch it launched
 TAKEOVER_GRACE_S = 30.0
 # `dstui run`'s --parallel default: as many runs at once as fit on disjoint GPUs of this box,
 # one at a time without GPUs (dstui/execute/gpu_share.py)
@@ -31,20 +36,35 @@ def supervised(b: BatchDir) -> bool:
     return is_supervised(b)
 
 
-def launch(spec: Path, parallel: int, progress: Callable[[str], None], *, force: bool = False) -> tuple[BatchDir, int]:
+def launch(
+    spec: Path,
+    parallel: int,
+    progress: Callable[[str], None],
+    draft: SpecDraft | None = None,
+    *,
+    force: bool = False,
+) -> tuple[BatchDir, int]:
     """Validate everything, lay out folders, detach a supervisor: (the batch, its number of runs).
 
+    ``draft``: a spec edited in Compose and not saved. It runs as edited, and its text is
+    written as ``spec.yaml`` in the batch folder (batch.json's ``spec_path`` names that copy,
+    ``edited_from`` the file it came from); the user's file is never written by a launch.
     Runs that cannot work on this machine raise :class:`~dstui.execute.feasibility.InfeasibleRuns`
     (the screen asks whether to launch anyway: ``force``), as `dstui run` refuses them.
     """
     from dstui.analysis import forecast
     from dstui.execute import batch, feasibility, supervisor, sysmetrics
+    from dstui.spec.loading import save_spec_text
 
-    p = batch.plan(spec, progress=progress)
+    p = batch.plan(spec, progress=progress, data=draft.data if draft else None)
     forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=False)
     feasibility.refuse_infeasible(p, force=force, forecasts=forecasts, capacity=capacity,
                                   skip_predicted_oom=p.spec.skip_predicted_oom)  # fmt: skip
     b = batch.create(p, parallel=parallel)
+    if draft is not None:
+        copy = b.path / DRAFT_FILE
+        save_spec_text(copy, draft.text)
+        b.update_info(spec_path=str(copy), edited_from=str(draft.origin) if draft.origin else None)
     supervisor.spawn(b)
     return b, len(p.runs)
 

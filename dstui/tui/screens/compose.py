@@ -1,4 +1,14 @@
-"""Compose: open or create a spec, pick axis values, see the expanded runs, save, launch.
+"""Compose: open or create a spec, edit every part of it, see the expanded runs, save, launch.
+
+The spec is edited in memory: a plain mapping as PyYAML reads it (what ``dstui
+run`` sees). The file is the user's: it is written only by a save (ctrl+s, or
+Enter on a path in the path field), and a save changes only the edited keys
+(comments, order and layout kept: :func:`dstui.spec.loading.updated_text`).
+dstui's own specs (configs/experiments/, the installed copies) open read-only
+and are saved under a new name. Launching an unchanged spec launches its file;
+launching edits not saved launches them as they are and keeps their text
+beside the batch (dstui/tui/run_control.py), the file untouched. Quitting or
+opening another spec with unsaved edits asks first.
 
 Every edit re-runs :func:`dstui.spec.models.parse_spec` and :func:`dstui.spec.models.expand`
 (pure and cheap), so the run list, its count and the first error (the CLI's
@@ -14,10 +24,10 @@ this screen owns the spec mapping); the right side is
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -27,11 +37,13 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, OptionList
 
-from dstui.core.errors import DstuiError, SpecError
-from dstui.spec.models import ExperimentSpec, RunSpec, dump_spec, expand, parse_spec, save_spec
+from dstui.core.errors import DstuiError
+from dstui.spec.models import ExperimentSpec, RunSpec, expand, parse_spec
 from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
+from dstui.tui import compose_texts as ct
 from dstui.tui.compose_check import CheckResult
+from dstui.tui.screens.compose_files import SpecFileActions
 from dstui.tui.widgets.run_preview import RunPreview
 from dstui.tui.widgets.spec_form import SpecForm
 
@@ -45,27 +57,38 @@ class Validated(Message):
         self.result = result
 
 
-class ComposeScreen(Screen):
+class ComposeScreen(SpecFileActions, Screen):
     TITLE = "Compose"
-    HELP = """Open a spec (type a path and Enter, or pick one from the list) or type a new file name to start one.
+    HELP = """Open a spec (type a path and Enter, or pick one from the list); ctrl+n starts a new one.
 A field with one value is a base setting; several values (toggles, or a comma list) make an axis,
-and the run list is their product. Errors are the same as `dstui list` prints.
+and the run list is their product. Mappings and lists (ds_overrides, command, launcher, ...),
+exclusions, explicit conditions and run options are YAML or JSON texts; a list of values is an axis.
+Errors are the same as `dstui list` prints; a text that does not read is shown and not used.
 mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's
 gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.
 ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.
-ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."""
+ctrl+s saves to the path in 'spec file' (only the edited keys change; comments stay). Enter in
+'spec file' saves the edits under that path (asking before overwriting), or opens it when there
+are none. dstui's own specs are read-only: save them under a new name.
+ctrl+r launches the spec as it is in the Runs screen: an edited spec is not saved by launching;
+its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits asks first."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
-        Binding("ctrl+r", "launch", "Save+launch"),
+        Binding("ctrl+r", "launch", "Launch"),
         Binding("ctrl+o", "open", "Open"),
+        Binding("ctrl+n", "new", "New"),
         Binding("ctrl+e", "revisions", "Revisions"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.path: Path | None = None
-        self.data: dict[str, Any] = cm.new_spec("experiment")
+        self.path: Path | None = None  # the file being edited (None: a new spec with no name yet)
+        self.original: str | None = None  # its text when opened or last saved (None: not on disk)
+        self.base: dict[str, Any] = cm.new_spec("experiment")  # what that text means
+        self.data: dict[str, Any] = copy.deepcopy(self.base)  # the spec as edited
+        self.read_only = False  # one of dstui's own specs
+        self.invalid: dict[str, str] = {}  # form widget -> why its text is not used
         self.spec: ExperimentSpec | None = None
         self.runs: list[RunSpec] = []
         self.error: str | None = None
@@ -87,6 +110,15 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
     def preview(self) -> RunPreview:
         return self.query_one(RunPreview)
 
+    @property
+    def path_input(self) -> Input:
+        return self.query_one("#path", Input)
+
+    @property
+    def dirty(self) -> bool:
+        """Edits not saved: the mapping differs from what the file (or the new spec) held."""
+        return self.data != self.base
+
     @staticmethod
     def _rel(p: Path) -> Path:
         try:
@@ -103,33 +135,19 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
             self._fill_form()
             self.recompute()
 
-    # -- loading and saving ----------------------------------------------------
-
-    def load(self, path: Path) -> None:
-        path = Path(path)
-        self.path = path.resolve()
-        self.query_one("#path", Input).value = str(self._rel(self.path))
-        if path.is_file():
-            try:
-                data = yaml.safe_load(path.read_text())
-            except yaml.YAMLError as e:
-                self.notify(f"{path}: invalid YAML: {e}", severity="error")
-                return
-            if not isinstance(data, dict):
-                self.notify(f"{path}: a spec must be a YAML mapping", severity="error")
-                return
-            self.data = data
-        else:
-            self.data = cm.new_spec(path.stem)
-            self.notify(f"new spec {path.name}: ctrl+s saves it", timeout=4)
-        self._fill_form()
-        self.recompute()
-
     def _fill_form(self) -> None:
         self.form.fill(self.data)
-        extras = [k for k in ("conditions", "exclude") if self.data.get(k)]
-        if extras:
-            self.notify("kept as they are: " + ", ".join(extras) + " (edit the YAML for those)", timeout=4)
+        self._show_path()
+
+    def _show_path(self) -> None:
+        if self.read_only:
+            edits = ", [bold yellow]● unsaved[/]" if self.dirty else ""
+            text = f"spec file [yellow]read-only (dstui's own)[/]{edits}: Enter on a new path saves a copy"
+        elif self.dirty:
+            text = "spec file [bold yellow]● unsaved[/]: ctrl+s saves; Enter saves as the path"
+        else:
+            text = "spec file (Enter opens or starts one)"
+        self.form.show_path(text)
 
     def action_revisions(self) -> None:
         from dstui.tui.screens.revisions import RevisionEditor
@@ -144,61 +162,52 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         self.recompute()
 
     def action_open(self) -> None:
-        self.query_one("#path", Input).focus()
+        self.path_input.focus()
 
     @on(Input.Submitted, "#path")
     def _path_submitted(self, event: Input.Submitted) -> None:
-        if event.value.strip():
-            self.app.spec_path = Path(event.value.strip()).resolve()  # type: ignore[attr-defined]
-            self.load(Path(event.value.strip()))
+        self.path_entered(event.value)
 
     @on(OptionList.OptionSelected, "#files")
     def _file_picked(self, event: OptionList.OptionSelected) -> None:
-        path = Path(str(event.option.id))
-        self.app.spec_path = path.resolve()  # type: ignore[attr-defined]
-        self.load(path)
-
-    def save(self) -> Path | None:
-        text = self.query_one("#path", Input).value.strip()
-        if not text:
-            self.notify("type a file name in 'spec file' first", severity="warning")
-            self.query_one("#path", Input).focus()
-            return None
-        path = Path(text).resolve()
-        try:
-            spec = parse_spec(self.data, file=str(path))
-            expand(spec, file=str(path))
-        except SpecError as e:
-            self.notify(f"not saved: {e}", severity="error", timeout=8)
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_spec(spec, path)
-        self.path = path
-        self.app.spec_path = path  # type: ignore[attr-defined]
-        # what is on disk is what we edit from now on (normalised by the model)
-        self.data = yaml.safe_load(dump_spec(spec))
-        self.notify(f"saved {self._rel(path)}: {len(self.runs)} runs")
-        return path
-
-    def action_save(self) -> None:
-        self.save()
+        self.request_open(Path(str(event.option.id)))
 
     def action_launch(self) -> None:
-        if self.save() is not None:
-            self.app.launch_current()  # type: ignore[attr-defined]
+        if self.invalid or self.error:
+            why = next(iter(self.invalid.values()), None) or self.error
+            self.notify(f"not launched: {why}", severity="error", timeout=8)
+            return
+        if self.path is not None and self.original is not None and not self.dirty:
+            self.app.spec_path = self.path  # type: ignore[attr-defined]
+        self.app.launch_current()  # type: ignore[attr-defined]  (launches self.draft() when edited)
 
     # -- editing -------------------------------------------------------------
 
     def on_spec_form_field_edited(self, message: SpecForm.FieldEdited) -> None:
+        self.invalid.pop(message.source, None)
         self.data = cm.set_values(self.data, message.field, message.values)
         self.recompute()
 
     def on_spec_form_top_edited(self, message: SpecForm.TopEdited) -> None:
-        self.data = cm.set_top(self.data, message.key, message.value)
+        self.invalid.pop(message.source, None)
+        if message.key == "run options":
+            self.data = ct.set_run_options(self.data, message.value)
+        else:
+            self.data = cm.set_top(self.data, message.key, message.value)
         self.recompute()
 
     def on_spec_form_invalid(self, message: SpecForm.Invalid) -> None:
-        self.preview.show_error(message.error)
+        self.invalid[message.source] = message.error
+        self.preview.show_error(self._first_error())
+        # the DeepSpeed check said something about the spec before this edit: not about what is typed now
+        if self._validate_timer is not None:
+            self._validate_timer.stop()
+        self.generation += 1
+        self.preview.check_pending(False)
+        self._show_path()
+
+    def _first_error(self) -> str | None:
+        return next(iter(self.invalid.values()), None) or self.error
 
     def recompute(self) -> None:
         """parse_spec + expand on the current mapping; update the run list and count."""
@@ -211,7 +220,8 @@ ctrl+s saves the spec as YAML; ctrl+r saves and launches it in the Runs screen."
         except DstuiError as e:
             self.spec, self.runs, self.error = None, [], str(e)
         self.preview.show_runs(self.spec, self.runs)
-        self.preview.show_error(self.error)
+        self.preview.show_error(self._first_error())
+        self._show_path()
         self._schedule_validation()
 
     # -- DeepSpeed validation and memory forecast (thread) ---------------------

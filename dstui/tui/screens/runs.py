@@ -34,10 +34,11 @@ class Launched(Message):
 class NeedsForce(Message):
     """Some runs of the spec cannot work here: ask before launching them anyway."""
 
-    def __init__(self, spec: Path, text: str) -> None:
+    def __init__(self, spec: Path, text: str, draft: object = None) -> None:
         super().__init__()
         self.spec = spec
         self.text = text
+        self.draft = draft  # the Compose edits being launched (a SpecDraft), if any
 
 
 class Supervised(Message):
@@ -214,23 +215,28 @@ opens the live view on them (no marks: the batch)."""
         run_control.retry(rd, lambda text: self.app.call_from_thread(self.notify, text))
 
     def action_launch(self) -> None:
+        # the spec open in Compose: as edited there when it has unsaved edits (its file is not written)
+        draft = self.app.compose_draft() if hasattr(self.app, "compose_draft") else None
         spec = getattr(self.app, "spec_path", None)
+        if draft is not None:
+            spec = draft.origin or Path.cwd() / f"{draft.data.get('name') or 'experiment'}.yaml"
         if not spec:
             self.notify("open or compose a spec first (1, or ctrl+p: Open spec)", severity="warning")
             return
-        self.notify(f"validating {Path(spec).name} ...")
-        self.launch(Path(spec))
+        self.notify(f"validating {Path(spec).name}{' (as edited, not saved)' if draft else ''} ...")
+        self.launch(Path(spec), draft)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
-    def launch(self, spec: Path, force: bool = False) -> None:
+    def launch(self, spec: Path, draft=None, force: bool = False) -> None:  # noqa: ANN001 - a SpecDraft (spec models load lazily)
         # the same functions and the same default as `dstui run`: validate everything, lay out folders, detach
         from dstui.execute.feasibility import InfeasibleRuns
 
         parallel = getattr(self.app, "parallel", run_control.DEFAULT_PARALLEL)
         try:
-            b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m), force=force)
+            b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m), draft,
+                                      force=force)  # fmt: skip
         except InfeasibleRuns as e:
-            self.post_message(NeedsForce(spec, str(e)))
+            self.post_message(NeedsForce(spec, str(e), draft))
             return
         self.post_message(Launched(b.id, n))
 
@@ -239,7 +245,7 @@ opens the live view on them (no marks: the batch)."""
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.launch(message.spec, force=True)
+                self.launch(message.spec, message.draft, force=True)
 
         self.app.push_screen(ConfirmScreen(f"{text}\n\nLaunch them anyway?"), answer)
 

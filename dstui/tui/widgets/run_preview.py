@@ -8,31 +8,18 @@ the forecast cells read '…' until then.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from dstui.spec.models import ExperimentSpec, RunSpec
+from dstui.tui import compose_model as cm
 from dstui.tui.compose_check import CheckResult
 
 MEMORY = "mem/GPU"
-RUN_COLUMNS = ("#", "run", MEMORY, "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model")
+RUN_COLUMNS = cm.PREVIEW_COLUMNS
 PENDING = Text("…", style="dim")
-
-
-def run_row(r: RunSpec) -> tuple:
-    s = r.settings
-    off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
-    comp = "dc" if s.deepcompile else ("tc" if s.compile else "-")
-    if s.kind == "command":
-        comp = "cmd"
-    return (
-        str(r.order), r.name, PENDING, f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
-        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name,
-    )  # fmt: skip
 
 
 class RunPreview(Vertical):
@@ -53,8 +40,11 @@ class RunPreview(Vertical):
     def show_runs(self, spec: ExperimentSpec | None, runs: list[RunSpec]) -> None:
         table = self.query_one("#runlist", DataTable)
         table.clear()
-        for r in runs:
-            table.add_row(*run_row(r), key=r.name)
+        mem = RUN_COLUMNS.index(MEMORY)
+        for r, row in zip(runs, cm.preview_rows(runs), strict=True):
+            cells: list = list(row)
+            cells[mem] = PENDING
+            table.add_row(*cells, key=r.name)
         count = self.query_one("#count", Static)
         if spec is not None:
             n_cond = len({r.condition for r in runs})

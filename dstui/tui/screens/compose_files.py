@@ -1,0 +1,199 @@
+"""Compose's file side: open, save, save as, the unsaved-edits question, the spec to launch.
+
+A spec file is the user's. Nothing here writes one except a save the user asks
+for (ctrl+s, or Enter in 'spec file'); a save changes only the edited keys
+(:func:`dstui.spec.loading.updated_text`) and is refused for dstui's own specs
+(:func:`dstui.spec.loading.is_shipped`), which are saved under a new name.
+Launching edits that are not saved hands :meth:`SpecFileActions.draft` to the
+launch (dstui/tui/run_control.py), which keeps its text beside the batch.
+
+A mixin of :class:`~dstui.tui.screens.compose.ComposeScreen`: it uses the
+screen's spec state (``path``, ``original``, ``base``, ``data``, ``read_only``,
+``invalid``) and its form.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dstui.core.errors import SpecError
+from dstui.spec.loading import SpecDraft, is_shipped, plain_text, save_spec_text, updated_text
+from dstui.spec.models import expand, parse_spec, read_spec_text
+from dstui.tui import compose_model as cm
+
+
+class SpecFileActions:
+    """Opening and saving the spec a Compose screen edits."""
+
+    path: Path | None
+    original: str | None
+    base: dict[str, Any]
+    data: dict[str, Any]
+    read_only: bool
+    invalid: dict[str, str]
+
+    def load(self, path: Path) -> None:
+        """Edit ``path`` (a new spec named after it when there is no such file); unsaved edits are dropped."""
+        path = Path(path).resolve()
+        if path.is_file():
+            try:
+                text = read_spec_text(path)
+                data = yaml.safe_load(text)
+            except SpecError as e:
+                self.notify(str(e), severity="error")
+                return
+            except yaml.YAMLError as e:
+                self.notify(f"{path}: invalid YAML: {' '.join(str(e).split())[:200]}", severity="error")
+                return
+            if not isinstance(data, dict):
+                self.notify(f"{path}: a spec must be a YAML mapping", severity="error")
+                return
+            self.original, self.base = text, data
+            self.read_only = is_shipped(path)
+            if self.read_only:
+                self.notify(f"{path.name} is one of dstui's own specs: read-only, save it under a new name", timeout=5)
+        else:
+            self.original, self.base, self.read_only = None, cm.new_spec(path.stem), False
+            self.notify(f"new spec {path.name}: ctrl+s saves it", timeout=4)
+        self.path = path
+        self.app.spec_path = path  # type: ignore[attr-defined]
+        self.data = copy.deepcopy(self.base)
+        self.invalid.clear()
+        self.path_input.value = str(self._rel(path))
+        self._fill_form()
+        self.recompute()
+
+    def ask_discard(self, what: str, then: Callable[[], object]) -> None:
+        """Run ``then`` at once without unsaved edits, else after the user agrees to lose them."""
+        if not self.dirty:
+            then()
+            return
+        from dstui.tui.screens.confirm import ConfirmScreen
+
+        name = self.path.name if self.path else "the new spec"
+        self.app.push_screen(
+            ConfirmScreen(f"{name} has unsaved edits.\n{what} and lose them? (ctrl+s saves them first)"),
+            lambda yes: then() if yes else None,
+        )
+
+    def request_open(self, path: Path) -> None:
+        path = Path(path).resolve()
+        if path == self.path and not self.dirty:
+            return
+        self.ask_discard(f"Open {path.name}", lambda: self.load(path))
+
+    def action_new(self) -> None:
+        def start() -> None:
+            self.path, self.original, self.read_only = None, None, False
+            self.base = cm.new_spec("experiment")
+            self.data = copy.deepcopy(self.base)
+            self.invalid.clear()
+            self.path_input.value = ""
+            self._fill_form()
+            self.recompute()
+            self.path_input.focus()
+
+        self.ask_discard("Start a new spec", start)
+
+    def path_entered(self, value: str) -> None:
+        """Enter in 'spec file': save (as) with edits or from a file, open without edits, else start a new spec."""
+        text = value.strip()
+        if not text:
+            return
+        target = Path(text).expanduser().resolve()
+        if target == self.path:
+            self.save_to(target)
+        elif target.is_file() and not self.dirty:
+            self.load(target)
+        elif target.is_file() or self.path is not None or self.dirty:
+            self.save_to(target)  # save as: the edits (or a copy of the spec) under the new path
+        else:
+            self.load(target)  # a new spec named after the path
+
+    def _suggest_path(self) -> Path:
+        """Where a copy of a read-only spec could go: NAME.yaml here, else NAME-2.yaml, ..."""
+        name = str(self.data.get("name") or "experiment")
+        for n in range(1, 100):
+            p = Path.cwd() / (f"{name}.yaml" if n == 1 else f"{name}-{n}.yaml")
+            if not p.exists():
+                return p
+        return Path.cwd() / f"{name}-copy.yaml"
+
+    def _ask_for_path(self, why: str) -> None:
+        self.path_input.value = str(self._rel(self._suggest_path()))
+        self.path_input.focus()
+        self.notify(f"{why}: Enter saves as the path in 'spec file'", severity="warning", timeout=6)
+
+    def save_to(self, target: Path, *, overwrite: bool = False) -> bool:
+        """Write the spec to ``target`` (only the edited keys change); False when it was not written."""
+        if self.invalid:
+            self.notify(f"not saved: {next(iter(self.invalid.values()))}", severity="error", timeout=8)
+            return False
+        if is_shipped(target):
+            self._ask_for_path(f"{target.name} is one of dstui's own specs")
+            return False
+        same = target == self.path
+        if same and not self.dirty and self.original is not None:
+            self.notify("no changes to save")
+            return True
+        if not same and target.exists() and not overwrite:
+            from dstui.tui.screens.confirm import ConfirmScreen
+
+            self.app.push_screen(
+                ConfirmScreen(f"{self._rel(target)} exists.\nOverwrite it with this spec?"),
+                lambda yes: self.save_to(target, overwrite=True) if yes else None,
+            )
+            return False
+        try:
+            spec = parse_spec(self.data, file=str(target))
+            expand(spec, file=str(target))
+            text = self._text_for(target, same)
+            save_spec_text(target, text)
+        except SpecError as e:
+            self.notify(f"not saved: {e}", severity="error", timeout=8)
+            return False
+        except OSError as e:
+            self.notify(f"not saved: {target}: {e.strerror or e}", severity="error", timeout=8)
+            return False
+        self.path, self.original, self.read_only = target, text, False
+        self.base = copy.deepcopy(self.data)
+        self.app.spec_path = target  # type: ignore[attr-defined]
+        self.path_input.value = str(self._rel(target))
+        self._show_path()
+        self.notify(f"saved {self._rel(target)}: {len(self.runs)} runs")
+        return True
+
+    def _text_for(self, target: Path, same: bool) -> str:
+        """The file's text with the edits; under a new name, plain YAML when the layout cannot be kept."""
+        try:
+            return updated_text(self.original, self.data, file=str(target))
+        except SpecError as e:
+            if same:
+                raise
+            self.notify(f"{e.message.split(';')[0]}: written as plain YAML, without its comments", severity="warning", timeout=8)
+            return plain_text(self.data)
+
+    def action_save(self) -> None:
+        if self.read_only:
+            self._ask_for_path(f"{self.path.name if self.path else 'this spec'} is one of dstui's own specs")
+            return
+        text = self.path_input.value.strip()
+        if not text:
+            self._ask_for_path("this spec has no file yet")
+            return
+        self.save_to(Path(text).expanduser().resolve())
+
+    def draft(self) -> SpecDraft | None:
+        """The spec as edited when that is not its file (unsaved edits, or a named spec not saved yet); else None."""
+        if not self.dirty and (self.path is None or self.original is not None):
+            return None  # its file as it is, or a new spec nobody has touched (nothing to launch)
+        try:
+            text = updated_text(self.original, self.data)
+        except SpecError:
+            text = plain_text(self.data)  # a copy to launch from: its layout matters less than the runs
+        return SpecDraft(copy.deepcopy(self.data), text, self.path if self.original is not None else None)

@@ -1,0 +1,319 @@
+"""Issue 26.1-26.2: spec files are the user's, and every part of a spec is editable in Compose.
+
+Real files and a real app under Pilot: a save changes only the edited line, a launch never
+writes the spec, dstui's own specs are read-only, Enter in the path field saves as, unsaved
+edits are not lost by quitting or opening another spec without a question.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from textual.widgets import Collapsible, DataTable, Input, OptionList, Static, TextArea
+from tui_helpers import REPO, wait_for
+
+from dstui.core import paths
+from dstui.core.rundir import list_batches
+from dstui.spec.models import expand_file
+from dstui.tui.app import DstuiApp
+from dstui.tui.screens.compose import ComposeScreen
+from dstui.tui.screens.confirm import ConfirmScreen
+
+pytestmark = pytest.mark.anyio
+
+COMMENTED = """\
+# My ZeRO sweep: every comment here must survive a save.
+name: mine   # the experiment
+settings:
+  model: tiny-llama      # a preset
+  micro_batch: 2
+  steps: 4   # short
+  warmup_steps: 1
+  torch_adam: true    # no JIT-built op
+
+# the grid
+axes:
+  zero_stage: [0, 1]    # two stages
+baseline: z0
+# the end
+"""
+
+
+def changed(before: str, after: str) -> list[tuple[str, str]]:
+    """(old, new) of each line that differs; both files must have the same number of lines."""
+    a, b = before.splitlines(), after.splitlines()
+    assert len(a) == len(b), after
+    return [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+
+
+async def open_compose(pilot) -> ComposeScreen:  # noqa: ANN001
+    await pilot.press("1")
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, ComposeScreen)
+    return screen
+
+
+async def type_into(pilot, screen: ComposeScreen, wid: str, text: str) -> None:  # noqa: ANN001
+    """Replace an Input's text by typing it, as a user does."""
+    inp = screen.query_one(wid, Input)
+    inp.focus()
+    inp.value = ""
+    await pilot.press(*text)
+    await pilot.pause()
+
+
+async def edit_text(pilot, screen: ComposeScreen, wid: str, text: str) -> None:  # noqa: ANN001
+    """Replace a YAML text area's content with an edit (as typing or pasting does)."""
+    area = screen.query_one(wid, TextArea)
+    area.focus()
+    area.select_all()
+    area.replace(text, area.selection.start, area.selection.end)
+    await pilot.pause()
+
+
+async def test_one_field_edited_and_saved_keeps_every_other_byte(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        assert not screen.dirty and not screen.read_only
+        await type_into(pilot, screen, "#in-micro_batch", "3")
+        assert screen.dirty
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not screen.dirty
+    after = path.read_text()
+    assert changed(COMMENTED, after) == [("  micro_batch: 2", "  micro_batch: 3")]
+    assert yaml.safe_load(after)["settings"]["micro_batch"] == 3
+
+
+async def test_a_shipped_spec_is_read_only_and_saved_only_as_a_copy(tui_env) -> None:  # noqa: ANN001
+    shipped = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
+    before = shipped.read_bytes()
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        # picked from the list, as a user does
+        files = screen.query_one("#files", OptionList)
+        files.focus()
+        files.highlighted = next(i for i, o in enumerate(files.options) if o.id == str(shipped))
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.path == shipped.resolve() and screen.read_only
+        assert "read-only" in str(screen.query_one("#path-title", Static).render())
+        screen.query_one("#ck-zero_stage-0").focus()  # drop ZeRO 0
+        await pilot.press("space")
+        await pilot.pause()
+        assert screen.dirty and len(screen.runs) == 3
+        await pilot.press("ctrl+s")  # refused: asks for a new path instead
+        await pilot.pause()
+        assert shipped.read_bytes() == before
+        path_in = screen.query_one("#path", Input)
+        assert app.focused is path_in and Path(path_in.value).resolve() == tui_env / "smoke.yaml"
+        # Enter on the shipped path itself is refused too
+        path_in.value = str(shipped)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert shipped.read_bytes() == before and screen.read_only
+        # Enter on a path of the user's: the edits go there, and that file is what is edited now
+        path_in.value = "mine/smoke.yaml"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.path == tui_env / "mine" / "smoke.yaml" and not screen.read_only and not screen.dirty
+    assert shipped.read_bytes() == before
+    copy = (tui_env / "mine" / "smoke.yaml").read_text()
+    assert yaml.safe_load(copy)["axes"]["zero_stage"] == [1, 2, 3]
+    # the shipped file's comments came along: only the edited line differs
+    assert changed(before.decode(), copy) == [("  zero_stage: [0, 1, 2, 3]", "  zero_stage: [1, 2, 3]")]
+
+
+async def test_quitting_with_unsaved_edits_asks_first(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        screen.query_one("#ck-zero_stage-2").focus()
+        await pilot.press("space")
+        await pilot.pause()
+        assert screen.dirty
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and app.return_code is None
+        await pilot.press("n")  # no: stay, edits kept
+        await pilot.pause()
+        assert app.screen is screen and screen.dirty and app.return_code is None
+        # opening another spec asks as well
+        other = tui_env / "other.yaml"
+        other.write_text("name: other\nsettings: {steps: 4}\n")
+        app.open_spec(other)
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert screen.path == path and screen.dirty
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await pilot.pause()
+        assert app.return_code == 0  # quit only now
+    assert path.read_text() == COMMENTED  # quitting never saves
+
+
+async def test_quitting_without_edits_does_not_ask(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        screen.query_one("#ck-zero_stage-2").focus()
+        await pilot.press("space", "space")  # on and off again: nothing changed
+        await pilot.pause()
+        assert not screen.dirty
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0
+
+
+async def test_enter_in_the_path_field_saves_as(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        await type_into(pilot, screen, "#in-steps", "6")
+        await type_into(pilot, screen, "#path", "copy.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.path == tui_env / "copy.yaml" and not screen.dirty
+        assert path.read_text() == COMMENTED  # the file it came from is untouched
+        assert changed(COMMENTED, (tui_env / "copy.yaml").read_text()) == [("  steps: 4   # short", "  steps: 6   # short")]
+        # save as over an existing file asks first
+        await type_into(pilot, screen, "#in-steps", "7")
+        await type_into(pilot, screen, "#path", "mine.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert path.read_text() == COMMENTED and screen.dirty
+        screen.query_one("#path", Input).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert screen.path == path and not screen.dirty
+    assert changed(COMMENTED, path.read_text()) == [("  steps: 4   # short", "  steps: 7   # short")]
+
+
+async def test_exclusions_conditions_and_ds_overrides_edit_preview_and_file(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        screen = await open_compose(pilot)
+        table = screen.query_one("#runlist", DataTable)
+        assert [r.name for r in screen.runs] == ["z0-r0", "z1-r0"]
+        await edit_text(pilot, screen, "#tx-exclude", "- {zero_stage: 1}\n")
+        assert [r.name for r in screen.runs] == ["z0-r0"]
+        await edit_text(pilot, screen, "#tx-conditions", "- name: big\n  micro_batch: 8\n")
+        assert [r.name for r in screen.runs] == ["z0-r0", "big-r0"]
+        assert table.get_cell("big-r0", "mb") == "8"
+        # ds_overrides: a text that does not read is shown and not used; saving is refused
+        await edit_text(pilot, screen, "#tx-ds_overrides", "{zero_optimization: {reduce_bucket_size: 1000")
+        assert "ds overrides: not valid YAML/JSON" in str(screen.query_one("#error", Static).render())
+        assert "ds_overrides" not in screen.data["settings"]
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert path.read_text() == COMMENTED
+        await edit_text(pilot, screen, "#tx-ds_overrides", '{"zero_optimization": {"reduce_bucket_size": 1000}}')
+        assert not screen.invalid and screen.error is None
+        assert "ds_overrides={zero_optimization" in str(table.get_cell("z0-r0", "other"))
+        assert screen.runs[0].settings.ds_overrides == {"zero_optimization": {"reduce_bucket_size": 1000}}
+        # a Settings field that is not in the main list: a toggle under "more settings"
+        screen.query_one("#more", Collapsible).collapsed = False
+        await pilot.pause()
+        screen.query_one("#ck-deterministic-1").focus()
+        await pilot.press("space")  # on as well as off: an axis
+        await pilot.pause()
+        assert [r.settings.deterministic for r in screen.runs] == [False, True, False]  # z0 x (off, on), big
+        screen.query_one("#ck-deterministic-0").focus()
+        await pilot.press("space")  # on only: a setting
+        await pilot.pause()
+        assert [r.settings.deterministic for r in screen.runs] == [True, True]
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        ui = [(r.name, r.key) for r in screen.runs]
+    saved = yaml.safe_load(path.read_text())
+    assert saved["exclude"] == [{"zero_stage": 1}]
+    assert saved["conditions"] == [{"name": "big", "micro_batch": 8}]
+    assert saved["settings"]["ds_overrides"] == {"zero_optimization": {"reduce_bucket_size": 1000}}
+    _, runs = expand_file(path)
+    assert [(r.name, r.key) for r in runs] == ui
+    for line in COMMENTED.splitlines():  # every line of the file is still there
+        assert line in path.read_text().splitlines(), line
+
+
+COMMAND_SPEC = """\
+# A fast command spec: prints the seed's step lines.
+name: cmdspec   # kept
+settings:
+  kind: command
+  metrics_format: seed
+  steps: 2
+  warmup_steps: 1
+conditions:
+  - name: echo
+    command: ["{python}", "-c", "print('Epoch 1, Step 1, Loss: 1.0 sync: True time: 0.01 alloc_mem: 1 peak_mem: 2'); print('Epoch 1, Step 2, Loss: 0.5 sync: True time: 0.01 alloc_mem: 1 peak_mem: 2')"]
+"""
+
+
+@pytest.mark.e2e  # starts supervisors in subprocesses
+async def test_launching_never_writes_the_spec(tui_env) -> None:  # noqa: ANN001
+    path = tui_env / "cmd.yaml"
+    path.write_text(COMMAND_SPEC)
+    stat0 = path.stat()
+    app = DstuiApp(spec_path=path, supervise=False, watch_s=0.3)
+
+    def batches() -> list:
+        return [b for b in list_batches(paths.runs_dir()) if b.info().get("runs")]
+
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        await pilot.press("ctrl+r")  # unchanged: launches the file as it is
+        assert await wait_for(pilot, lambda: len(batches()) == 1 and batches()[0].is_finished(), timeout=240)
+        first = batches()[0]
+        assert first.info()["spec_path"] == str(path)
+        assert path.stat().st_mtime_ns == stat0.st_mtime_ns and path.read_text() == COMMAND_SPEC
+        # edited and not saved: runs as edited, its text kept beside the batch, the file untouched
+        await pilot.press("1")
+        await pilot.pause()
+        await type_into(pilot, screen, "#in-steps", "3")
+        assert screen.dirty
+        await pilot.press("ctrl+r")
+        assert await wait_for(pilot, lambda: len(batches()) == 2 and all(b.is_finished() for b in batches()), timeout=240)
+        second = next(b for b in batches() if b.id != first.id)
+        assert screen.dirty  # launching is not saving
+    assert path.stat().st_mtime_ns == stat0.st_mtime_ns and path.read_text() == COMMAND_SPEC
+    info = second.info()
+    copy = second.path / "spec.yaml"
+    assert info["spec_path"] == str(copy) and info["edited_from"] == str(path)
+    assert changed(COMMAND_SPEC, copy.read_text()) == [("  steps: 2", "  steps: 3")]
+    assert [rd.status()["steps_total"] for rd in second.runs()] == [3]
+
+
+def test_shipped_list_and_checkout_agree() -> None:
+    """The specs Compose lists are the ones it treats as shipped (read-only)."""
+    from dstui.spec.loading import is_shipped
+    from dstui.tui import compose_model as cm
+
+    files = cm.experiment_files()
+    assert files and all(is_shipped(f) for f in files)
+    assert (REPO / "configs" / "experiments" / "smoke.yaml").resolve() in [f.resolve() for f in files]
+    assert not is_shipped(shutil.which("python") or "/usr/bin/python")
