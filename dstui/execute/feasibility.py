@@ -92,7 +92,7 @@ def run_problem(
         return None  # a user's own program: only its rank count is dstui's business
     if not machine.gpus:
         if settings.get("deepcompile"):
-            return "deepcompile", True, "DeepCompile needs a CUDA GPU (DeepSpeed builds its op against CUDA); this machine has none (compile: true works on the CPU)"
+            return "deepcompile", True, "DeepCompile needs a CUDA GPU; this machine has none (compile: true works on the CPU)"
         if settings.get("sp_mode") == "deepcompile" and int(settings.get("sequence_parallel") or 1) > 1:
             return "sp_mode", "deepcompile", "DeepCompile needs a CUDA GPU; this machine has none (sp_mode: compile works on the CPU)"
         if settings.get("dtype") == "fp16":

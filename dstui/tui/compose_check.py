@@ -30,6 +30,8 @@ class CheckResult:
     note: str = ""  # e.g. DeepSpeed is not installed here
     memory: dict[str, Text] = field(default_factory=dict)  # run name -> '12.3 GiB', coloured
     memory_note: str = ""  # what the forecast was held against
+    infeasible: dict[str, str] = field(default_factory=dict)  # run name -> 'deepcompile=true: why' (this machine)
+    machine: str = ""  # what they were held against: '1 GPU of 80 GiB, 16 CPU cores'
 
 
 def validate(runs: list[RunSpec], file: str | None, spec_dir: Path) -> tuple[dict[str, dict] | None, str | None, str]:
@@ -58,8 +60,21 @@ def memory_cells(runs: Sequence[RunSpec], ds_configs: dict[str, dict] | None, de
         return {}, f"memory forecast not available: {type(e).__name__}: {e}"
 
 
-def check(runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: float | None) -> CheckResult:
-    """Validate the configs, then forecast memory with them (or without, when they are refused)."""
+def machine_problems(runs: Sequence[RunSpec], executor: str = "local") -> tuple[dict[str, str], str]:
+    """(run name -> why it cannot work here, the machine in words): the check `dstui run` refuses by."""
+    from dstui.execute import feasibility
+
+    machine = feasibility.this_machine()
+    found = feasibility.problems(runs, machine, executor=executor)
+    return {p.run: p.line().split(": ", 1)[1] for p in found}, machine.describe()
+
+
+def check(
+    runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: float | None, executor: str = "local"
+) -> CheckResult:
+    """Validate the configs, then forecast memory with them (or without, when they are refused);
+    and hold every run against this machine, as `dstui run` will."""
     ds_configs, error, note = validate(runs, file, spec_dir)
     memory, memory_note = memory_cells(runs, ds_configs, declared_gib)
-    return CheckResult(error, note, memory, memory_note)
+    infeasible, machine = machine_problems(runs, executor)
+    return CheckResult(error, note, memory, memory_note, infeasible, machine)

@@ -132,3 +132,29 @@ async def test_compose_deepspeed_validation_inline(tui_env):  # noqa: F811
         ok = await wait_for(pilot, lambda: "✗" in str(dsv.render()), timeout=120)
         assert ok, str(dsv.render())
         assert "Extra inputs are not permitted" in str(dsv.render())
+
+
+async def test_compose_marks_runs_this_machine_cannot_do(tui_env):  # noqa: F811
+    """The check `dstui run` refuses by: DeepCompile and 6 ranks on this CPU box are marked and said why."""
+    from dstui.execute import feasibility
+
+    path = tui_env / "impossible.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "impossible", "settings": {"steps": 4, "warmup_steps": 1, "torch_adam": True},
+        "conditions": [{"name": "dc", "deepcompile": True}, {"name": "six", "gpus": 6}, {"name": "fine"}],
+    }))  # fmt: skip
+    machine = feasibility.this_machine()
+    if machine.gpus or machine.cpu_cores >= 6:
+        pytest.skip(f"this machine ({machine.describe()}) can run what the test expects refused")
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("1")
+        dsv = app.screen.query_one("#dsvalid", Static)
+        ok = await wait_for(pilot, lambda: "cannot work on this machine" in str(dsv.render()), timeout=120)
+        text = str(dsv.render())
+        assert ok, text
+        assert "2 runs cannot work on this machine" in text
+        assert "dc-r0: deepcompile=true: DeepCompile needs a CUDA GPU" in text and "six-r0: gpus=6:" in text
+        table = app.screen.query_one("#runlist")
+        marked = {str(table.get_cell(k, "run")) for k in table.rows}
+        assert {"✗ dc-r0", "✗ six-r0", "fine-r0"} <= marked, marked

@@ -243,7 +243,8 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
     def validate_ds(
         self, generation: int, runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: float | None = None
     ) -> None:
-        self.post_message(Validated(generation, compose_check.check(runs, file, spec_dir, declared_gib)))
+        executor = self.spec.executor if self.spec is not None else "local"
+        self.post_message(Validated(generation, compose_check.check(runs, file, spec_dir, declared_gib, executor)))
 
     def on_validated(self, message: Validated) -> None:
         if message.generation != self.generation:

@@ -20,6 +20,7 @@ from dstui.tui.compose_check import CheckResult
 MEMORY = "mem/GPU"
 RUN_COLUMNS = cm.PREVIEW_COLUMNS
 PENDING = Text("…", style="dim")
+SHOWN_WHY = 3  # runs whose reason is spelt out above the list; the rest are marked in it
 
 
 class RunPreview(Vertical):
@@ -72,12 +73,25 @@ class RunPreview(Vertical):
     def show_check(self, result: CheckResult) -> None:
         dsv = self.query_one("#dsvalid", Static)
         if result.error:
-            dsv.update(Text(f"✗ {result.error}", style="bold red"))
+            shown = Text(f"✗ {result.error}", style="bold red")
         elif result.note:
-            dsv.update(Text(result.note, style="yellow"))
+            shown = Text(result.note, style="yellow")
         else:
-            dsv.update(Text("✓ DeepSpeed configs valid", style="green"))
+            shown = Text("✓ DeepSpeed configs valid", style="green")
+        if result.infeasible:  # what `dstui run` would refuse: said here, and the rows marked
+            n = len(result.infeasible)
+            shown = Text.assemble(
+                shown, "\n",
+                (f"✗ {n} run{'s' if n != 1 else ''} cannot work on this machine ({result.machine}); "
+                 "launching asks first:", "bold red"),
+                *(f"\n  {name}: {why}" for name, why in list(result.infeasible.items())[:SHOWN_WHY]),
+                f"\n  … and {n - SHOWN_WHY} more (marked ✗)" if n > SHOWN_WHY else "",
+            )  # fmt: skip
+        dsv.update(shown)
         table = self.query_one("#runlist", DataTable)
+        for name in list(table.rows):
+            if str(name.value) in result.infeasible:
+                table.update_cell(name, "run", Text(f"✗ {name.value}", style="bold red"), update_width=True)
         for name in list(table.rows):
             table.update_cell(name, MEMORY, result.memory.get(str(name.value), Text("-")), update_width=True)
         # the table widens the column when it next goes idle; a direct call posts it nothing, so
