@@ -73,7 +73,7 @@ conditions:
     lines = str(e.value).splitlines()
     assert "2 runs cannot work on this machine (no GPU, 2 CPU cores)" in lines[0]
     assert len(lines) == 3
-    assert lines[1].endswith("run dc-r0: deepcompile=true: DeepCompile needs a CUDA GPU (DeepSpeed builds its op against CUDA); this machine has none (compile: true works on the CPU)")
+    assert lines[1].endswith("run dc-r0: deepcompile=true: DeepCompile needs a CUDA GPU; this machine has none (compile: true works on the CPU)")
     assert f"{spec}: run six-r0: gpus=6:" in lines[2]
     # --force: the problems come back for the caller to print; nothing is raised
     assert [p.run for p in feasibility.refuse_infeasible(plan, machine=CPU_BOX, force=True)] == ["dc-r0", "six-r0"]
