@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from dstui.core.rundir import RunDir, read_json
+from dstui.core.rundir import RunDir
 
 _NVML: Any = None
 _NVML_TRIED = False
@@ -183,20 +183,16 @@ def mlflow_name(field: str, node: str | None = None) -> tuple[str, float] | None
     return prefix + named[0], named[1]
 
 
-def mlflow_points(
-    rec: dict[str, Any], *, started: float | None, ended: float | None, multi_node: bool
-) -> list[tuple[str, float, int, int]]:
+def mlflow_points(rec: dict[str, Any], *, started: float | None, multi_node: bool) -> list[tuple[str, float, int, int]]:
     """A system.jsonl record as MLflow points ``(key, value, timestamp ms, step)``.
 
     The step is whole seconds since the run's launch (``started``), so the System
-    metrics charts of two runs line up by time into the run. A record outside the
-    job's life (before its launch, after its exit: ``ended``) gives nothing.
-    The node prefix only where the run spans nodes (``multi_node``).
+    metrics charts of two runs line up by time into the run. Records are taken only
+    while the job lives (:func:`sample`), so every one is sent: the supervisor's count
+    of unsent points is the file's. The node prefix only where the run spans nodes.
     """
     t = rec.get("time")
     if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return []
-    if (started and t < started) or (ended and t > ended):
         return []
     node = str(rec.get("node") or "node") if multi_node else None
     step = max(0, int(t - started)) if started else 0
@@ -210,15 +206,9 @@ def mlflow_points(
 
 
 def job_life(rd: RunDir) -> dict[str, Any]:
-    """What :func:`mlflow_points` needs of a run: its launch, its exit when known, whether it spans nodes.
-
-    The exit is the wrapper's (``exit.json``: when the job ended), else the supervisor's
-    ``ended``; neither while the job runs.
-    """
-    st = rd.status()
-    ended = (read_json(rd.exit_file, {}) or {}).get("ended") or st.get("ended")
+    """What :func:`mlflow_points` needs of a run: its launch, and whether it spans nodes."""
     try:
         nodes = int(rd.settings().get("nodes") or 1)
     except (TypeError, ValueError):
         nodes = 1
-    return {"started": st.get("started"), "ended": ended, "multi_node": nodes > 1}
+    return {"started": rd.status().get("started"), "multi_node": nodes > 1}

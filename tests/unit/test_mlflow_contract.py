@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dstui.execute import mlflow_params, sysmetrics
@@ -108,7 +109,7 @@ def test_system_metric_names_are_mlflows_own() -> None:
     rec = {"time": 1000.0, "node": "box1", "cpu_percent": 50.0, "mem_used_bytes": 2e9, "mem_used_percent": 25.0,
            "gpu0_util_percent": 90.0, "gpu0_mem_used_bytes": 3e9, "gpu0_power_w": 250.0, "gpu1_util_percent": 80.0,
            "job_cpu_percent": 180.0, "job_rss_bytes": 1.5e9, "job_processes": 3.0}  # fmt: skip
-    points = sysmetrics.mlflow_points(rec, started=990.0, ended=None, multi_node=False)
+    points = sysmetrics.mlflow_points(rec, started=990.0, multi_node=False)
     keys = {k: v for k, v, _, _ in points}
     host = {re.sub(r"gpu_\d+_", "gpu_0_", k.removeprefix("system/")) for k in keys if not k.startswith("system/job_")}
     assert len(host) == 6 and host <= names, host - names
@@ -121,30 +122,37 @@ def test_system_metric_names_are_mlflows_own() -> None:
 
 def test_node_prefix_only_when_a_run_spans_nodes() -> None:
     rec = {"time": 5.0, "node": "box1", "cpu_percent": 1.0}
-    assert [p[0] for p in sysmetrics.mlflow_points(rec, started=1.0, ended=None, multi_node=True)] == [
+    assert [p[0] for p in sysmetrics.mlflow_points(rec, started=1.0, multi_node=True)] == [
         "system/box1/cpu_utilization_percentage"
     ]
-    assert [p[0] for p in sysmetrics.mlflow_points(rec, started=1.0, ended=None, multi_node=False)] == [
+    assert [p[0] for p in sysmetrics.mlflow_points(rec, started=1.0, multi_node=False)] == [
         "system/cpu_utilization_percentage"
     ]
 
 
+def test_bad_readings_give_no_points() -> None:
+    rec = {"time": 15.0, "node": "n", "job_rss_bytes": 1e9, "cpu_percent": float("nan"), "job_processes": True, "x": 1.0}
+    assert [(k, v, s) for k, v, _, s in sysmetrics.mlflow_points(rec, started=10.0, multi_node=False)] == [
+        ("system/job_memory_usage_megabytes", 1000.0, 5)
+    ]
+    assert sysmetrics.mlflow_points({"time": "x", "cpu_percent": 1.0}, started=None, multi_node=False) == []
+
+
 def test_only_samples_taken_while_the_job_lived() -> None:
-    def at(t: float) -> list:
-        rec = {"time": t, "node": "n", "job_rss_bytes": 0.0 if t > 20 else 1e9, "cpu_percent": float("nan")}
-        return sysmetrics.mlflow_points(rec, started=10.0, ended=20.0, multi_node=False)
-
-    assert at(9.0) == [] and at(21.0) == []
-    assert [(k, v, s) for k, v, _, s in at(15.0)] == [("system/job_memory_usage_megabytes", 1000.0, 5)]
-    assert sysmetrics.mlflow_points({"time": "x"}, started=None, ended=None, multi_node=False) == []
-
-
-def test_a_sample_of_an_ended_job_is_no_sample() -> None:
+    """A job that exited (a zombie not yet reaped, then gone) gives no reading: no last job_rss_bytes = 0."""
     import subprocess
     import sys
+    import time
 
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     tree = sysmetrics.ProcessTreeSampler(proc.pid)
+    try:
+        assert tree.sample()["job_rss_bytes"] > 0 and sysmetrics.sample(tree, [])["job_processes"] == 1
+    finally:
+        proc.kill()
+    while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    assert tree.sample() == {} and sysmetrics.sample(tree, []) is None  # exited, not reaped yet
     proc.wait()
     assert tree.sample() == {} and sysmetrics.sample(tree, []) is None
     assert sysmetrics.sample(None, [])["cpu_percent"] >= 0  # a host reading without a job still is one
