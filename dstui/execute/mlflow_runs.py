@@ -139,6 +139,9 @@ def run_note(name: str, spec: dict[str, Any], batch: str, experiment_id: str | N
             f"revision `{spec.get('revision')}`, repeat {spec.get('repeat')}.")  # fmt: skip
 
 
+NOTE_MAX = 5000  # MLflow keeps tag values up to 8000 characters; a long spec description is cut
+
+
 def batch_note(info: dict[str, Any]) -> str:
     """The parent run's MLflow description: the spec's own description, then what the batch is."""
     spec = info.get("spec") or {}
@@ -148,8 +151,8 @@ def batch_note(info: dict[str, Any]) -> str:
         lines.append(f"- axis `{axis}`: {', '.join(json.dumps(v) for v in values)}")
     if spec.get("baseline"):
         lines.append(f"- baseline: `{spec['baseline']}`")
-    lines.append("\n`dstui report` adds the report: `report.md` in this run's artifacts.")
-    return "\n".join(line for line in lines if line)
+    lines.append("\n`dstui report` adds the report: `report.html` in this run's artifacts.")
+    return "\n".join(line for line in lines if line)[:NOTE_MAX]
 
 
 def batch_params(spec: dict[str, Any]) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import SPECS, dstui, mlflow_client
+from helpers import REPO, SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import list_batches
 from dstui.execute.launch import free_port
@@ -95,7 +95,7 @@ def until(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
 
 
 def shot(driver: Any, name: str, tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("DSTUI_SCREENSHOTS") or tmp_path)
+    folder = REPO / os.environ["DSTUI_SCREENSHOTS"] if os.environ.get("DSTUI_SCREENSHOTS") else tmp_path  # REPO: tests chdir
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"mlflow-{name}.png"
     driver.save_screenshot(str(path))

@@ -187,3 +187,27 @@ def test_report_preview_embeds_its_images_and_no_live_html(tmp_path: Path) -> No
 def test_compare_url_selects_the_batch_runs() -> None:
     url = tracking.compare_url("http://127.0.0.1:5000/", "3", ["a1", "b2"])
     assert url == "http://127.0.0.1:5000/#/compare-runs?runs=%5B%22a1%22%2C%22b2%22%5D&experiments=%5B%223%22%5D"
+
+
+def test_ingest_sends_summaries_at_step_0_and_system_readings_by_seconds_since_launch(tmp_path: Path) -> None:
+    """What the supervisor sends for a run folder: summary.* once at step 0 (bars), system/* by time into the run."""
+    from dstui.core.rundir import RunDir, write_json_atomic
+    from dstui.execute.ingest import Tracked, read_points
+
+    rd = RunDir(tmp_path / "r0")
+    rd.path.mkdir()
+    write_json_atomic(rd.spec_file, {"settings": {"kind": "train", "nodes": 1}})
+    write_json_atomic(rd.status_file, {"state": "running", "started": 100.0})
+    rd.metrics_file.write_text("\n".join(json.dumps(r) for r in (
+        {"type": "step", "time": 103.0, "step": 1, "loss": 2.0, "grad_norm": 0.5},
+        {"type": "step", "time": 104.0, "step": 2, "loss": 1.5, "grad_norm": 0.25},
+        {"type": "summary", "time": 105.0, "steps": 2, "iter_time_mean": 0.3, "status": "ok"},
+    )) + "\n")  # fmt: skip
+    rd.system_file.write_text(json.dumps({"time": 102.6, "node": "n", "cpu_percent": 40.0, "job_rss_bytes": 2e9}) + "\n")
+    points = read_points(Tracked.load(rd, "jsonl"), on_header=lambda rec: None)
+    by_key = {(k, step): v for k, v, _, step in points}
+    assert by_key[("grad_norm", 2)] == 0.25 and by_key[("loss", 1)] == 2.0
+    assert by_key[("summary.iter_time_mean", 0)] == 0.3 and by_key[("summary.steps", 0)] == 2
+    assert not [k for k, _, _, step in points if k.startswith("summary.") and step != 0]
+    assert by_key[("system/cpu_utilization_percentage", 2)] == 40.0
+    assert by_key[("system/job_memory_usage_megabytes", 2)] == 2000.0
