@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from typing import Any
 
@@ -11,6 +12,16 @@ from phases import PhaseClock
 from trainer import Trainer
 
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line
+
+
+def _grad_norm(engine: Any) -> float | None:
+    """The global gradient norm of the last optimizer step, where DeepSpeed computed one (else None)."""
+    get = getattr(engine, "get_global_grad_norm", None)
+    try:
+        norm = get() if get is not None else None
+        return float(norm) if norm is not None and math.isfinite(float(norm)) else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def train(
@@ -44,6 +55,7 @@ def train(
             data=tr.data_source,
             sequence_parallel=tr.sp,
             dp_world_size=tr.dp,
+            model_shape={"layers": tr.layers, "hidden": tr.hidden, "heads": tr.heads, "kv_heads": tr.kv_heads, "vocab": tr.vocab},
         )
 
     times: list[float] = []
@@ -75,6 +87,9 @@ def train(
         if tr.peak:
             rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
         rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
+        grad_norm = _grad_norm(tr.engine)
+        if grad_norm is not None:
+            rec["grad_norm"] = grad_norm
         writer.write(STEP, **rec)
         if rank0:
             print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)

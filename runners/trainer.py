@@ -46,6 +46,7 @@ class Trainer:
         transformers.set_seed(args.seed)
         config = common.model_config(args.model)
         self.layers, self.hidden, heads, kv_heads, self.vocab = common.arch(config)
+        self.heads, self.kv_heads = heads, kv_heads  # the header's model_shape
         # Seq2seq (T5-style): the encoder reads the block, the decoder learns to reproduce it
         # (labels = the block; the model shifts them into decoder inputs itself).
         self.seq2seq = common.is_seq2seq(config)

@@ -1,7 +1,9 @@
 """GPU power and GPU memory as the driver sees it, from the supervisor's system metrics.
 
-The supervisor samples NVML (``system/<node>/gpu<i>_power_w``,
-``system/<node>/gpu<i>_mem_used_bytes``) beside the runner's own CUDA peak.
+The supervisor samples NVML (MLflow's names: ``system/gpu_<i>_power_usage_watts``,
+``system/gpu_<i>_memory_usage_megabytes``, a ``<node>/`` after ``system/`` on runs that
+span nodes; stores written before have ``system/<node>/gpu<i>_power_w`` and
+``.../gpu<i>_mem_used_bytes``) beside the runner's own CUDA peak.
 The driver's figure includes the CUDA context, the caching allocator's
 reserve and NCCL buffers, so it is what decides whether a job fits; the
 report shows both.
@@ -15,8 +17,8 @@ from typing import Any
 
 from dstui.analysis.rundata import SYSTEM_PREFIX, RunData
 
-_POWER = re.compile(r"/gpu\d+_power_w$")
-_GPU_MEM = re.compile(r"/gpu\d+_mem_used_bytes$")
+_POWER = re.compile(r"/gpu_?\d+_(power_usage_watts|power_w)$")
+_GPU_MEM = re.compile(r"/gpu_?\d+_(memory_usage_megabytes|mem_used_bytes)$")
 
 
 def fetch_system(client: Any, runs: Sequence[RunData]) -> None:
@@ -30,7 +32,8 @@ def fetch_system(client: Any, runs: Sequence[RunData]) -> None:
             is_power, is_mem = bool(_POWER.search(key)), bool(_GPU_MEM.search(key))
             if not (is_power or is_mem):
                 continue
-            values = [m.value for m in client.get_metric_history(r.run_id, key)]
+            scale = 1e6 if key.endswith("_megabytes") else 1.0  # MLflow's megabytes are 1e6 bytes
+            values = [m.value * scale for m in client.get_metric_history(r.run_id, key)]
             if not values:
                 continue
             if is_power:

@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--start", action="store_true", help="start it instead of printing it")
+    p.add_argument("--batch", help="the batch whose runs the printed link compares (default: the newest)")
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -44,4 +45,28 @@ def run(args: argparse.Namespace) -> int:
     print(strip_credentials(shlex.join(argv)))
     print(f"\nover SSH: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
           f"then open http://127.0.0.1:{args.port}")  # fmt: skip
+    link = batch_link(args.batch, f"http://127.0.0.1:{args.port}")
+    if link:
+        print(f"\nthe batch's runs side by side: {link}")
     return 0
+
+
+def batch_link(batch_id: str | None, base: str) -> str | None:
+    """The MLflow UI link comparing a batch's child runs (the newest batch by default); None without one.
+
+    The run ids are the run folders' (status.json); the experiment id is MLflow's.
+    """
+    from dstui.core.rundir import list_batches
+
+    batches = list_batches(paths.runs_dir())
+    batch = next((b for b in batches if b.id == batch_id), None) if batch_id else (batches[0] if batches else None)
+    if batch is None:
+        return None
+    run_ids = [rid for rd in batch.runs() if (rid := rd.status().get("mlflow_run_id"))]
+    if not run_ids:
+        return None
+    try:
+        exp = tracking.client(batch.info().get("tracking_uri") or None).get_run(run_ids[0]).info.experiment_id
+    except Exception:  # the store is gone or elsewhere: no link rather than a traceback
+        return None
+    return tracking.compare_url(base, exp, run_ids)

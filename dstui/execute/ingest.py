@@ -132,20 +132,18 @@ def read_points(
             steps_done = step
             last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
         elif rec["type"] == SUMMARY:
-            step = int(rec.get("steps") or 0)
-            for key, value in metric_values(rec).items():
-                points.append((f"summary.{key}", value, ts, step))
+            for key, value in metric_values(rec).items():  # step 0: one value a run, drawn as a bar
+                points.append((f"summary.{key}", value, ts, 0))
             if update_status:
                 merge_summary(rd, rec)
+    life = sysmetrics.job_life(rd)
     for line, _ in t.system.read_lines(final=final):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        node = rec.get("node", "node")
-        ts = int(rec.get("time", 0) * 1000)
-        for key, value in metric_values(rec).items():
-            points.append((f"system/{node}/{key}", value, ts, t.system_step))
+        if isinstance(rec, dict):  # MLflow's system-metric names, step = seconds since launch
+            points.extend(sysmetrics.mlflow_points(rec, **life))
         t.system_step += 1
     if steps_done is not None and update_status:
         rd.update_status(steps_done=steps_done, last=last, last_step_at=time.time())
@@ -169,6 +167,8 @@ def sample_system(t: Tracked, st: dict, interval_s: float, now: float) -> None:
     if t.tree is None and st.get("pid"):
         t.tree = sysmetrics.ProcessTreeSampler(st["pid"])
     rec = sysmetrics.sample(t.tree, st.get("gpu_slice"))
+    if rec is None:  # the job has ended: no reading of it
+        return
     with open(t.rd.system_file, "a") as fh:
         fh.write(json.dumps(rec) + "\n")
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.rundir import RunDir, read_json
-from dstui.core.secrets import redact
+from dstui.execute import mlflow_params
 from dstui.execute.store import StoreConnection
-from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
 
@@ -41,8 +40,12 @@ class MlflowRuns(StoreConnection):
                     tag_keys.SPEC: self.info.get("spec_path"),
                     tag_keys.RUNS: len(self.info.get("runs", [])),
                     **tracking.host_tags(),
+                    **tracking.standard_tags(self.info.get("spec_path")),
+                    tracking.NOTE: batch_note(self.info),
                 }
                 pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags, start_time=self.info.get("created"))
+                tracking.log_params(c, pid, batch_params(self.info.get("spec") or {}))
+                tracking.set_experiment_note(c, self.experiment_id, str((self.info.get("spec") or {}).get("description") or ""))
             self.info = self.batch.update_info(mlflow_parent_run_id=pid)
             return pid
         except Exception as e:
@@ -84,6 +87,8 @@ class MlflowRuns(StoreConnection):
             tag_keys.RUN_DIR: ref,
             tag_keys.STATUS: st.get("state"),
             **tracking.host_tags(),
+            **tracking.standard_tags(source_of(settings)),
+            tracking.NOTE: run_note(rd.name, spec, self.batch.id, self.experiment_id, parent),
         }
         rev = spec.get("revision_info") or {}
         if rev:
@@ -94,11 +99,9 @@ class MlflowRuns(StoreConnection):
         if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
             # a working-tree revision: the uncommitted changes it ran with
             c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
-        params = flat_settings({k: v for k, v in redact(settings).items() if k != "env_visible"})  # env.* shows the choice
-        params.update(dsconfig.flatten(read_json(rd.ds_config_file, {}) or {}))
-        params["run_key"] = spec.get("key")
-        params["revision"] = spec.get("revision")
-        params["repeat"] = spec.get("repeat")
+        params = mlflow_params.settings_params(settings, read_json(rd.ds_config_file, {}) or {})
+        if spec.get("revision") not in (None, "installed"):
+            params["revision"] = spec["revision"]
         tracking.log_params(c, rid, params)
         return rid
 
@@ -119,13 +122,44 @@ def job_tags(st: dict[str, Any]) -> dict[str, Any]:
     return {tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""}
 
 
-def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in settings.items():
-        if isinstance(v, dict):
-            out.update(flat_settings(v, f"{prefix}{k}."))
-        elif isinstance(v, list):
-            out[f"{prefix}{k}"] = json.dumps(v)
-        else:
-            out[f"{prefix}{k}"] = "" if v is None else str(v)
-    return out
+def source_of(settings: dict[str, Any]) -> str:
+    """What the run ran, for ``mlflow.source.name``: the bundled runner, or the command's program."""
+    kind = settings.get("kind") or "train"
+    if kind == "command":
+        argv = settings.get("command") or ["?"]
+        return Path(str(argv[0])).name if argv[0] != "{python}" else "python"
+    return "runners/compare_loss.py" if kind == "verify" else "runners/train.py"
+
+
+def run_note(name: str, spec: dict[str, Any], batch: str, experiment_id: str | None, parent_id: str) -> str:
+    """A child run's MLflow description: what it is, and a link to its batch (the parent run)."""
+    link = f"#/experiments/{experiment_id}/runs/{parent_id}" if experiment_id else ""
+    batch_ref = f"[{batch}]({link})" if link else f"`{batch}`"
+    return (f"Run `{name}` of batch {batch_ref}: condition `{spec.get('condition')}`, "
+            f"revision `{spec.get('revision')}`, repeat {spec.get('repeat')}.")  # fmt: skip
+
+
+NOTE_MAX = 5000  # MLflow keeps tag values up to 8000 characters; a long spec description is cut
+
+
+def batch_note(info: dict[str, Any]) -> str:
+    """The parent run's MLflow description: the spec's own description, then what the batch is."""
+    spec = info.get("spec") or {}
+    lines = [str(spec.get("description") or "").strip()]
+    lines.append(f"Batch `{info.get('id', '')}` of spec `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
+    for axis, values in (spec.get("axes") or {}).items():
+        lines.append(f"- axis `{axis}`: {', '.join(json.dumps(v) for v in values)}")
+    if spec.get("baseline"):
+        lines.append(f"- baseline: `{spec['baseline']}`")
+    lines.append("\n`dstui report` adds the report: `report.html` in this run's artifacts.")
+    return "\n".join(line for line in lines if line)[:NOTE_MAX]
+
+
+def batch_params(spec: dict[str, Any]) -> dict[str, str]:
+    """The parent run's params: the batch's axes, baseline, repeats and revisions (none empty)."""
+    out: dict[str, Any] = {f"axis.{k}": v for k, v in (spec.get("axes") or {}).items()}
+    out["baseline"] = spec.get("baseline")
+    out["conditions"] = [c.get("name") for c in spec.get("conditions") or [] if isinstance(c, dict)]
+    out["repeats"] = spec.get("repeats")
+    out["revisions"] = [r.get("name") for r in spec.get("revisions") or [] if isinstance(r, dict)]
+    return {k: mlflow_params.text(v) for k, v in out.items() if not mlflow_params.empty(v)}

@@ -14,9 +14,9 @@ import contextlib
 import time
 
 from dstui.core.rundir import FINAL_STATES, BatchDir
-from dstui.execute import guard_watch
+from dstui.execute import guard_watch, mlflow_params
 from dstui.execute.ingest import Tracked
-from dstui.execute.mlflow_runs import MlflowRuns, flat_settings, job_tags  # noqa: F401 - re-exported
+from dstui.execute.mlflow_runs import MlflowRuns, job_tags
 from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
@@ -43,9 +43,9 @@ class MlflowSink(MlflowRuns):
             return
         try:
             tracking.set_tags(c, rid, tracking.versions_tags(rec))
-            if not t.header_done:
-                keys = ("tokens_per_step", "params", "flops_per_token", "peak_tflops", "world_size")
-                tracking.log_params(c, rid, {k: rec.get(k) for k in keys})
+            if not t.header_done:  # DeepSpeed version and source, the model's shape and size
+                revision = t.rd.spec().get("revision_info") or {}
+                tracking.log_params(c, rid, mlflow_params.header_params(rec, revision))
             t.header_done = True
         except Exception as e:
             self.down(e)
@@ -96,6 +96,9 @@ class MlflowSink(MlflowRuns):
                 now_ms = int(time.time() * 1000)
                 tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
             tracking.log_artifacts(c, rid, rd.path)
+            for key_file in (rd.ds_config_file, rd.cmd_file, rd.spec_file):  # top level: the compare page diffs them
+                if key_file.is_file():
+                    tracking.log_file_artifact(c, rid, key_file)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"), end_time=st.get("ended"))
         except Exception as e:
             self.down(e)

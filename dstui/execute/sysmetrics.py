@@ -3,17 +3,29 @@
 The supervisor samples these into the run folder's ``system.jsonl`` so the
 TUI and MLflow see the same numbers, and nothing is lost if MLflow is down.
 GPU readings use nvidia-ml-py and are skipped quietly when there is no GPU.
+
+In MLflow they carry the names of MLflow's own system-metrics logger
+(``mlflow/system_metrics/metrics/*.py``: ``system/cpu_utilization_percentage``,
+``system/gpu_0_memory_usage_megabytes``, ...), so MLflow's "System metrics"
+views show them and the same reading of two runs shares a chart; a run that
+spans nodes prefixes the node as MLflow's ``node_id`` does
+(``system/<node>/cpu_utilization_percentage``). The step of a point is whole
+seconds since the run's launch (:func:`mlflow_points`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
+import re
 import time
 from typing import Any
 
 import psutil
+
+from dstui.core.rundir import RunDir
 
 _NVML: Any = None
 _NVML_TRIED = False
@@ -109,8 +121,11 @@ class ProcessTreeSampler:
         self._procs: dict[int, psutil.Process] = {}
 
     def sample(self) -> dict[str, float]:
+        """The tree's readings; empty once the job is gone (its launcher exited: a zombie counts as gone)."""
         try:
             root = psutil.Process(self.pid)
+            if root.status() == psutil.STATUS_ZOMBIE:
+                return {}
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return {}
@@ -129,13 +144,85 @@ class ProcessTreeSampler:
 
 def host_readings() -> dict[str, float]:
     vm = psutil.virtual_memory()
-    return {"cpu_percent": psutil.cpu_percent(None), "mem_used_bytes": float(vm.used)}
+    return {"cpu_percent": psutil.cpu_percent(None), "mem_used_bytes": float(vm.used), "mem_used_percent": float(vm.percent)}
 
 
-def sample(tree: ProcessTreeSampler | None, gpus: list[int] | None) -> dict[str, Any]:
+def sample(tree: ProcessTreeSampler | None, gpus: list[int] | None) -> dict[str, Any] | None:
+    """One reading of host, job and GPUs; None when the job it follows has already ended.
+
+    A reading taken after the job's exit would end its curves on zero (a run's last
+    ``job_rss_bytes`` = 0) and on an idle host: it is not a reading of the job.
+    """
     rec: dict[str, Any] = {"time": time.time(), "node": platform.node()}
     rec.update(host_readings())
     if tree is not None:
-        rec.update(tree.sample())
+        job = tree.sample()
+        if not job:
+            return None
+        rec.update(job)
     rec.update(gpu_readings(gpus))
     return rec
+
+
+# system.jsonl field -> (MLflow system-metric name, factor). The names are those of MLflow's
+# own logger (mlflow/system_metrics/metrics/cpu_monitor.py, gpu_monitor.py), megabytes = 1e6
+# bytes as there; job_* are dstui's (the job's process tree), spelled the same way.
+MLFLOW_NAMES: dict[str, tuple[str, float]] = {
+    "cpu_percent": ("cpu_utilization_percentage", 1.0),
+    "mem_used_bytes": ("system_memory_usage_megabytes", 1e-6),
+    "mem_used_percent": ("system_memory_usage_percentage", 1.0),
+    "job_cpu_percent": ("job_cpu_utilization_percentage", 1.0),
+    "job_rss_bytes": ("job_memory_usage_megabytes", 1e-6),
+    "job_processes": ("job_processes", 1.0),
+}
+_GPU_NAMES: dict[str, tuple[str, float]] = {
+    "util_percent": ("utilization_percentage", 1.0),
+    "mem_used_bytes": ("memory_usage_megabytes", 1e-6),
+    "power_w": ("power_usage_watts", 1.0),
+}
+_GPU_FIELD = re.compile(r"gpu(\d+)_(\w+)")
+SYSTEM_PREFIX = "system/"
+
+
+def mlflow_name(field: str, node: str | None = None) -> tuple[str, float] | None:
+    """``gpu0_mem_used_bytes`` -> (``system/gpu_0_memory_usage_megabytes``, 1e-6); None: not a reading."""
+    named = MLFLOW_NAMES.get(field)
+    if named is None:
+        m = _GPU_FIELD.fullmatch(field)
+        gpu = _GPU_NAMES.get(m.group(2)) if m else None
+        if m is None or gpu is None:
+            return None
+        named = (f"gpu_{m.group(1)}_{gpu[0]}", gpu[1])
+    prefix = SYSTEM_PREFIX + (f"{node}/" if node else "")
+    return prefix + named[0], named[1]
+
+
+def mlflow_points(rec: dict[str, Any], *, started: float | None, multi_node: bool) -> list[tuple[str, float, int, int]]:
+    """A system.jsonl record as MLflow points ``(key, value, timestamp ms, step)``.
+
+    The step is whole seconds since the run's launch (``started``), so the System
+    metrics charts of two runs line up by time into the run. Records are taken only
+    while the job lives (:func:`sample`), so every one is sent: the supervisor's count
+    of unsent points is the file's. The node prefix only where the run spans nodes.
+    """
+    t = rec.get("time")
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return []
+    node = str(rec.get("node") or "node") if multi_node else None
+    step = max(0, int(t - started)) if started else 0
+    out = []
+    for field, value in rec.items():
+        named = mlflow_name(field, node)
+        if named is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        out.append((named[0], float(value) * named[1], int(t * 1000), step))
+    return out
+
+
+def job_life(rd: RunDir) -> dict[str, Any]:
+    """What :func:`mlflow_points` needs of a run: its launch, and whether it spans nodes."""
+    try:
+        nodes = int(rd.settings().get("nodes") or 1)
+    except (TypeError, ValueError):
+        nodes = 1
+    return {"started": rd.status().get("started"), "multi_node": nodes > 1}

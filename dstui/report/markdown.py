@@ -96,7 +96,7 @@ def export_report(
     report.write_text(render(ctx), encoding="utf-8")
     if parent is not None:
         step(0.95, "logging the report to MLflow")
-        client.log_artifacts(parent.info.run_id, str(out), artifact_path="report")
+        tracking.log_report(client, parent.info.run_id, out)  # + report.md MLflow can preview
     step(1.0, f"report written to {report}")
     return report
 

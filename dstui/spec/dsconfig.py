@@ -115,6 +115,7 @@ _SETTING_PATHS: dict[tuple[str, ...], tuple[str, Any]] = {
     ("compile", "deepcompile"): ("deepcompile", False),
     ("sequence_parallel_size",): ("sequence_parallel", 1),
 }
+SETTING_PATHS = tuple(_SETTING_PATHS)  # ds_config paths a setting decides (MLflow logs the setting, not these twice)
 _MISSING = object()
 
 

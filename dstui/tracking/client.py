@@ -252,6 +252,49 @@ def versions_tags(header: dict[str, Any]) -> dict[str, Any]:
     return tags
 
 
+NOTE = "mlflow.note.content"  # MLflow's run/experiment description (markdown)
+SOURCE_TYPE = "LOCAL"  # MLflow's SourceType for a program started on this machine
+
+
+def standard_tags(source: str | None) -> dict[str, str]:
+    """MLflow's own tags: who ran it (``mlflow.user``) and what (``mlflow.source.name``/``.type``)."""
+    import getpass
+
+    tags: dict[str, str] = {}
+    with contextlib.suppress(Exception):  # no user name in a bare container
+        tags["mlflow.user"] = getpass.getuser()
+    if source:
+        tags["mlflow.source.name"] = source
+        tags["mlflow.source.type"] = SOURCE_TYPE
+    return tags
+
+
+def set_experiment_note(c: MlflowClient, experiment_id: str, text: str) -> None:
+    """The experiment's description in MLflow (its ``mlflow.note.content`` tag)."""
+    if text.strip():
+        c.set_experiment_tag(experiment_id, NOTE, text[:MAX_PARAM_LEN])
+
+
+def log_report(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "report") -> None:
+    """Upload a report folder, plus ``report.html`` at the run's top level for MLflow's preview.
+
+    ``report/`` holds the folder as written (markdown, PNGs, CSV); MLflow's UI shows a
+    markdown artifact without its images, so the page to open in MLflow is the HTML of
+    :mod:`dstui.tracking.report_preview`, images inside.
+    """
+    import tempfile
+
+    from dstui.tracking.report_preview import report_html
+
+    c.log_artifacts(run_id, str(folder), artifact_path=artifact_path)
+    md = folder / "report.md"
+    if md.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            staged = Path(tmp) / "report.html"
+            staged.write_text(report_html(md.read_text(errors="replace"), folder), encoding="utf-8")
+            c.log_artifact(run_id, str(staged))
+
+
 def host_tags() -> dict[str, str]:
     import dstui
 
@@ -269,6 +312,16 @@ def run_ui_command(uri: str | None = None, port: int = 5000, host: str = "127.0.
     if uri.startswith("sqlite:"):
         argv += ["--default-artifact-root", paths.artifact_root()]
     return argv
+
+
+def compare_url(base: str, experiment_id: str, run_ids: list[str]) -> str:
+    """MLflow UI's page comparing these runs (``#/compare-runs?runs=[..]&experiments=[..]``)."""
+    from urllib.parse import quote
+
+    def as_list(items: list[str]) -> str:
+        return quote(json.dumps(items, separators=(",", ":")), safe="")
+
+    return f"{base.rstrip('/')}/#/compare-runs?runs={as_list(run_ids)}&experiments={as_list([experiment_id])}"
 
 
 def ping(c: MlflowClient) -> bool:
