@@ -14,7 +14,9 @@ def loss(ctx: ReportContext) -> str:
     return (
         "## Loss\n\n" + img(ctx, "loss", "loss curves")
         + "\nOne line per condition: the mean over its repeats at each step; the shaded band spans "
-        "the lowest and highest repeat. Warm-up steps are included (loss is deterministic from step one).\n"
+        "the lowest and highest repeat. Warm-up steps are included (loss is deterministic from step one). "
+        "The lower panel (when drawn) shows loss minus the baseline's for the conditions that should compute "
+        "the same numbers as the baseline, with the parity tolerance shaded.\n"
     )
 
 
