@@ -32,7 +32,7 @@ def headline(md: str, start: str) -> str:
     return next(line for line in md.splitlines() if line.startswith(f"- {start}"))
 
 
-def micro_batch_batch(store: tuple[Any, str, str], *, repeats: int = 1) -> None:
+def micro_batch_batch(store: tuple[Any, str, str], *, repeats: int = 1) -> None:  # noqa: F811
     """The issue's batch: micro_batch [1, 2]; mb1 takes 9.508 ms/step, mb2 15 ms with twice the tokens."""
     client, exp_id, _ = store
     parent = make_parent(client, exp_id, BATCH)
@@ -159,7 +159,7 @@ def test_check_charts_have_honest_axes() -> None:
 
     fig = charts_checks.ratio_figure([("z1 / v2", 0.05, 0.01, 0.09, ""), ("z2 / v2", 0.06, None, None, "n=1")])
     lo, hi = fig.axes[0].get_xlim()
-    assert 0 <= lo and hi >= 1.0
+    assert lo >= 0 and hi >= 1.0
     steps = np.arange(1, 11)
     fig = charts_checks.step_differences_figure(
         [("verify", {"loss_abs_diff": (steps, np.full(10, 1.0e-7) + 1e-9 * steps)}, None)], atol=1e-5

@@ -71,7 +71,7 @@ def live_html(md: str) -> list[str]:
     return bad
 
 
-def build_hostile(store: tuple[Any, str, str]) -> None:
+def build_hostile(store: tuple[Any, str, str]) -> None:  # noqa: F811
     client, exp_id, _ = store
     parent = make_parent(client, exp_id, BATCH)
     note = {"mlflow.note.content": f"Description with {XSS}\n\n# not a heading\n[x](javascript:alert(5))"}
