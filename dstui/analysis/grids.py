@@ -99,20 +99,27 @@ def r_state(cell: Sequence[RunData]) -> str:
 # -- recommendations ----------------------------------------------------------
 
 
-def pareto(conds: Sequence[ConditionStats]) -> list[ConditionStats]:
-    """Conditions no other condition beats on both iteration time and peak memory."""
-    pts = [c for c in conds if c.iter_time_mean is not None and c.mem_peak_max is not None]
+def pareto(conds: Sequence[ConditionStats], basis: str = "time") -> list[ConditionStats]:
+    """Conditions no other condition beats on both speed and peak memory, fastest first.
+
+    Speed is iteration time (lower is better), or tokens/s (higher is better)
+    with ``basis="tokens"``: where tokens per step differ, time per step does
+    not say which condition is faster (:mod:`dstui.analysis.speed`).
+    """
+
+    def cost(c: ConditionStats) -> float | None:  # lower is faster
+        if basis == "tokens":
+            return -c.tokens_per_s_mean if c.tokens_per_s_mean is not None else None
+        return c.iter_time_mean
+
+    pts = [(cost(c), c.mem_peak_max, c) for c in conds]
+    pts = [p for p in pts if p[0] is not None and p[1] is not None]
     front = []
-    for c in pts:
+    for t, m, c in pts:
         dominated = any(
-            o is not c
-            and o.iter_time_mean <= c.iter_time_mean  # type: ignore[operator]
-            and o.mem_peak_max <= c.mem_peak_max  # type: ignore[operator]
-            and (o.iter_time_mean < c.iter_time_mean or o.mem_peak_max < c.mem_peak_max)  # type: ignore[operator]
-            for o in pts
+            o is not c and ot <= t and om <= m and (ot < t or om < m)  # type: ignore[operator]
+            for ot, om, o in pts
         )
         if not dominated:
-            front.append(c)
-    return sorted(front, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
-
-
+            front.append((t, c))
+    return [c for _, c in sorted(front, key=lambda x: x[0])]  # type: ignore[arg-type, return-value]

@@ -6,8 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dstui.analysis.comparable import numerics_differences, reference_of
 from dstui.analysis.rundata import ReportError
 from dstui.analysis.stats import ConditionStats, loss_band
+
+NOT_COMPARABLE = "not comparable"
 
 
 @dataclass
@@ -21,8 +24,10 @@ class Parity:
     mean_abs_diff: float | None
     final_diff: float | None
     tolerance: float
-    verdict: str  # PASS, FAIL or n/a
+    verdict: str  # PASS, FAIL, NOT_COMPARABLE or n/a
     note: str = ""
+    compared_with: str = ""  # the condition whose loss was compared: the baseline, or one with the same numerics
+    not_comparable: str = ""  # why this condition's numerics differ from the baseline's ('' when they do not)
     speedup: float | None = None  # baseline iter time / this iter time
     mem_ratio: float | None = None  # this peak memory / baseline's
 
@@ -33,51 +38,76 @@ class Parity:
 def loss_parity(
     conds: Sequence[ConditionStats], baseline: str, tolerance: float
 ) -> list[Parity]:
-    """PASS/FAIL per condition: max |mean loss - baseline mean loss| <= tolerance."""
-    import numpy as np
+    """PASS/FAIL per condition: max |mean loss - reference mean loss| <= tolerance.
 
+    The reference is the baseline when both should compute the same numbers
+    (:mod:`dstui.analysis.comparable`). A condition whose settings change the
+    numerics by design (micro batch, dtype, ...) is compared with the first
+    other condition that has its numerics, if there is one, and otherwise gets
+    :data:`NOT_COMPARABLE` with the reason: its loss differs by design.
+    """
     by_label = {c.label: c for c in conds}
     base = by_label[baseline]
-    base_band = loss_band(base)
     out = []
     for c in conds:
         if c.label == baseline:
             continue
-        p = Parity(c.label, baseline, 0, None, None, None, tolerance, "n/a")
-        if base.iter_time_mean and c.iter_time_mean:
-            p.speedup = base.iter_time_mean / c.iter_time_mean
-        if base.mem_peak_max and c.mem_peak_max:
-            p.mem_ratio = c.mem_peak_max / base.mem_peak_max
-        band = loss_band(c)
-        if base_band is None or band is None:
-            if band is None:
-                p.note = "no usable runs" if not c.n_usable else "no loss history"
-            else:
-                p.note = "baseline has no loss history"
+        diffs = numerics_differences(c.runs, base.runs)
+        why = "; ".join(d.text() for d in diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
+        ref = base
+        if diffs:
+            earlier = [o for o in conds if o.label != baseline and conds.index(o) < conds.index(c)]
+            ref = reference_of(c, earlier)  # type: ignore[assignment]
+        if ref is None:
+            p = Parity(c.label, baseline, 0, None, None, None, tolerance, NOT_COMPARABLE, not_comparable=why)
+            p.note = f"differs from the baseline by design ({why})"
             out.append(p)
             continue
-        common, ia, ib = np.intersect1d(band[0], base_band[0], return_indices=True)
-        p.common_steps = int(len(common))
-        if not len(common):
-            p.note = "no common steps"
-            out.append(p)
-            continue
-        # one NaN rule with `dstui compare` (revision_compare.max_loss_diff): a NaN on one side only is
-        # an infinite difference (a diverged run is never parity); NaN on both sides at a step is skipped
-        a, b = band[1][ia], base_band[1][ib]
-        both = np.isnan(a) & np.isnan(b)
-        diff = np.abs(a - b)[~both]
-        if np.isnan(diff).any() or not len(diff):
-            p.verdict = "FAIL"
-            p.note = "NaN loss" if len(diff) else "NaN loss on both sides at every common step"
-            p.max_abs_diff = float("inf") if len(diff) else float("nan")
-        else:
-            p.max_abs_diff = float(diff.max())
-            p.mean_abs_diff = float(diff.mean())
-            p.verdict = "PASS" if p.max_abs_diff <= tolerance else "FAIL"
-        p.final_diff = float(band[1][ia][-1] - base_band[1][ib][-1])
+        p = _compare(c, ref, tolerance)
+        p.baseline, p.not_comparable = baseline, why
+        if ref is not base:
+            p.note = f"compared with {ref.label} (same numerics; the baseline differs: {why})" + (
+                f"; {p.note}" if p.note else "")
         out.append(p)
     return out
+
+
+def _compare(c: ConditionStats, ref: ConditionStats, tolerance: float) -> Parity:
+    """One condition's loss against a reference condition's, step by step."""
+    import numpy as np
+
+    p = Parity(c.label, ref.label, 0, None, None, None, tolerance, "n/a", compared_with=ref.label)
+    if ref.iter_time_mean and c.iter_time_mean:
+        p.speedup = ref.iter_time_mean / c.iter_time_mean
+    if ref.mem_peak_max and c.mem_peak_max:
+        p.mem_ratio = c.mem_peak_max / ref.mem_peak_max
+    band, base_band = loss_band(c), loss_band(ref)
+    if base_band is None or band is None:
+        if band is None:
+            p.note = "no usable runs" if not c.n_usable else "no loss history"
+        else:
+            p.note = f"{ref.label} has no loss history"
+        return p
+    common, ia, ib = np.intersect1d(band[0], base_band[0], return_indices=True)
+    p.common_steps = int(len(common))
+    if not len(common):
+        p.note = "no common steps"
+        return p
+    # one NaN rule with `dstui compare` (revision_compare.max_loss_diff): a NaN on one side only is
+    # an infinite difference (a diverged run is never parity); NaN on both sides at a step is skipped
+    a, b = band[1][ia], base_band[1][ib]
+    both = np.isnan(a) & np.isnan(b)
+    diff = np.abs(a - b)[~both]
+    if np.isnan(diff).any() or not len(diff):
+        p.verdict = "FAIL"
+        p.note = "NaN loss" if len(diff) else "NaN loss on both sides at every common step"
+        p.max_abs_diff = float("inf") if len(diff) else float("nan")
+    else:
+        p.max_abs_diff = float(diff.max())
+        p.mean_abs_diff = float(diff.mean())
+        p.verdict = "PASS" if p.max_abs_diff <= tolerance else "FAIL"
+    p.final_diff = float(band[1][ia][-1] - base_band[1][ib][-1])
+    return p
 
 
 def choose_baseline(conds: Sequence[ConditionStats], requested: str | None) -> str | None:

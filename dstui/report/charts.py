@@ -11,6 +11,7 @@ wide chart shows nothing more than 2,000 points do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,44 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Write the figure as PNG and free it (every chart ends here)."""
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def from_zero(ax: Any, axis: str, top: float | None = None, headroom: float = 1.08) -> None:
+    """A value axis that starts at zero, so a bar or point's distance from the edge is its size.
+
+    Why: autoscaled limits of 0.5215-0.5230 GiB make a 1 MiB difference fill
+    the plot, and margins around small times put the axis start at -25 ms.
+    """
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    hi = max(hi, top if top is not None else hi) * headroom if hi > 0 else 1.0
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(0.0, hi)
+
+
+def log_span(ax: Any, values: Any, decades: float = 1.0) -> None:
+    """A log y-axis that spans at least ``decades`` decades around the data's geometric middle.
+
+    Why: a log axis autoscaled to 9.5-9.6 ms makes 1% of noise fill the plot;
+    one decade keeps a 10% change the size it is.
+    """
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0], dtype=float)
+    if not len(v):
+        return
+    lo, hi = float(v.min()), float(v.max())
+    need = 10.0**decades
+    if hi / lo < need:
+        mid = math.sqrt(lo * hi)
+        lo, hi = mid / math.sqrt(need), mid * math.sqrt(need)
+    cur_lo, cur_hi = ax.get_ylim()
+    ax.set_ylim(min(lo / 1.15, cur_lo) if cur_lo > 0 else lo / 1.15, max(hi * 1.15, cur_hi))
 
 
 def short_label(text: str, limit: int = MAX_LABEL) -> str:
@@ -65,19 +104,38 @@ def loss_curves(
     *,
     baseline: str | None = None,
     title: str = "Training loss",
+    comparable: Sequence[str] | None = None,
+    tolerance: float | None = None,
 ) -> Path:
-    """One line per condition (mean over repeats) with a shaded min-max band.
+    """One line per condition (mean over repeats) with a shaded min-max band; see :func:`loss_figure`."""
+    return save(loss_figure(series, baseline=baseline, title=title, comparable=comparable, tolerance=tolerance), path)
+
+
+def loss_figure(
+    series: Sequence[tuple[str, Any, Any, Any, Any]],
+    *,
+    baseline: str | None = None,
+    title: str = "Training loss",
+    comparable: Sequence[str] | None = None,
+    tolerance: float | None = None,
+) -> Any:
+    """The loss chart as a matplotlib Figure.
 
     ``series``: (label, steps, mean, min, max). With a ``baseline`` a second
     panel shows each condition's mean loss minus the baseline's on common
     steps: parity differences of 1e-4 are invisible on a loss axis spanning 2.
-    The legend sits below the axes so it never hides a curve.
+    Only conditions in ``comparable`` (those whose numerics should match the
+    baseline's; all when None) are drawn there: a micro-batch change differs
+    by design. The panel's y-range covers at least ±``tolerance``, shaded, so
+    a difference well inside it never fills the panel and looks like a
+    divergence. The legend sits below the axes so it never hides a curve.
     """
     import numpy as np
 
     plt = _plt()
     base = next((s for s in series if s[0] == baseline), None) if baseline else None
-    with_diff = base is not None and len(series) > 1
+    diffed = [s for s in series if s[0] != baseline and (comparable is None or s[0] in comparable)]
+    with_diff = base is not None and bool(diffed)
     if with_diff:
         fig, (ax, dx) = plt.subplots(
             2, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6]}
@@ -93,7 +151,7 @@ def loss_curves(
         ax.plot(x, m, style, color=color, lw=1.6, label=short_label(label))
         if (b - a).any():
             ax.fill_between(x, a, b, color=color, alpha=0.18, lw=0)
-        if dx is not None and base is not None and label != baseline:
+        if dx is not None and base is not None and any(d[0] == label for d in diffed):
             common, ia, ib = np.intersect1d(steps, base[1], return_indices=True)
             if len(common):
                 cx, cd = _decimate(common, mean[ia] - base[2][ib])
@@ -104,13 +162,23 @@ def loss_curves(
     bottom = ax
     if dx is not None:
         dx.axhline(0.0, color="#333333", lw=0.8)
-        dx.set_ylabel(f"loss - {short_label(str(baseline), 20)}")
+        if tolerance is not None and math.isfinite(tolerance) and tolerance > 0:
+            dx.axhspan(-tolerance, tolerance, color="#2ca02c", alpha=0.12, lw=0, label=f"tolerance ±{tolerance:g}")
+            lo, hi = dx.get_ylim()
+            dx.set_ylim(min(lo, -1.25 * tolerance), max(hi, 1.25 * tolerance))
+        who = "" if comparable is None or len(diffed) == len(series) - 1 else " (same numerics only)"
+        dx.set_ylabel(f"loss - {short_label(str(baseline), 20)}{who}", fontsize=9)
         dx.grid(True, alpha=0.3)
         bottom = dx
     bottom.set_xlabel("optimizer step")
     ncol = 1 if len(series) <= 3 else 2 if len(series) <= 8 else 3
+    handles, labels = ax.get_legend_handles_labels()
+    if dx is not None:
+        h2, l2 = dx.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
     bottom.legend(
-        *ax.get_legend_handles_labels(),
+        handles,
+        labels,
         loc="upper center",
         bbox_to_anchor=(0.5, -0.3 if dx is not None else -0.14),
         ncol=ncol,
@@ -118,9 +186,7 @@ def loss_curves(
         frameon=False,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def hbars(
@@ -138,8 +204,25 @@ def hbars(
     """Horizontal bars with value labels; conditions without a value show a marker text.
 
     ``markers`` (e.g. 'OOM', 'failed') are printed in place of a bar so a
-    failed condition stays visible instead of silently missing.
+    failed condition stays visible instead of silently missing. The value axis
+    starts at zero (a bar is a length).
     """
+    return save(hbars_figure(labels, values, xlabel=xlabel, title=title, errors=errors, markers=markers,
+                             highlight=highlight, value_fmt=value_fmt), path)  # fmt: skip
+
+
+def hbars_figure(
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    *,
+    xlabel: str,
+    title: str,
+    errors: Sequence[float | None] | None = None,
+    markers: Sequence[str] | None = None,
+    highlight: str | None = None,
+    value_fmt: Any = fmt_num,
+) -> Any:
+    """The horizontal bar chart as a matplotlib Figure (see :func:`hbars`)."""
     plt = _plt()
     n = len(labels)
     fig, ax = plt.subplots(figsize=(10, max(2.2, 0.45 * n + 1.3)))
@@ -175,15 +258,33 @@ def hbars(
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def tradeoff(
-    points: Sequence[tuple[str, float, float]], front: Sequence[str], path: Path, *, time_label: str
+    points: Sequence[tuple[str, float, float]],
+    front: Sequence[str],
+    path: Path,
+    *,
+    time_label: str,
+    higher_is_faster: bool = False,
 ) -> Path:
-    """Iteration time vs peak memory; the Pareto-optimal conditions are joined by a line."""
+    """Speed vs peak memory; the Pareto-optimal conditions are joined by a line (see :func:`tradeoff_figure`)."""
+    return save(tradeoff_figure(points, front, time_label=time_label, higher_is_faster=higher_is_faster), path)
+
+
+def tradeoff_figure(
+    points: Sequence[tuple[str, float, float]],
+    front: Sequence[str],
+    *,
+    time_label: str,
+    higher_is_faster: bool = False,
+) -> Any:
+    """Speed (iteration time, or tokens/s with ``higher_is_faster``) vs peak memory, both axes from zero.
+
+    From zero: conditions 1 MiB apart at 0.52 GiB sit together, as they are,
+    instead of at opposite corners; a time axis never starts below zero.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, t, mem in points:
@@ -195,13 +296,13 @@ def tradeoff(
         ax.plot([p[1] for p in fr], [p[2] for p in fr], "-", color="#d62728", alpha=0.5, zorder=2)
     ax.set_xlabel(time_label)
     ax.set_ylabel("peak memory (GiB)")
-    ax.set_title("Speed / memory trade-off (red: no other condition is both faster and smaller)")
+    better = "faster" if not higher_is_faster else "faster (more tokens/s)"
+    ax.set_title(f"Speed / memory trade-off (red: no other condition is both {better} and smaller)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.margins(x=0.25, y=0.2)
+    from_zero(ax, "x", max(p[1] for p in points) * 1.3 if points else None)
+    from_zero(ax, "y", max(p[2] for p in points) if points else None, headroom=1.15)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def iter_time_series(
@@ -217,9 +318,22 @@ def iter_time_series(
     ``series``: (label, [(steps, values) per repeat], [(step, value) outliers]).
     Warm-up is shaded and outliers are crossed, so the reader sees what the
     statistics left out and what they kept. Log scale: a 20 s compile step
-    and 0.2 s steady steps both stay readable.
+    and 0.2 s steady steps both stay readable; the axis spans at least a
+    decade, so noise of a few percent stays small (:func:`log_span`).
     """
+    return save(iter_time_figure(series, unit=unit, scale=scale, warmup=warmup), path)
+
+
+def iter_time_figure(
+    series: Sequence[tuple[str, Sequence[tuple[Any, Any]], Sequence[tuple[Any, Any]]]],
+    *,
+    unit: str,
+    scale: float,
+    warmup: int,
+) -> Any:
+    """The per-step iteration-time chart as a matplotlib Figure (see :func:`iter_time_series`)."""
     import matplotlib.ticker as mticker
+    import numpy as np
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -238,6 +352,8 @@ def iter_time_series(
     if warmup:
         ax.axvspan(ax.get_xlim()[0], warmup + 0.5, color="#999999", alpha=0.15, lw=0, label="warm-up (excluded)")
     ax.set_yscale("log")
+    drawn = [np.asarray(v, dtype=float) * scale for _, reps, _ in series for _, v in reps]
+    log_span(ax, np.concatenate(drawn) if drawn else [])
     fmt = mticker.FuncFormatter(lambda v, _pos: fmt_num(v))
     ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(fmt)
@@ -250,6 +366,4 @@ def iter_time_series(
     ncol = 1 if n <= 3 else 2 if n <= 8 else 3
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=9, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig

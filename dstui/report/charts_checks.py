@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dstui.report.charts import _plt, short_label
+from dstui.report.charts import _plt, log_span, save, short_label
 
 
 def ratio_intervals(rows: Sequence[tuple[str, float, float | None, float | None, str]], path: Path) -> Path:
@@ -21,6 +21,11 @@ def ratio_intervals(rows: Sequence[tuple[str, float, float | None, float | None,
     interval (too few repeats) shows its point as a hollow marker and the
     note in the label, so a missing interval is never mistaken for a tight one.
     """
+    return save(ratio_figure(rows), path)
+
+
+def ratio_figure(rows: Sequence[tuple[str, float, float | None, float | None, str]]) -> Any:
+    """The ratio chart as a matplotlib Figure: the axis holds 1.0 (no change) and never goes below 0."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * len(rows)))
     ys = list(range(len(rows)))[::-1]
@@ -40,10 +45,10 @@ def ratio_intervals(rows: Sequence[tuple[str, float, float | None, float | None,
     ax.set_title("Revisions against the baseline revision (green: faster, red: slower, blue: no clear change)")
     ax.grid(True, axis="x", alpha=0.3)
     ax.margins(x=0.35, y=0.3)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(max(0.0, min(lo, 0.9)), max(hi, 1.1))  # a time ratio is positive; 1.0 (no change) in view
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 DIFF_KEYS = ("loss_abs_diff", "grad_max_abs_diff", "param_max_abs_diff")
@@ -65,8 +70,18 @@ def step_differences(
     ``series``: (run label, {metric key: (steps, values)}, first diverging
     step or None). The tolerance is drawn as a dashed line and the first
     diverging step as a vertical red line, so the reader sees where and by
-    how much a run left parity.
+    how much a run left parity. Each log axis spans at least a decade (and
+    holds the tolerance line), so a tiny difference never fills a panel.
     """
+    return save(step_differences_figure(series, atol=atol), path)
+
+
+def step_differences_figure(
+    series: Sequence[tuple[str, dict[str, tuple[Any, Any]], int | None]],
+    *,
+    atol: float | None = None,
+) -> Any:
+    """The per-step differences chart as a matplotlib Figure (see :func:`step_differences`)."""
     import numpy as np
 
     plt = _plt()
@@ -85,6 +100,8 @@ def step_differences(
         if atol is not None and atol > 0 and math.isfinite(atol):
             ax.axhline(atol, color="#333333", ls="--", lw=0.9, label=f"atol {atol:g}")
         ax.set_yscale("log")
+        shown = [v for _, h, _ in series if key in h for v in np.asarray(h[key][1], dtype=float).tolist()]
+        log_span(ax, shown + ([atol] if atol is not None and atol > 0 and math.isfinite(atol) else []))
         ax.set_ylabel(title, fontsize=9)
         ax.grid(True, alpha=0.3, which="both")
     axes[0, 0].set_title("Per-step differences against the plain-PyTorch baseline (red line: first diverging step)")
@@ -93,6 +110,4 @@ def step_differences(
     handles, labels = axes[0, 0].get_legend_handles_labels()
     bottom.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=9, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig

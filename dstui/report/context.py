@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dstui.analysis import phases
+from dstui.analysis import phases, speed
 from dstui.analysis import runs as an
 from dstui.analysis.checks import CheckResult, check_of, sp_check_runs
 from dstui.analysis.forecast_check import forecast_vs_measured
@@ -62,6 +62,9 @@ class ReportContext:
         self.step_shares: dict[str, tuple[float, float, float]] = {}
         self.memory_forecast: Any = None  # DataFrame: forecast vs measured peak per condition
         self.forecast_missing = ""  # the module a forecast needed but could not import
+        self.speed_basis: speed.Basis = "time"  # per-step time, or tokens/s where tokens per step differ
+        self.speed_ratios: dict[str, speed.SpeedRatio] = {}  # label -> speed vs the baseline, with its interval
+        self.description = ""  # the spec's description (MLflow note of the runs or the experiment): untrusted text
 
     def compute(self, baseline: str | None) -> None:
         self.conds = an.condition_stats(self.runs)
@@ -72,8 +75,16 @@ class ReportContext:
         self.train = trained or list(self.conds)
         if self.tolerance_basis != "given":
             self.tolerance, self.tolerance_basis = default_tolerance(trained)
+        self.speed_basis = speed.basis(self.train)
+        base = self.base() if self.baseline else None
+        if base is not None:
+            self.speed_ratios = {c.label: speed.ratio(c, base, self.speed_basis) for c in self.train if c is not base}
         if self.baseline:
             self.parity = an.loss_parity(self.train, self.baseline, self.tolerance)
+            for p in self.parity:  # speed against the baseline, in the report's speed unit
+                sr = self.speed_ratios.get(p.label)
+                p.speedup = sr.ratio if sr is not None else None
+        self.description = _description(self.runs, self.exp)
         self.checks = [check_of(r) for r in self.verify_runs]
         self.sp_checks = sp_check_runs(self.runs)
         self._compare_revisions(trained)
@@ -97,9 +108,28 @@ class ReportContext:
         self.base_revision = base.revision if base is not None else revs[0]
         self.revisions = compare(samples_from_runs(runs), self.base_revision, loss_tol=self.tolerance)
 
+    def speed(self, c: ConditionStats) -> str:
+        """The condition's speed figure with its unit: '9.508 ms/step' or '1.2e+04 tokens/s'."""
+        v = speed.value(c, self.speed_basis)
+        if v is None:
+            return "n/a"
+        return f"{self.t(v)} {self.unit}/step" if self.speed_basis == "time" else f"{charts.fmt_num(v)} tokens/s"
+
     def t(self, seconds: float | None) -> str:
         return "n/a" if seconds is None else charts.fmt_num(seconds * self.scale)
 
     def base(self) -> ConditionStats | None:
         """The baseline condition's statistics, if there is a baseline."""
         return next((c for c in self.train if c.label == self.baseline), None)
+
+
+NOTE_TAG = "mlflow.note.content"
+
+
+def _description(runs: list[RunData], exp: Any) -> str:
+    """The spec's description as MLflow holds it: the runs' note, else the experiment's ('' if none)."""
+    notes = an.distinct_tag(runs, NOTE_TAG)
+    if notes:
+        return notes[0]
+    tags = getattr(exp, "tags", None) or {}
+    return str(tags.get(NOTE_TAG, "")) if isinstance(tags, dict) else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dstui.analysis import runs as an
+from dstui.analysis import speed
 from dstui.report import charts, charts_checks, phases_chart
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import marker
@@ -19,7 +20,11 @@ def draw(ctx: ReportContext, out: Path) -> None:
         if band is not None:
             bands.append((c.label, *band))
     if bands:
-        ctx.images["loss"] = charts.loss_curves(bands, out / "loss.png", baseline=ctx.baseline).name
+        # the difference panel: only conditions judged against the baseline itself (same numerics)
+        same = [p.label for p in ctx.parity if p.compared_with == ctx.baseline]
+        ctx.images["loss"] = charts.loss_curves(
+            bands, out / "loss.png", baseline=ctx.baseline, comparable=same, tolerance=ctx.tolerance
+        ).name
     if any(c.iter_time_mean is not None for c in ctx.train):
         s = ctx.scale
         ctx.images["iter_time"] = charts.hbars(
@@ -30,7 +35,10 @@ def draw(ctx: ReportContext, out: Path) -> None:
             markers=markers,
             highlight=ctx.baseline,
             xlabel=f"iteration time per optimizer step ({ctx.unit}); error bar: ±1 std",
-            title="Mean iteration time after warm-up (lower is better; red: baseline)",
+            title="Mean iteration time after warm-up (lower is better; red: baseline)"
+            if ctx.speed_basis == "time"
+            else "Mean time per optimizer step after warm-up (red: baseline); tokens per step differ: "
+            "compare speed in the throughput chart",
         ).name
     bars = (
         ("memory", [c.mem_peak_gb for c in ctx.train],
@@ -46,15 +54,18 @@ def draw(ctx: ReportContext, out: Path) -> None:
             ctx.images[key] = charts.hbars(
                 labels, values, out / f"{key}.png", markers=markers, highlight=ctx.baseline, xlabel=xlabel, title=title
             ).name
-    pts = [
-        (c.label, c.iter_time_mean * ctx.scale, c.mem_peak_gb)
-        for c in ctx.train
-        if c.iter_time_mean is not None and c.mem_peak_gb is not None
-    ]
+    tokens = ctx.speed_basis == "tokens"
+    pts = []
+    for c in ctx.train:
+        v = speed.value(c, ctx.speed_basis)
+        if v is not None and c.mem_peak_gb is not None:
+            pts.append((c.label, v if tokens else v * ctx.scale, c.mem_peak_gb))
     if len(pts) >= 2:
-        front = [c.label for c in an.pareto(ctx.train)]
+        front = [c.label for c in an.pareto(ctx.train, ctx.speed_basis)]
         ctx.images["tradeoff"] = charts.tradeoff(
-            pts, front, out / "tradeoff.png", time_label=f"iteration time ({ctx.unit})"
+            pts, front, out / "tradeoff.png", higher_is_faster=tokens,
+            time_label="throughput (tokens/s, all ranks; higher is faster)" if tokens
+            else f"iteration time ({ctx.unit}; lower is faster)",
         ).name
     series = []
     warm = 0

@@ -28,6 +28,7 @@ from dstui.analysis.fetch import read_artifact
 from dstui.analysis.runs import Progress, RunData
 from dstui.analysis.system import fetch_system
 from dstui.report import files as report_files
+from dstui.report import mdformat
 from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
 from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
@@ -102,7 +103,12 @@ def export_report(
 
 
 def render(ctx: ReportContext) -> str:
-    """The whole report.md: the sections in reading order (empty ones left out)."""
+    """The whole report.md: the sections in reading order (empty ones left out).
+
+    Sections escape what they take from runs and specs (:mod:`dstui.report.mdformat`);
+    :func:`~dstui.report.mdformat.neutralize` then checks the whole text as
+    CommonMark, so a section that forgot still cannot ship live HTML or a foreign link.
+    """
     parts = [
         overview.title(ctx),
         overview.summary(ctx),
@@ -124,7 +130,7 @@ def render(ctx: ReportContext) -> str:
         quality.recommendations(ctx),
         quality.appendix(ctx),
     ]
-    return "\n".join(p for p in parts if p).rstrip() + "\n"
+    return mdformat.neutralize("\n".join(p for p in parts if p).rstrip() + "\n")
 
 
 __all__ = ["DEFAULT_TOLERANCE", "ds_config_of", "export_report", "render"]

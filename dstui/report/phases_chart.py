@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.phases import SEGMENTS
-from dstui.report.charts import _plt, short_label
+from dstui.report.charts import _plt, save, short_label
 
 COLORS = {
     "launch": "#8c8c8c",
@@ -24,6 +24,11 @@ COLORS = {
 
 def phase_bars(table: Any, path: Path, *, title: str = "Where the wall time went") -> Path:
     """Write a stacked bar per row of ``table`` (seconds per segment); the step share labels each bar."""
+    return save(phase_figure(table, title=title), path)
+
+
+def phase_figure(table: Any, *, title: str = "Where the wall time went") -> Any:
+    """The stacked bars as a matplotlib Figure; the time axis starts at zero (bars are durations)."""
     plt = _plt()
     labels = [str(x) for x in table.index]
     n = len(labels)
@@ -48,6 +53,4 @@ def phase_bars(table: Any, path: Path, *, title: str = "Where the wall time went
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig

@@ -207,7 +207,7 @@ def test_report_figures_match_independent_computation(store: tuple[Any, str, str
         assert parity[cond]["max_abs_diff"] == pytest.approx(expected, abs=1e-12)
         assert parity[cond]["verdict"] == verdict
         assert parity[cond]["speedup"] == pytest.approx(expect_mean["z1"] / expect_mean[cond], rel=1e-12)
-    assert "| z2 | 12 |" in md and "**PASS**" in md and "**FAIL**" in md
+    assert "| z2 | z1 | 12 |" in md and "**PASS**" in md and "**FAIL**" in md
 
     # failed and OOM runs are listed, with their reasons, never dropped
     assert "z0-mb64-r0" in md and "OOM" in md

@@ -148,7 +148,7 @@ def test_default_tolerance_from_dtype_and_noise(store: tuple[Any, str, str], tmp
     level = np.median([np.median(np.abs([v for _, v in base])), np.median(np.abs([v for _, v in other]))])
     tol = 32 * 2**-8 * level
     assert f"tolerance {tol:g} on the absolute loss difference (tolerance: bf16: 32 ulp" in md
-    assert "| z3 | 12 |" in md and "**PASS**" in md
+    assert "| z3 | z1 | 12 |" in md and "**PASS**" in md
     # noise: two repeats of the baseline 0.2 apart at one step -> 3 x 0.2 beats the dtype's figure
     noisy = [(s, v + (0.2 if s == 3 else 0.0)) for s, v in base]
     log_run(client, exp_id, parent, condition="z1", repeat=1, params={"dtype": "bf16"}, history={"loss": noisy})

@@ -7,7 +7,7 @@ from dstui.analysis.intervals import RECOMMENDED_REPEATS
 from dstui.analysis.revision_compare import ALPHA
 from dstui.core.formatting import fmt_bytes, fmt_interval
 from dstui.report.context import ReportContext
-from dstui.report.mdformat import fexp, img, table
+from dstui.report.mdformat import Md, bold, code, esc, escs, fexp, img, table
 
 
 def parity(ctx: ReportContext) -> str:
@@ -15,19 +15,27 @@ def parity(ctx: ReportContext) -> str:
         return ""
     lines = ["## Loss parity against the baseline", ""]
     lines.append(
-        f"Baseline **{ctx.baseline}**; tolerance {ctx.tolerance:g} on the absolute loss difference "
-        f"(tolerance: {ctx.tolerance_basis or 'given'}). "
+        f"Baseline {bold(ctx.baseline)}; tolerance {ctx.tolerance:g} on the absolute loss difference "
+        f"(tolerance: {esc(ctx.tolerance_basis or 'given')}). "
         "For each condition the per-step mean loss (over repeats) is compared with the baseline's on the steps "
-        "both logged; PASS when the largest difference is within the tolerance.\n"
+        "both logged; PASS when the largest difference is within the tolerance. "
+        "The check applies only where both should compute the same numbers: settings such as the ZeRO stage, "
+        "offload, torch.compile, DeepCompile or the DeepSpeed revision should not change the loss beyond the "
+        "tolerance, while micro batch, gradient accumulation, sequence length, dtype, model, learning rate or seed "
+        "change it by design. A condition that differs from the baseline in such a setting is compared with the "
+        "first condition that shares its numerics (column 'compared with'), or marked **not comparable** with "
+        "the reason when there is none.\n"
     )
     if not ctx.parity:
         lines.append("Only one condition: nothing to compare.")
         return "\n".join(lines) + "\n"
     rows = [
-        [p.label, p.common_steps, fexp(p.max_abs_diff), fexp(p.mean_abs_diff), fexp(p.final_diff), f"**{p.verdict}**", p.note]
+        [p.label, p.compared_with or "-", p.common_steps, fexp(p.max_abs_diff), fexp(p.mean_abs_diff),
+         fexp(p.final_diff), bold(p.verdict), p.note]
         for p in ctx.parity
-    ]
-    lines.append(table(["condition", "common steps", "max abs diff", "mean abs diff", "final diff", "verdict", "note"], rows))
+    ]  # fmt: skip
+    lines.append(table(["condition", "compared with", "common steps", "max abs diff", "mean abs diff", "final diff",
+                        "verdict", "note"], rows))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -41,7 +49,7 @@ def revisions(ctx: ReportContext) -> str:
         return ""
     lines = ["## Revisions against the baseline revision", ""]
     lines.append(
-        f"Baseline revision **{ctx.base_revision}**. Per condition, each run's mean iteration time after warm-up is "
+        f"Baseline revision {bold(ctx.base_revision)}. Per condition, each run's mean iteration time after warm-up is "
         "one sample (repeats are the independent samples). Ratio = revision mean / baseline mean (< 1 is faster); "
         f"interval: {INTERVAL_METHOD}; p: Welch's two-sided t-test, alpha {ALPHA:g}. "
         "The same computation as `dstui compare`.\n"
@@ -54,10 +62,10 @@ def revisions(ctx: ReportContext) -> str:
             f"{_ms(c.mean)} ± {_ms(c.std)}" if c.std is not None else _ms(c.mean),
             f"{_ms(c.base_mean)} ± {_ms(c.base_std)}" if c.base_std is not None else _ms(c.base_mean),
             "n/a" if c.ratio is None else f"{c.ratio:.3f}",
-            fmt_interval(*c.ratio_ci) if c.ratio_ci else "none: too few repeats" if min(c.n, c.n_base) < 2 else "none",
+            Md(fmt_interval(*c.ratio_ci)) if c.ratio_ci else "none: too few repeats" if min(c.n, c.n_base) < 2 else "none",
             "n/a" if c.p_value is None else f"{c.p_value:.3g}",
             fmt_bytes(c.mem_diff, signed=True),
-            c.verdict,
+            Md(c.verdict),  # dstui's own words around numbers (revision_compare)
         ])  # fmt: skip
     lines.append(table(
         ["condition", "revision", "n / n baseline", "iter ms (mean ± std)", "baseline ms", "ratio", "95% CI of ratio",
@@ -66,7 +74,7 @@ def revisions(ctx: ReportContext) -> str:
     few = [c for c in ctx.revisions if min(c.n, c.n_base) < RECOMMENDED_REPEATS]
     if few:
         lines += ["", (
-            f"**Warning: too few repeats** for {', '.join(f'{c.condition} / {c.revision}' for c in few)} "
+            f"**Warning: too few repeats** for {escs(f'{c.condition} / {c.revision}' for c in few)} "
             f"(fewer than {RECOMMENDED_REPEATS} usable runs on a side): intervals are wide or absent and a "
             "p-value from 2 runs says little. Run more repeats before concluding."
         )]
@@ -84,12 +92,13 @@ def verify(ctx: ReportContext) -> str:
     rows = []
     for ch in ctx.checks:
         r = ch.run
-        worst = ", ".join(f"{w.get('kind', '?')} `{w['name']}` ({fexp(w.get('max_abs_diff'))})" for w in ch.worst[:3])
+        worst = Md(", ".join(f"{esc(w.get('kind', '?'))} {code(w['name'])} ({fexp(_float(w.get('max_abs_diff')))})"
+                             for w in ch.worst[:3]))  # fmt: skip
         rows.append([
             r.run_name,
             r.label,
             "OOM" if r.oom else r.status,
-            f"**{ch.verdict}**",
+            bold(ch.verdict),
             "-" if ch.first_diverging_step is None else ch.first_diverging_step,
             worst or "-",
             *[fexp(r.metrics.get(k)) for k in keys],
@@ -97,7 +106,7 @@ def verify(ctx: ReportContext) -> str:
     head = ["run", "condition", "status", "verdict", "first diverging step", "worst tensors", *keys]
     tol = {(fexp(c.rtol) if c.rtol is not None else "?", fexp(c.atol) if c.atol is not None else "?") for c in ctx.checks}
     tol_text = "; ".join(f"rtol {a}, atol {b}" for a, b in sorted(tol))
-    bases = sorted({c.tolerance_basis for c in ctx.checks if c.tolerance_basis})
+    bases = [esc(b, 300) for b in sorted({c.tolerance_basis for c in ctx.checks if c.tolerance_basis})]
     lines = [
         "## Verification runs (`kind: verify`)", "",
         "ZeRO against plain PyTorch: loss, gradients and parameters compared element-wise "
@@ -107,12 +116,13 @@ def verify(ctx: ReportContext) -> str:
     ]
     for ch in ctx.checks:
         if ch.worst:
-            lines += [f"Worst tensors of `{ch.run.run_name}` (largest |difference| first):", ""]
+            lines += [f"Worst tensors of {code(ch.run.run_name)} (largest |difference| first):", ""]
             lines.append(table(["tensor", "kind", "max abs diff"],
-                               [[f"`{w['name']}`", w.get("kind", "?"), fexp(w.get("max_abs_diff"))] for w in ch.worst[:10]]))
+                               [[code(w["name"]), w.get("kind", "?"), fexp(_float(w.get("max_abs_diff")))]
+                                for w in ch.worst[:10]]))  # fmt: skip
             lines.append("")
         if ch.reason:
-            lines += [f"`{ch.run.run_name}`: {ch.reason}", ""]
+            lines += [f"{code(ch.run.run_name)}: {esc(ch.reason)}", ""]
     lines.append(img(ctx, "verify_steps", "per-step differences of verify runs"))
     return "\n".join(lines) + "\n"
 
@@ -123,7 +133,7 @@ def sp_check(ctx: ReportContext) -> str:
         return ""
     rows = [
         [c.run.run_name, c.run.label, c.run.params.get("sequence_parallel", "?"), c.run.params.get("sp_mode", "?"),
-         f"**{c.verdict}**", c.run.params.get("sp_rtol", "1e-4 (default)"), c.run.params.get("sp_atol", "1e-5 (default)")]
+         bold(c.verdict), c.run.params.get("sp_rtol", "1e-4 (default)"), c.run.params.get("sp_atol", "1e-5 (default)")]
         for c in ctx.sp_checks
     ]
     npass = sum(c.verdict == "PASS" for c in ctx.sp_checks)
@@ -133,3 +143,10 @@ def sp_check(ctx: ReportContext) -> str:
         f"matches within rtol/atol. {npass} of {len(ctx.sp_checks)} PASS.\n\n"
         + table(["run", "condition", "sequence parallel", "sp mode", "verdict", "rtol", "atol"], rows) + "\n"
     )
+
+
+def _float(v: object) -> float | None:
+    """A number from a run's JSON (worst tensors): anything else is no number."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from dstui.report.context import ReportContext
-from dstui.report.mdformat import table
+from dstui.report.mdformat import code, esc, table
 
 GOAL_PCT = 15.0  # issue 14: within 15% of the measured peak
 
@@ -42,7 +42,7 @@ def forecast_vs_measured(ctx: ReportContext) -> str:
     if ctx.forecast_missing:
         return head + (
             f"No forecast: its model-state estimators come from DeepSpeed, which is not importable here "
-            f"(`{ctx.forecast_missing}`; `pip install 'dstui[train]'`).\n"
+            f"({code(ctx.forecast_missing)}; `pip install 'dstui[train]'`).\n"
         )
     frame = ctx.memory_forecast
     if frame is None or frame.empty:
@@ -61,7 +61,7 @@ def forecast_vs_measured(ctx: ReportContext) -> str:
         within = sum(abs(e) <= GOAL_PCT for _, e in errors)
         worst = max(errors, key=lambda x: abs(x[1]))
         lines += [f"{within} of {len(errors)} measured conditions within {GOAL_PCT:g}% of the measured peak; "
-                  f"largest error: {worst[0]} at {worst[1]:+.1f}%.", ""]  # fmt: skip
+                  f"largest error: {esc(worst[0])} at {worst[1]:+.1f}%.", ""]  # fmt: skip
     if gpu and frame["predicted_oom"].isna().all():
         lines += ["Predicted OOM: '-' where the GPU memory the forecast was held against is not recorded "
                   "(only runs skipped as `predicted OOM` name it).", ""]  # fmt: skip

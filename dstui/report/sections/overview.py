@@ -7,27 +7,34 @@ import platform
 from collections.abc import Sequence
 
 from dstui.analysis import runs as an
+from dstui.analysis import speed
+from dstui.analysis.comparable import CHANGES_NUMERICS, KEEPS_NUMERICS
+from dstui.analysis.parity import NOT_COMPARABLE
 from dstui.analysis.runs import RunData
 from dstui.core.secrets import strip_credentials
 from dstui.report import charts
 from dstui.report.context import ReportContext
-from dstui.report.mdformat import IDENTITY_PARAMS, fnum, pm, table
+from dstui.report.mdformat import IDENTITY_PARAMS, Md, bold, code, codes, esc, escs, fnum, pm, table
 from dstui.tracking import tags as tag_keys
 
 _IDENTITY_PARAMS = IDENTITY_PARAMS
 
 
 def title(ctx: ReportContext) -> str:
-    what = f"batch `{ctx.batch}`" if ctx.batch else (
-        f"batch `{ctx.batches[0]}`" if len(ctx.batches) == 1 else f"{len(ctx.batches) or 1} batches"
+    what = f"batch {code(ctx.batch)}" if ctx.batch else (
+        f"batch {code(ctx.batches[0])}" if len(ctx.batches) == 1 else f"{len(ctx.batches) or 1} batches"
     )
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    return (
-        f"# dstui report: {ctx.experiment}\n\n"
-        f"Experiment `{ctx.experiment}` (MLflow id {ctx.exp.experiment_id}), {what}, "
-        f"{len(ctx.runs)} runs. Generated {now} on {platform.node() or 'unknown host'} "
-        f"from `{strip_credentials(ctx.uri)}`.\n"
+    text = (
+        f"# dstui report: {esc(ctx.experiment)}\n\n"
+        f"Experiment {code(ctx.experiment)} (MLflow id {esc(ctx.exp.experiment_id)}), {what}, "
+        f"{len(ctx.runs)} runs. Generated {now} on {esc(platform.node() or 'unknown host')} "
+        f"from {code(strip_credentials(ctx.uri))}.\n"
     )
+    if ctx.description.strip():
+        paragraphs = [" ".join(p.split()) for p in ctx.description.replace("\r", "").split("\n\n") if p.strip()]
+        text += "\n**Description** (from the spec): " + "\n\n".join(esc(p) for p in paragraphs[:10]) + "\n"
+    return text
 
 
 def summary(ctx: ReportContext) -> str:
@@ -38,52 +45,81 @@ def summary(ctx: ReportContext) -> str:
     revs = sorted({r.revision for r in ctx.runs})
     what = f"{len(ctx.conds)} conditions"
     if varying:
-        what += " varying " + ", ".join(f"`{v}`" for v in varying)
+        what += " varying " + codes(varying)
     if len(revs) > 1:
-        what += f", across DeepSpeed revisions {', '.join(f'`{r}`' for r in revs)}"
+        what += f", across DeepSpeed revisions {codes(revs)}"
     what += f"; up to {repeats} repeat(s) each, {len(ctx.runs)} runs in all."
     lines.append(f"Compared {what}")
     if ctx.baseline:
-        lines.append(f"Baseline: **{ctx.baseline}**.")
+        lines.append(f"Baseline: {bold(ctx.baseline)}.")
     lines += ["", "Headline findings:", ""]
     lines += [f"- {h}" for h in headlines(ctx)]
     return "\n".join(lines) + "\n"
 
 
+def speed_headline(ctx: ReportContext) -> str | None:
+    """Fastest and slowest in the report's speed unit; a speed ratio only with an interval."""
+    timed = [c for c in ctx.train if c.iter_time_mean is not None]
+    if not timed:
+        return None
+    order = speed.ranked(ctx.train, ctx.speed_basis)
+    tokens = ctx.speed_basis == "tokens"
+    if not order:
+        return ("Speed: tokens per step differ between conditions and no tokens/s was recorded, so per-step "
+                "times are not compared.")  # fmt: skip
+    fast, slow = order[0], order[-1]
+    text = f"Fastest: {bold(fast.label)} at {ctx.speed(fast)}"
+    if tokens:
+        text += " (tokens per step differ between conditions, so speed is compared in tokens/s, not per step)"
+    base = ctx.base()
+    sr = ctx.speed_ratios.get(fast.label)
+    if base is not None and sr is not None and sr.ratio is not None:
+        text += f"; speed vs the baseline: {sr.text()}"
+    if slow is not fast:
+        text += f"; slowest: {esc(slow.label)} at {ctx.speed(slow)}"
+    left_out = [c.label for c in timed if speed.value(c, ctx.speed_basis) is None]
+    if left_out:
+        text += f" (no tokens/s for {escs(left_out)})"
+    return text + "."
+
+
+def parity_headline(ctx: ReportContext) -> str:
+    npass = sum(p.verdict == "PASS" for p in ctx.parity)
+    nfail = sum(p.verdict == "FAIL" for p in ctx.parity)
+    other = [p for p in ctx.parity if p.not_comparable and p.compared_with]
+    text = f"Loss parity (max |Δloss| ≤ {ctx.tolerance:g}): {npass} PASS, {nfail} FAIL"
+    if nfail:
+        text += " (" + escs(p.label for p in ctx.parity if p.verdict == "FAIL") + ")"
+    nc = [p for p in ctx.parity if p.verdict == NOT_COMPARABLE]
+    if nc:
+        text += f", {len(nc)} not comparable with the baseline {esc(ctx.baseline)} by design (" + "; ".join(
+            f"{esc(p.label)}: {esc(p.not_comparable, 300)}" for p in nc[:4]) + (" ..." if len(nc) > 4 else "") + ")"
+    na = [p for p in ctx.parity if p.verdict == "n/a"]
+    if na:
+        text += f", {len(na)} without a verdict (" + escs(f"{p.label}: {p.note}" for p in na[:4]) + ")"
+    if other:
+        text += (f"; {len(other)} judged against a condition with the same numerics instead of the baseline "
+                 "(see Loss parity)")  # fmt: skip
+    return text + "."
+
+
 def headlines(ctx: ReportContext) -> list[str]:
     out = []
-    timed = [c for c in ctx.train if c.iter_time_mean is not None]
-    base = ctx.base()
-    if timed:
-        fast = min(timed, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
-        slow = max(timed, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
-        text = f"Fastest: **{fast.label}** at {ctx.t(fast.iter_time_mean)} {ctx.unit}/step"
-        if base and base.iter_time_mean and fast.label != base.label:
-            text += f", {base.iter_time_mean / fast.iter_time_mean:.2f}x the speed of the baseline"
-        if slow.label != fast.label:
-            text += f"; slowest: {slow.label} at {ctx.t(slow.iter_time_mean)} {ctx.unit}/step"
-        out.append(text + ".")
+    if (line := speed_headline(ctx)) is not None:
+        out.append(line)
     mem = [c for c in ctx.train if c.mem_peak_max is not None]
     if mem:
         low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
         high = max(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
-        text = f"Least memory: **{low.label}** at {low.mem_peak_gb:.2f} GiB peak"
+        text = f"Least memory: {bold(low.label)} at {low.mem_peak_gb:.2f} GiB peak"
         if high.label != low.label:
-            text += f" ({high.label}: {high.mem_peak_gb:.2f} GiB)"
+            text += f" ({esc(high.label)}: {high.mem_peak_gb:.2f} GiB)"
         out.append(text + ".")
     for batch, (share, steps, wall) in sorted(ctx.step_shares.items()):
-        out.append(f"Step share{f' of {batch}' if len(ctx.step_shares) > 1 else ''}: {share:.0%} of the wall "
+        out.append(f"Step share{f' of {code(batch)}' if len(ctx.step_shares) > 1 else ''}: {share:.0%} of the wall "
                    f"time went to optimizer steps ({steps:.1f} s of {wall:.1f} s) — see Where the time went.")  # fmt: skip
     if ctx.parity:
-        npass = sum(p.verdict == "PASS" for p in ctx.parity)
-        nfail = sum(p.verdict == "FAIL" for p in ctx.parity)
-        text = f"Loss parity with {ctx.baseline} (max |Δloss| ≤ {ctx.tolerance:g}): {npass} PASS, {nfail} FAIL"
-        if nfail:
-            text += " (" + ", ".join(p.label for p in ctx.parity if p.verdict == "FAIL") + ")"
-        na = len(ctx.parity) - npass - nfail
-        if na:
-            text += f", {na} not comparable (no loss history)"
-        out.append(text + ".")
+        out.append(parity_headline(ctx))
     verdicts = [r.tags.get(tag_keys.VERDICT) for r in ctx.verify_runs if r.tags.get(tag_keys.VERDICT)]
     if verdicts:
         out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
@@ -92,19 +128,19 @@ def headlines(ctx: ReportContext) -> list[str]:
         oom = sum(r.oom for r in failed)
         out.append(
             f"{len(failed)} run(s) did not finish ({oom} out of memory): "
-            + ", ".join(f"{r.run_name} ({'OOM' if r.oom else r.reason})" for r in failed[:8])
+            + ", ".join(f"{esc(r.run_name)} ({'OOM' if r.oom else esc(r.reason, 300)})" for r in failed[:8])
             + (" ..." if len(failed) > 8 else "")
             + "."
         )
     skipped = [r for r in ctx.runs if r.status == "skipped"]
     if skipped:
-        out.append(f"{len(skipped)} run(s) never launched: " + ", ".join(f"{r.run_name} ({r.reason or 'skipped'})"
+        out.append(f"{len(skipped)} run(s) never launched: " + ", ".join(f"{esc(r.run_name)} ({esc(r.reason or 'skipped', 300)})"
                                                                          for r in skipped[:8]) + ".")  # fmt: skip
     other = [r for r in ctx.runs if r.status not in (*an.FAILED_STATES, "done", "skipped")]
     if other:
         out.append(
             f"{len(other)} run(s) not finished when this report was made: "
-            + ", ".join(f"{r.run_name} ({r.status})" for r in other[:8])
+            + ", ".join(f"{esc(r.run_name)} ({esc(r.status)})" for r in other[:8])
             + "."
         )
     outl = sum(c.outliers for c in ctx.train)
@@ -130,14 +166,14 @@ def setup(ctx: ReportContext) -> str:
         for rev in sorted({r.revision for r in ctx.runs}):
             rr = [r for r in ctx.runs if r.revision == rev]
             ds = an.distinct_tag(rr, "dstui.version.deepspeed")
-            vrows.append([f"revision `{rev}`", ", ".join(ds) or "?"])
+            vrows.append([Md(f"revision {code(rev)}"), ", ".join(ds) or "?"])
     lines += ["**Versions**", "", table(["component", "version"], vrows), ""]
     pool = [r for r in ctx.runs if r.kind != "verify"] or ctx.runs
     common, varying = an.common_and_varying(pool)
     shown = {k: v for k, v in common.items() if k not in ("command", "env", "extra_args", "launcher", "ds_overrides")}
     if shown:
         lines += ["**Settings common to all runs**", ""]
-        lines.append(table(["setting", "value"], [[k, f"`{v}`"] for k, v in shown.items()]))
+        lines.append(table(["setting", "value"], [[k, code(v) or "(empty)"] for k, v in shown.items()]))
         lines.append("")
     varying = [v for v in varying if v not in _IDENTITY_PARAMS]
     if varying:
@@ -146,6 +182,7 @@ def setup(ctx: ReportContext) -> str:
             r0 = c.runs[0]
             rows.append([c.label, *[r0.known_params.get(v, "-" if r0.kind == "command" else "") for v in varying]])
         lines += ["**Settings that differ**", "", table(["condition", *varying], rows), ""]
+        lines += [numerics_text(varying), ""]
     lines += ["**What an iteration is**", ""]
     lines.append(iteration_text(ctx, pool))
     return "\n".join(lines) + "\n"
@@ -155,9 +192,9 @@ def iteration_text(ctx: ReportContext, pool: Sequence[RunData]) -> str:
     tps = {r.stats.get("tokens_per_step") for r in pool}
     warm = sorted({r.stats.get("warmup_steps", 0) for r in pool})
     r0 = pool[0]
-    ga = r0.params.get("grad_accum", "?")
-    mb = r0.params.get("micro_batch", "?")
-    seq = r0.params.get("seq_length", "?")
+    ga = esc(r0.params.get("grad_accum", "?"))
+    mb = esc(r0.params.get("micro_batch", "?"))
+    seq = esc(r0.params.get("seq_length", "?"))
     text = (
         "One iteration is one optimizer step: `grad_accum` micro-batches of `micro_batch` sequences "
         "of `seq_length` tokens on every data-parallel rank, timed after a device synchronize. "
@@ -220,6 +257,19 @@ def conditions(ctx: ReportContext) -> str:
         lines += ["", "Runs without usable results:", ""]
         lines.append(table(
             ["run", "condition", "status", "reason", "MLflow run id"],
-            [[r.run_name, r.label, "OOM" if r.oom else r.status, r.reason or "-", f"`{r.run_id}`"] for r in bad],
+            [[r.run_name, r.label, "OOM" if r.oom else r.status, r.reason or "-", code(r.run_id)] for r in bad],
         ))
     return "\n".join(lines) + "\n"
+
+
+def numerics_text(varying: Sequence[str]) -> str:
+    """Which of the varying settings change the numerics (so the loss check skips them) and which do not."""
+    changes = [v for v in varying if v.split(".", 1)[0] in CHANGES_NUMERICS]
+    keeps = [v for v in varying if v.split(".", 1)[0] in KEEPS_NUMERICS]
+    parts = []
+    if changes:
+        parts.append(f"{codes(changes)} change the numerics by design: conditions that differ in them are not "
+                     "judged against each other's loss (see Loss parity)")  # fmt: skip
+    if keeps:
+        parts.append(f"{codes(keeps)} should not change them: the loss check applies")
+    return ("; ".join(parts) + ".") if parts else ""

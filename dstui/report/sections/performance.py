@@ -5,7 +5,7 @@ from __future__ import annotations
 from dstui.analysis.runs import ConditionStats
 from dstui.core.formatting import fmt_gib
 from dstui.report.context import ReportContext
-from dstui.report.mdformat import fnum, img, table
+from dstui.report.mdformat import Md, fnum, img, table
 
 
 def loss(ctx: ReportContext) -> str:
@@ -14,19 +14,18 @@ def loss(ctx: ReportContext) -> str:
     return (
         "## Loss\n\n" + img(ctx, "loss", "loss curves")
         + "\nOne line per condition: the mean over its repeats at each step; the shaded band spans "
-        "the lowest and highest repeat. Warm-up steps are included (loss is deterministic from step one).\n"
+        "the lowest and highest repeat. Warm-up steps are included (loss is deterministic from step one). "
+        "The lower panel (when drawn) shows loss minus the baseline's for the conditions that should compute "
+        "the same numbers as the baseline, with the parity tolerance shaded.\n"
     )
 
 
 def iter_time(ctx: ReportContext) -> str:
     if "iter_time" not in ctx.images:
         return "## Iteration time\n\nNo iteration times were recorded.\n"
-    base = ctx.base()
     rows = []
     for c in ctx.train:
-        speed = ""
-        if base and base.iter_time_mean and c.iter_time_mean:
-            speed = f"{base.iter_time_mean / c.iter_time_mean:.3f}x"
+        speed = _speed_cell(ctx, c)
         rows.append([
             c.label,
             ctx.t(c.iter_time_mean),
@@ -37,7 +36,7 @@ def iter_time(ctx: ReportContext) -> str:
             speed,
         ])
     head = ["condition", f"mean ({ctx.unit})", f"std ({ctx.unit})", f"std of repeat means ({ctx.unit})", "iterations",
-            "usable runs", "speed vs baseline"]
+            "usable runs", "speed vs baseline" + (" (tokens/s)" if ctx.speed_basis == "tokens" else "")]
     if any(c.compile_time for c in ctx.train):
         head.append("compile time (s)")
         for row, c in zip(rows, ctx.train, strict=True):
@@ -46,9 +45,29 @@ def iter_time(ctx: ReportContext) -> str:
     return (
         "## Iteration time\n\n" + img(ctx, "iter_time", "iteration time")
         + "\nMean and sample standard deviation (n-1) over all post-warm-up iterations of a condition's usable "
-        "repeats; 'std of repeat means' shows run-to-run spread. Speed vs baseline = baseline time / condition time "
-        "(> 1 is faster).\n\n" + tbl + "\n"
+        "repeats; 'std of repeat means' shows run-to-run spread. " + _speed_note(ctx) + "\n\n" + tbl + "\n"
     )
+
+
+def _speed_note(ctx: ReportContext) -> str:
+    what = (
+        "Speed vs baseline = condition tokens/s / baseline tokens/s (> 1 is faster): tokens per step differ "
+        "between conditions, so time per step does not say which is faster."
+        if ctx.speed_basis == "tokens"
+        else "Speed vs baseline = baseline time / condition time (> 1 is faster)."
+    )
+    return what + (
+        " The ratio is of the mean per-run figures, with its 95% Fieller interval over repeats; with one "
+        "usable run on a side there is no interval (n=1), so the ratio is a single observation, not a finding."
+    )
+
+
+def _speed_cell(ctx: ReportContext, c: ConditionStats) -> str:
+    """The speed ratio with its interval, or the ratio as one observation with 'n=1, no interval'."""
+    sr = ctx.speed_ratios.get(c.label)
+    if sr is None or sr.ratio is None:
+        return ""
+    return Md(sr.text() if sr.claimable else f"{sr.ratio:.3f}x ({sr.text()})")  # dstui's words around numbers
 
 
 def memory(ctx: ReportContext) -> str:

@@ -7,10 +7,12 @@ import math
 from typing import Any
 
 from dstui.analysis import runs as an
+from dstui.analysis import speed
 from dstui.analysis.runs import RunData
 from dstui.report.context import ReportContext
 from dstui.report.files import cell
-from dstui.report.mdformat import img, table
+from dstui.report.mdformat import bold, code, esc, escs, fence, img, table
+from dstui.tracking import tags as tag_keys
 
 _METHODS = {
     "sqlite": "directly from the SQLite store (fast path)",
@@ -32,7 +34,7 @@ def grids(ctx: ReportContext) -> str:
         lines += [f"### {title}", ""]
         for level, frame in ctx.grid[name].items():
             rows = [[model, *[cell(v) for v in frame.loc[model].tolist()]] for model in frame.index]
-            lines += [f"**{level}**", "", table(["model \\ micro batch", *frame.columns.tolist()], rows), ""]
+            lines += [bold(level), "", table(["model \\ micro batch", *frame.columns.tolist()], rows), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -74,6 +76,11 @@ def quality(ctx: ReportContext) -> str:
     if out_rows:
         lines += ["", f"Outlier iterations ({len(out_rows)}{', first 30' if len(out_rows) > 30 else ''}):", ""]
         lines.append(table(["run", "step", f"time ({ctx.unit})", "x median"], out_rows[:30]))
+    bad_lines = [(r.run_name, r.tags[tag_keys.BAD_METRIC_LINES]) for r in ctx.runs if r.tags.get(tag_keys.BAD_METRIC_LINES)]
+    if bad_lines:
+        lines += ["", "Output lines dstui could not read as metrics (counted and skipped; the run's own text, shown "
+                  "verbatim):", ""]  # fmt: skip
+        lines.append(table(["run", "bad lines"], [[name, code(text, 500)] for name, text in bad_lines[:30]]))
     if "iter_series" in ctx.images:
         lines += ["", img(ctx, "iter_series", "iteration time per step")]
     lines.append(
@@ -89,35 +96,39 @@ def recommendations(ctx: ReportContext) -> str:
     if not timed:
         lines.append("No usable timings: nothing to recommend yet.")
         return "\n".join(lines) + "\n"
-    fast = min(timed, key=lambda c: c.iter_time_mean)  # type: ignore[arg-type, return-value]
-    lines.append(f"- **Fastest**: {fast.label} ({ctx.t(fast.iter_time_mean)} {ctx.unit}/step).")
+    order = speed.ranked(ctx.train, ctx.speed_basis)
+    if order:
+        fast = order[0]
+        per = " (tokens per step differ: compared in tokens/s)" if ctx.speed_basis == "tokens" else ""
+        lines.append(f"- **Fastest**: {esc(fast.label)} ({ctx.speed(fast)}){per}.")
     mem = [c for c in ctx.train if c.mem_peak_max is not None]
     if mem:
         low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
-        lines.append(f"- **Least memory**: {low.label} ({low.mem_peak_gb:.3f} GiB peak).")
+        lines.append(f"- **Least memory**: {esc(low.label)} ({low.mem_peak_gb:.3f} GiB peak).")
     lossy = [c for c in ctx.train if c.final_loss is not None and math.isfinite(c.final_loss)]
     if lossy:
         best = min(lossy, key=lambda c: c.final_loss)  # type: ignore[arg-type, return-value]
         spread = max(c.final_loss for c in lossy) - best.final_loss  # type: ignore[operator]
-        text = f"- **Best final loss**: {best.label} ({best.final_loss:.6f})"
+        text = f"- **Best final loss**: {esc(best.label)} ({best.final_loss:.6f})"
         if spread <= ctx.tolerance:
             text += f" — but all conditions end within {ctx.tolerance:g} of each other, so loss does not separate them"
         lines.append(text + ".")
-    front = an.pareto(ctx.train)
+    front = an.pareto(ctx.train, ctx.speed_basis)
     if len(front) > 1:
         lines.append(
             "- **Speed / memory trade-off**: no condition is both faster and smaller than these: "
-            + "; ".join(f"{c.label} ({ctx.t(c.iter_time_mean)} {ctx.unit}, {c.mem_peak_gb:.2f} GiB)" for c in front)
+            + "; ".join(f"{esc(c.label)} ({ctx.speed(c)}, {c.mem_peak_gb:.2f} GiB)" for c in front)
             + ". Pick the fastest that fits your memory budget."
         )
     elif len(front) == 1:
-        lines.append(f"- **Speed / memory trade-off**: {front[0].label} is both the fastest and the smallest of the timed conditions.")
+        lines.append(f"- **Speed / memory trade-off**: {esc(front[0].label)} is both the fastest and the smallest of the timed conditions.")
     fails = [p.label for p in ctx.parity if p.verdict == "FAIL"]
     if fails:
-        lines.append(f"- Before adopting {', '.join(fails)}: their loss differs from the baseline beyond {ctx.tolerance:g}.")
+        lines.append(f"- Before adopting {escs(fails)}: their loss differs from the condition they were compared with "
+                     f"beyond {ctx.tolerance:g}.")  # fmt: skip
     oom = [c.label for c in ctx.train if c.n_oom]
     if oom:
-        lines.append(f"- Out of memory: {', '.join(oom)} — try a higher ZeRO stage, offload or a smaller micro batch.")
+        lines.append(f"- Out of memory: {escs(oom)} — try a higher ZeRO stage, offload or a smaller micro batch.")
     lines.append("")
     lines.append(img(ctx, "tradeoff", "speed/memory trade-off"))
     return "\n".join(lines) + "\n"
@@ -126,15 +137,15 @@ def recommendations(ctx: ReportContext) -> str:
 def appendix(ctx: ReportContext) -> str:
     lines = ["## Appendix", "", "### MLflow runs", ""]
     if ctx.parent_run_id:
-        lines.append(f"Parent (batch) run: `{ctx.parent_run_id}`.\n")
+        lines.append(f"Parent (batch) run: {code(ctx.parent_run_id)}.\n")
     lines.append(table(
         ["run", "condition", "revision", "repeat", "status", "batch", "MLflow run id"],
-        [[r.run_name, r.condition, r.revision, r.repeat, "OOM" if r.oom else r.status, r.batch, f"`{r.run_id}`"] for r in ctx.runs],
+        [[r.run_name, r.condition, r.revision, r.repeat, "OOM" if r.oom else r.status, r.batch, code(r.run_id)] for r in ctx.runs],
     ))
     lines += ["", "### Commands", ""]
     for r in ctx.runs:
         cmd = ctx.commands.get(r.run_id) or "(not recorded)"
-        lines += [f"`{r.run_name}`:", "", "```", cmd.strip(), "```", ""]
+        lines += [f"{code(r.run_name)}:", "", fence(cmd.strip()), ""]
     lines += ["### DeepSpeed configs", ""]
     groups: dict[str, list[str]] = {}
     for r in ctx.runs:
@@ -148,7 +159,7 @@ def appendix(ctx: ReportContext) -> str:
     if not groups:
         lines.append("No `ds.*` params were recorded.")
     for text, labels in groups.items():
-        lines += [f"Used by: {', '.join(labels)}", "", "```json", text, "```", ""]
+        lines += [f"Used by: {escs(labels)}", "", fence(text, "json"), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ import math
 from dstui.analysis import phases
 from dstui.core.phases import SEGMENTS, compile_cache_line
 from dstui.report.context import ReportContext
-from dstui.report.mdformat import img, table
+from dstui.report.mdformat import code, codes, esc, img, table
 
 EXPLAIN = (
     "launch: the supervisor starts the job until rank 0's process exists; imports: torch and DeepSpeed imported; "
@@ -45,7 +45,7 @@ def _compile_caches(ctx: ReportContext) -> list[str]:
     for run in ctx.runs:
         summary = {k.removeprefix("summary."): v for k, v in run.metrics.items() if k.startswith("summary.")}
         if line := compile_cache_line(summary):
-            found.append(f"- `{names[run.run_id]}`: {line}")
+            found.append(f"- {code(names[run.run_id])}: {esc(line)}")
     if not found:
         return []
     return ["", "torch.compile's caches, as the runs' processes found them (a graph that misses is compiled again):",
@@ -65,7 +65,7 @@ def where_time_went(ctx: ReportContext) -> str:
         return "\n".join(lines)
     for batch, (share, steps, wall) in sorted(ctx.step_shares.items()):
         lines.append(
-            f"Step share of batch `{batch or 'unnamed'}`: **{share:.0%}**: {steps:.1f} s of optimizer steps in "
+            f"Step share of batch {code(batch or 'unnamed')}: **{share:.0%}**: {steps:.1f} s of optimizer steps in "
             f"{wall:.1f} s of wall time (first launch to last exit of its runs in the table below; runs that shared "
             "the box overlap in it)."
         )
@@ -75,7 +75,7 @@ def where_time_went(ctx: ReportContext) -> str:
     lines.append(table(["run", *(f"{seg} (s)" for seg in SEGMENTS), "wall (s)", "step share"], rows))
     lines += _compile_caches(ctx)
     if missing:
-        lines += ["", "No time breakdown for " + ", ".join(f"`{m}`" for m in missing)
+        lines += ["", "No time breakdown for " + codes(missing)
                   + " (imported, recorded before phase times existed, or never reached its runner): "
                   "their time is in none of the sums above."]  # fmt: skip
     return "\n".join(lines) + "\n"
