@@ -9,7 +9,7 @@ rest with a key.
 from __future__ import annotations
 
 WIDE = 100  # columns from which two charts fit side by side
-TALL = 30  # rows from which two rows of charts fit (under a legend, above a log pane)
+TALL = 34  # rows from which two rows of charts fit (under a legend, above a log pane), 8+ rows each
 
 
 def charts_per_page(width: int, height: int) -> int:

@@ -147,7 +147,7 @@ def legend(
             " ",
         ]
         if d is not None and d.same_as:
-            parts.append((f"= {d.same_as} ", "italic"))
+            parts.append((f"(loss = {d.same_as}) ", "italic"))
         elif s.name in groups:
             parts.append((f"({groups[s.name]} identical) ", "italic"))
         parts += [

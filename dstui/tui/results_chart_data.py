@@ -104,7 +104,7 @@ def curves_for(groups: Sequence[Group], key: str) -> list[Curve]:
         b = band(g.runs, key)
         if b is None:
             continue
-        skip = key == "iter_time"  # the warm-up's timings are compile spikes; its loss and memory are real
+        skip = key in ("iter_time", "tokens_per_s")  # warm-up timings are compile spikes; its loss and memory are real
         if b.n > 1:
             out.append(Curve(g.name, i, b.steps, b.low, raw=True, warmup=g.warmup, range_skips_warmup=skip))
             out.append(Curve(g.name, i, b.steps, b.high, raw=True, warmup=g.warmup, range_skips_warmup=skip))

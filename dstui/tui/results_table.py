@@ -28,8 +28,9 @@ COLUMNS = (
 )
 # Left out first when the terminal is narrow (the rest keep their full width; status takes what is left).
 DROP_ORDER = ("tokens_per_s", "delta", "runs", "ratio", "mem_peak")
+DROP_ORDER_RUNS = ("tokens_per_s", "delta", "ratio", "mem_peak", "runs")  # per run, "runs" is the batch: kept longer
 LABEL_MAX = 28
-STATUS_MIN = 12
+STATUS_MIN = len("status / reason")  # the header stays whole
 PICKED, SOME_PICKED, NOT_PICKED = "● ", "◐ ", "  "
 
 
@@ -106,7 +107,8 @@ class View:
         delta = self.delta(r)
         is_base = r.label == self.baseline
         mark = self.pick_mark(r)
-        label = Text(mark, style="bold green")
+        label = Text()
+        label.append(mark, style="bold green")
         label.append(r.run_name or r.label, style="bold" if is_base else "")
         if is_base and not self.per_run:
             label.append(" (base)", style="cyan")
@@ -149,12 +151,14 @@ class View:
         def total(ks: list[str]) -> int:
             return sum(widths[k] + pad for k in ks if k != "status") + STATUS_MIN + pad
 
-        for k in DROP_ORDER:
+        for k in DROP_ORDER_RUNS if self.per_run else DROP_ORDER:
             if total(keys) <= width:
                 break
             keys.remove(k)
         status_w = max(STATUS_MIN, width - total(keys) + STATUS_MIN)
         titles = dict((key, title) for title, key in COLUMNS)
+        if self.per_run:
+            titles["runs"] = "batch"
         return [(titles[k], k, status_w if k == "status" else widths[k]) for k in keys]
 
     def ratio_text(self, r: Any) -> Text:

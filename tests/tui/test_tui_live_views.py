@@ -67,10 +67,13 @@ async def test_identical_runs_are_all_visible(tui_env, tmp_path, size):  # noqa:
         assert loss.view.groups == [["a-r0", "a-r1"]]
         assert "2 runs identical" in loss.full_title
         legend = str(screen.query_one("#legend", Static).render())
-        assert f"{drawn['a-r1'].marker} a-r1 = a-r0" in legend
+        assert f"{drawn['a-r1'].marker} a-r1 (loss = a-r0)" in legend and "a-r0 (2 identical)" in legend
         # the marker glyphs are in the drawn chart, in a-r1's colour
         rendered = loss.render()
         assert drawn["a-r1"].marker in getattr(rendered, "plain", str(rendered))
+        for p in screen.visible_plots():  # every title is drawn (plotext drops one that does not fit)
+            await pilot.pause()
+            assert p.title in getattr(p.render(), "plain", ""), p.id
         if size == (80, 24):
             # fewer charts at once: each gets the height, c pages to the others
             assert [p.id for p in screen.visible_plots()] == ["plot-loss"]
@@ -112,7 +115,7 @@ async def test_log_scale_and_hide_warmup_change_the_axis(tui_env):  # noqa: F811
         await pilot.press("l")
         await pilot.pause()
         assert it.y_scale == "log" and loss.y_scale == "log"
-        steady = [y * 1000 for s in screen.series for x, y in zip(s.steps["iter_time"].x, s.steps["iter_time"].y) if x > 2]
+        steady = [y * 1000 for s in screen.series for x, y in zip(s.steps["iter_time"].x, s.steps["iter_time"].y, strict=True) if x > 2]
         llo, lhi = it.y_limits
         assert 0 < llo < min(steady) and max(steady) < lhi < spike and (llo, lhi) != pytest.approx((lo, hi))
         it.render()

@@ -95,6 +95,7 @@ async def test_results_charts_runs_picked_from_two_batches(tui_env, tmp_path, si
         cols = list(table.columns.values())
         assert sum(c.get_render_width(table) for c in cols) <= table.size.width
         titles = [str(c.label) for c in cols]
+        assert all(c.width >= len(str(c.label)) for c in cols), [(str(c.label), c.width) for c in cols]
         assert titles[0] == "condition" and titles[-1] == "status / reason" and "final loss" in titles
         assert ("time/base [95% CI]" in titles) == (size[0] >= 120)
         # another experiment: the picks stay, one more run joins them

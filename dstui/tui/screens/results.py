@@ -43,6 +43,7 @@ class Exported(Message):
 
 class ResultsScreen(Screen):
     TITLE = "Results"
+    AUTO_FOCUS = "#results"  # the table: space picks (a focused Select would take it)
     HELP = """Finished runs from MLflow (child runs tagged dstui.role=run), one row per condition
 (g: one per run). Iteration time is the mean ± std over post-warm-up steps, as in reports.
 Δ loss is the final loss minus the baseline condition's (b makes the highlighted row the baseline).

@@ -94,7 +94,7 @@ c pages through the charts when the terminal is small; e exports the picked runs
                 continue
             top = max((max(c.y) for c in curves if len(c.y)), default=0.0)
             scale, unit = (1.0, "")
-            if key == "iter_time":  # the unit from the steps after warm-up, as the axis is
+            if key == "iter_time":  # the unit from the steps after warm-up, as the axis is set
                 steady = [y for c in curves for x, y in zip(c.x, c.y, strict=True) if x > c.warmup]
                 scale, unit = time_scale(max(steady, default=top))
             elif key == "mem_peak":
@@ -111,7 +111,7 @@ c pages through the charts when the terminal is small; e exports the picked runs
             glyph = d.marker if d is not None and d.marker != "line" else "■"
             parts += [(f"{glyph} {g.name}", f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"), (f" n={len(g.runs)}", "dim")]
             if d is not None and d.same_as:
-                parts.append((f" = {d.same_as}", "italic"))
+                parts.append((f" (loss = {d.same_as})", "italic"))
             loss = [r.stats.get("final_loss") for r in g.runs]
             loss = [v for v in loss if isinstance(v, (int, float))]
             if loss:

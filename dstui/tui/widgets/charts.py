@@ -149,7 +149,8 @@ class MetricPlot(PlotextPlot):
         plt.clear_figure()
         # braille: 2 dots per cell across; the y-axis labels take ~8 columns
         columns = max(10, (self.size.width - 8) * 2)
-        plt.title(self.title_for(self.size.width - 2))
+        # plotext centres the title on the canvas (right of the y labels) and drops one that overflows
+        plt.title(self.title_for(self.size.width - 12))
         drawn = False
         log = self.options.log_y
         pairs = list(zip(self.view.curves, self.view.drawn, strict=True))
