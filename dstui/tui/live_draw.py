@@ -161,11 +161,16 @@ def legend(
     return Text.assemble(*parts)
 
 
-def log_title(run: str, status: dict[str, Any] | None, *, following: bool = False, page: str = "") -> Text:
-    """'log RUN (following the newest running run | n: next, f: follow)', the chart page when the
-    charts are paged, and a small stacked bar of where the run's time went once it has ended
-    (the colours of the runs screen's time bar, which has the legend)."""
-    how = "  (following the newest running)" if following else "  (n: next, f: follow running)"
+def log_title(
+    run: str, status: dict[str, Any] | None, *, following: bool = False, running: bool = False, page: str = ""
+) -> Text:
+    """'log RUN' and how the pane chooses its run (following the running one, or picked with n),
+    the chart page when the charts are paged, and a small stacked bar of where the run's time went
+    once it has ended (the colours of the runs screen's time bar, which has the legend)."""
+    if not running:
+        how = "  (n: next run, o: full log)"
+    else:
+        how = "  (following the running run)" if following else "  (n: next run, f: follow running)"
     text = Text.assemble(("log ", "dim"), (run, "bold"), (how, "dim"))
     if page:
         text.append(f"  charts {page} (c)", style="dim")

@@ -196,7 +196,8 @@ f follows the running run again. Small terminals show fewer charts at once: c pa
     def _show_log_title(self) -> None:
         """The focused run's name, whether it follows the running run, and its time breakdown once it has ended."""
         status = next((st for rd, st in zip(self.runs, self.statuses, strict=True) if rd.name == self._log_for), None)
-        title = live_draw.log_title(self._log_for, status, following=self.follow, page=self.page_text())
+        running = live_draw.newest_running(self.statuses) is not None
+        title = live_draw.log_title(self._log_for, status, following=self.follow, running=running, page=self.page_text())
         self.query_one("#log-title", Static).update(title)
 
     def _follow_running(self) -> None:
