@@ -170,6 +170,8 @@ class MetricPlot(PlotextPlot):
             rgb = dim(color(c.index)) if c.raw else color(c.index)
             if d.marker != "line":
                 mx, my = _spread_marks(xs, ys, d.slot, d.slots, max(4, self.size.width // 8))
+                if self.y_limits is not None:
+                    my = _on_braille_rows(my, self.y_limits, self.size.height - 5, log)
                 plt.scatter(mx, my, marker=d.marker, color=rgb)
             elif len(xs) < len(c.x):
                 # decimated: the per-column min/max as dots. plotext interpolates every
@@ -216,3 +218,27 @@ def _spread_marks(
     offset = (stride * slot) // max(1, slots)
     idx = list(range(min(offset, n - 1), n, stride))
     return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
+def _on_braille_rows(ys: Sequence[float], lim: tuple[float, float], rows: int, log: bool) -> list[float]:
+    """Marker values moved to the text row where plotext draws the braille line through the same value.
+
+    plotext maps a value to ``floor(0.5 + (bins - 1) * f)``, with 4 bins per row for braille and 1
+    for a glyph, so a glyph on the same value can land a row away from the line it marks. ``rows`` is
+    the canvas height (the widget less title, x ticks, x label and the two axis lines).
+    """
+    import math
+
+    if rows < 2:
+        return list(ys)
+    lo, hi = (math.log10(lim[0]), math.log10(lim[1])) if log else lim
+    if hi <= lo:
+        return list(ys)
+    out = []
+    for y in ys:
+        v = math.log10(y) if log and y > 0 else y
+        f = (v - lo) / (hi - lo)
+        row = math.floor(round(0.5 + (4 * rows - 1) * f, 8)) // 4
+        snapped = lo + (hi - lo) * row / (rows - 1)
+        out.append(10**snapped if log else snapped)
+    return out
