@@ -15,7 +15,7 @@ from rich.text import Text
 from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.phases import from_status
 from dstui.tui.series import RunSeries
-from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.charts import Curve, Drawn, MetricPlot, color
 from dstui.tui.widgets.time_bar import stacked_bar
 
 SYSTEM_VIEWS = {
@@ -45,14 +45,15 @@ def draw_steps(plot: MetricPlot, series: Sequence[RunSeries], key: str, label: s
     """Loss or iteration time per step: raw (dimmed when smoothing) plus the EMA."""
     curves: list[Curve] = []
     top = 0.0
+    skip = key != "loss"  # the warm-up's loss is real; its iteration times are compile spikes
     for i, s in enumerate(series):
         raw = s.steps[key]
         if smooth:
-            curves.append(Curve(s.name, i, raw.x, raw.y, raw=True))
+            curves.append(Curve(s.name, i, raw.x, raw.y, raw=True, warmup=s.warmup, range_skips_warmup=skip))
         sm = (s.smooth if smooth else s.steps)[key]
-        curves.append(Curve(s.name, i, sm.x, sm.y))
+        curves.append(Curve(s.name, i, sm.x, sm.y, warmup=s.warmup, range_skips_warmup=skip))
         if len(raw):
-            top = max(top, max(raw.y[-50:]))
+            top = max(top, max(raw.y[-50:]))  # the unit from recent steps, not the warm-up spike
     if not any(len(c.x) for c in curves):
         plot.set_empty("waiting for data")
         return
@@ -66,7 +67,7 @@ def draw_memory(plot: MetricPlot, series: Sequence[RunSeries], mem_key: str) -> 
     top = 0.0
     for i, s in enumerate(series):
         buf = s.steps[mem_key]
-        curves.append(Curve(s.name, i, buf.x, buf.y))
+        curves.append(Curve(s.name, i, buf.x, buf.y, warmup=s.warmup, range_skips_warmup=False))
         if len(buf):
             top = max(top, max(buf.y))
     scale, unit = byte_scale(top)
@@ -87,6 +88,19 @@ def draw_system(plot: MetricPlot, series: Sequence[RunSeries], key: str | None) 
     plot.set_curves(curves, scale=sc, unit=unit, title=name)
 
 
+def newest_running(statuses: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the running run started last (ties: the later in the view), or None when none runs."""
+    best: tuple[float, int] | None = None
+    for i, st in enumerate(statuses):
+        if st.get("state") != "running":
+            continue
+        started = st.get("started")
+        key = (float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else 0.0, i)
+        if best is None or key > best:
+            best = key
+    return None if best is None else best[1]
+
+
 def available_system(series: Sequence[RunSeries]) -> list[str]:
     """The system readings any of the runs has, in SYSTEM_VIEWS order (GPU ones first)."""
     have = {k for s in series for k, b in s.system.items() if len(b)}
@@ -101,16 +115,42 @@ def _system_text(sysl: dict[str, float]) -> str:
     return ""
 
 
-def legend(series: Sequence[RunSeries], statuses: Sequence[dict[str, Any]]) -> Text:
-    """One entry per run: colour, state, progress, last loss and memory, system reading, guard flag."""
+def legend(
+    series: Sequence[RunSeries],
+    statuses: Sequence[dict[str, Any]],
+    marks: dict[str, Drawn] | None = None,
+    log_run: str = "",
+) -> Text:
+    """One entry per run: colour, state, progress, last loss and memory, system reading, guard flag.
+
+    ``marks`` (the loss chart's :class:`Drawn` per run) turns the ■ of a run whose loss coincides
+    with another's into its marker glyph and says which run it is drawn on; the run whose log is
+    shown below is underlined.
+    """
     parts: list[Text | str | tuple[str, str]] = []
+    marks = marks or {}
+    groups: dict[str, int] = {}
+    for d in marks.values():
+        if d.same_as:
+            groups[d.same_as] = groups.get(d.same_as, 1) + 1
     for i, (s, st) in enumerate(zip(series, statuses, strict=True)):
         rgb = color(i)
         last = st.get("last") or {}
         loss = s.steps["loss"].y[-1] if len(s.steps["loss"]) else last.get("loss")
         mem = s.steps["mem_peak"].y[-1] if len(s.steps["mem_peak"]) else last.get("mem_peak")
+        d = marks.get(s.name)
+        glyph = d.marker if d is not None and d.marker != "line" else "■"
+        style = f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"
         parts += [
-            (f"■ {s.name} ", f"bold rgb({rgb[0]},{rgb[1]},{rgb[2]})"),
+            (f"{glyph} ", style),
+            (s.name, style + (" underline" if s.name == log_run else "")),
+            " ",
+        ]
+        if d is not None and d.same_as:
+            parts.append((f"(loss = {d.same_as}) ", "italic"))
+        elif s.name in groups:
+            parts.append((f"({groups[s.name]} identical) ", "italic"))
+        parts += [
             (f"{st.get('state', '?')} {st.get('steps_done') or 0}/{st.get('steps_total') or '?'}", "dim"),
             f" loss {fmt_num(loss)} mem {fmt_bytes(mem)}{_system_text(s.system_last)}",
         ]
@@ -121,10 +161,19 @@ def legend(series: Sequence[RunSeries], statuses: Sequence[dict[str, Any]]) -> T
     return Text.assemble(*parts)
 
 
-def log_title(run: str, status: dict[str, Any] | None) -> Text:
-    """'log RUN  (n: next run, o: full log)', and a small stacked bar of where the run's time went
+def log_title(
+    run: str, status: dict[str, Any] | None, *, following: bool = False, running: bool = False, page: str = ""
+) -> Text:
+    """'log RUN' and how the pane chooses its run (following the running one, or picked with n),
+    the chart page when the charts are paged, and a small stacked bar of where the run's time went
     once it has ended (the colours of the runs screen's time bar, which has the legend)."""
-    text = Text.assemble(("log ", "dim"), (run, "bold"), ("  (n: next run, o: full log)", "dim"))
+    if not running:
+        how = "  (n: next run, o: full log)"
+    else:
+        how = "  (following the running run)" if following else "  (n: next run, f: follow running)"
+    text = Text.assemble(("log ", "dim"), (run, "bold"), (how, "dim"))
+    if page:
+        text.append(f"  charts {page} (c)", style="dim")
     times = from_status(status or {})
     if times is not None and times.wall is not None:
         text.append("  time ", style="dim")

@@ -28,6 +28,9 @@ class ResultRow:
     reason: str = ""
     run_name: str = ""
     run_means: list[float] = field(default_factory=list)  # per-run mean iteration times (finished runs)
+    run_ids: list[str] = field(default_factory=list)  # the MLflow runs behind the row (one for a run row)
+    experiment: str = ""
+    search_text: str = ""  # lower-case "name batch status key=value ..." of params and tags: what / filters on
 
 
 @dataclass
@@ -39,10 +42,21 @@ class Results:
     runs: list[ResultRow] = field(default_factory=list)
     tracking_uri: str = ""
     default_baseline: str | None = None
+    run_data: dict[str, Any] = field(default_factory=dict)  # run id -> RunData with its history (charts)
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def search_text(runs: Any, *extra: str) -> str:
+    """What the filter matches against: names, batch, status and every param and tag as key=value."""
+    parts = [*extra]
+    for r in runs:
+        parts += [r.run_name, r.batch, r.status, r.condition, r.revision]
+        parts += [f"{k}={v}" for k, v in r.params.items()]
+        parts += [f"{k.removeprefix('dstui.')}={v}" for k, v in r.tags.items() if not k.startswith("mlflow.")]
+    return " ".join(p for p in parts if p).lower()
 
 
 def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None = None) -> Results:
@@ -84,8 +98,11 @@ def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None 
                 tokens_per_s=_num(cs.tokens_per_s_mean), mem_peak=_num(cs.mem_peak_max),
                 final_loss=_num(cs.final_loss), reason="; ".join(cs.reasons),
                 run_means=[m for r in cs.runs if r.status == "done" and (m := _num(r.stats.get("iter_time_mean"))) is not None],
+                run_ids=[r.run_id for r in cs.runs], experiment=experiment,
+                search_text=search_text(cs.runs, cs.label, cs.statuses),
             )
         )  # fmt: skip
+    out.run_data = {r.run_id: r for r in runs}
     for r in runs:
         st = r.stats
         out.runs.append(
@@ -94,7 +111,8 @@ def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None 
                 runs=r.status, status=r.status, iter_mean=_num(st.get("iter_time_mean")),
                 iter_std=_num(st.get("iter_time_std")), tokens_per_s=_num(st.get("tokens_per_s_mean")),
                 mem_peak=_num(st.get("mem_peak_max")), final_loss=_num(st.get("final_loss")),
-                reason=r.reason, run_name=r.run_name,
+                reason=r.reason, run_name=r.run_name, run_ids=[r.run_id], experiment=experiment,
+                search_text=search_text([r], r.label, r.reason),
             )
         )  # fmt: skip
     try:

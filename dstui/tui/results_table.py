@@ -18,14 +18,20 @@ from dstui.core.formatting import fmt_bytes, fmt_interval, fmt_num
 COLUMNS = (
     ("condition", "label"),
     ("runs", "runs"),
-    ("iter time (s) mean ± std", "iter_mean"),
+    ("iter s mean±std", "iter_mean"),
     ("tok/s", "tokens_per_s"),
     ("peak mem", "mem_peak"),
     ("final loss", "final_loss"),
-    ("Δ loss vs base", "delta"),
+    ("Δ loss", "delta"),
+    ("time/base [95% CI]", "ratio"),
     ("status / reason", "status"),
-    ("time / base [95% CI]", "ratio"),
 )
+# Left out first when the terminal is narrow (the rest keep their full width; status takes what is left).
+DROP_ORDER = ("tokens_per_s", "delta", "runs", "ratio", "mem_peak")
+DROP_ORDER_RUNS = ("tokens_per_s", "delta", "ratio", "mem_peak", "runs")  # per run, "runs" is the batch: kept longer
+LABEL_MAX = 28
+STATUS_MIN = len("status / reason")  # the header stays whole
+PICKED, SOME_PICKED, NOT_PICKED = "● ", "◐ ", "  "
 
 
 @dataclass
@@ -38,6 +44,7 @@ class View:
     sort_col: int = 0
     sort_reverse: bool = False
     filter_text: str = ""
+    picked: frozenset[str] = frozenset()  # run ids the user picked (across batches and experiments)
 
     def base_condition(self) -> Any:
         if self.results is None or not self.baseline:
@@ -66,8 +73,8 @@ class View:
             return []
         rows = list(self.results.runs if self.per_run else self.results.conditions)
         if self.filter_text:
-            f = self.filter_text.lower()
-            rows = [r for r in rows if f in f"{r.label} {r.run_name} {r.batch} {r.status}".lower()]
+            terms = self.filter_text.lower().split()
+            rows = [r for r in rows if all(t in self._haystack(r) for t in terms)]
         key = COLUMNS[self.sort_col][1]
         if self.sort_col == 0 and not self.sort_reverse:
             return rows  # spec order
@@ -85,26 +92,74 @@ class View:
             rows.sort(key=num, reverse=self.sort_reverse)
         return rows
 
-    def cells(self, r: Any) -> tuple:
-        """One table row."""
-        it = "-" if r.iter_mean is None else f"{r.iter_mean:.4f} ± {r.iter_std or 0:.4f}"
+    @staticmethod
+    def _haystack(r: Any) -> str:
+        return r.search_text or f"{r.label} {r.run_name} {r.batch} {r.status}".lower()
+
+    def pick_mark(self, r: Any) -> str:
+        ids = getattr(r, "run_ids", [])
+        n = sum(1 for i in ids if i in self.picked)
+        return NOT_PICKED if not ids or n == 0 else PICKED if n == len(ids) else SOME_PICKED
+
+    def cell_map(self, r: Any) -> dict[str, Any]:
+        """One table row, by column key."""
+        it = "-" if r.iter_mean is None else f"{r.iter_mean:.4f}±{r.iter_std or 0:.4f}"
         delta = self.delta(r)
         is_base = r.label == self.baseline
-        label = Text(r.run_name or r.label, style="bold" if is_base else "")
+        mark = self.pick_mark(r)
+        label = Text()
+        label.append(mark, style="bold green")
+        label.append(r.run_name or r.label, style="bold" if is_base else "")
         if is_base and not self.per_run:
             label.append(" (base)", style="cyan")
         status = r.status + (f": {r.reason}" if r.reason else "")
-        return (
-            label,
-            r.runs if not self.per_run else r.batch[-15:],
-            it,
-            fmt_num(r.tokens_per_s, ".0f"),
-            fmt_bytes(r.mem_peak),
-            fmt_num(r.final_loss, ".5g"),
-            "base" if is_base else ("-" if delta is None else f"{delta:+.3g}"),
-            Text(status[:60], style="red" if "fail" in status or "kill" in status else ""),
-            "base" if is_base and not self.per_run else self.ratio_text(r),
-        )
+        return {
+            "label": label,
+            "runs": r.runs if not self.per_run else r.batch[-15:],
+            "iter_mean": it,
+            "tokens_per_s": fmt_num(r.tokens_per_s, ".0f"),
+            "mem_peak": fmt_bytes(r.mem_peak),
+            "final_loss": fmt_num(r.final_loss, ".5g"),
+            "delta": "base" if is_base else ("-" if delta is None else f"{delta:+.3g}"),
+            "ratio": "base" if is_base and not self.per_run else self.ratio_text(r),
+            "status": Text(status, style="red" if "fail" in status or "kill" in status else ""),
+        }
+
+    def cells(self, r: Any) -> tuple:
+        """One table row, every column (COLUMNS order)."""
+        m = self.cell_map(r)
+        return tuple(m[key] for _, key in COLUMNS)
+
+    def layout(self, width: int) -> list[tuple[str, str, int]]:
+        """(title, key, width) of the columns that fit ``width`` terminal columns.
+
+        Each column gets the width of its widest cell (title included); columns are left
+        out in DROP_ORDER until the rest fits with at least STATUS_MIN for the status, which
+        takes whatever is left (its text is cut with … there, never the table's header).
+        """
+        rows = [self.cell_map(r) for r in self.rows()]
+
+        def need(title: str, key: str) -> int:
+            cells = [len(c.plain) if isinstance(c, Text) else len(str(c)) for c in (m[key] for m in rows)]
+            return max([len(title), *cells])
+
+        widths = {key: need(title, key) for title, key in COLUMNS if key != "status"}
+        widths["label"] = min(widths["label"], LABEL_MAX)
+        keys = [key for _, key in COLUMNS]
+        pad = 2  # DataTable's cell padding, one column each side
+
+        def total(ks: list[str]) -> int:
+            return sum(widths[k] + pad for k in ks if k != "status") + STATUS_MIN + pad
+
+        for k in DROP_ORDER_RUNS if self.per_run else DROP_ORDER:
+            if total(keys) <= width:
+                break
+            keys.remove(k)
+        status_w = max(STATUS_MIN, width - total(keys) + STATUS_MIN)
+        titles = dict((key, title) for title, key in COLUMNS)
+        if self.per_run:
+            titles["runs"] = "batch"
+        return [(titles[k], k, status_w if k == "status" else widths[k]) for k in keys]
 
     def ratio_text(self, r: Any) -> Text:
         ri = self.ratio(r)
@@ -130,4 +185,5 @@ class View:
             ("  baseline ", "dim"), self.baseline or "-",
             ("  sort ", "dim"), sort_title + (" ↓" if self.sort_reverse else " ↑"),
             ("  filter ", "dim") if self.filter_text else "", self.filter_text,
+            ("  picked ", "dim") if self.picked else "", f"{len(self.picked)} runs (c: chart)" if self.picked else "",
         )

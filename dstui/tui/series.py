@@ -101,13 +101,18 @@ class RunSeries:
     system_last: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     t0: float | None = None
+    warmup: float = 1.0  # the run's warmup_steps: left out of the charts' y-range (or hidden)
     _metrics: Follower | None = None
     _sys: Follower | None = None
 
     def __post_init__(self) -> None:
         if self._metrics is None:
-            fmt = self.rd.settings().get("metrics_format", "jsonl")
+            settings = self.rd.settings()
+            fmt = settings.get("metrics_format", "jsonl")
             self.fmt = fmt
+            w = settings.get("warmup_steps")
+            if isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0:
+                self.warmup = float(w)
             source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
             self._metrics = Follower(source)
             self._sys = Follower(self.rd.system_file)

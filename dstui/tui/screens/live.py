@@ -6,6 +6,10 @@ metrics.jsonl, system.jsonl and the focused run's stdout.log (one
 message and is appended on the main thread, which owns every buffer. A tick
 that finds the previous read still going is skipped, so slow disks never pile
 up work.
+
+Which run's log is shown: the newest running one (it follows as runs start and
+end) until the user picks one with ``n``; ``f`` goes back to following. At small
+sizes the four charts are paged (``c``) so each stays legible.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from textual.widgets import Footer, Header, Log, Static
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui import live_draw
+from dstui.tui.chart_pages import charts_per_page, grid_shape
 from dstui.tui.series import Delta, RunSeries
 from dstui.tui.widgets.charts import MetricPlot
 
@@ -41,15 +46,25 @@ class LiveScreen(Screen):
     HELP = """Overlaid live plots of the chosen runs, read from their run folders every second.
 Plots are decimated to the widget width (min/max per column), so long runs stay cheap to draw.
 Smoothing (s) draws an EMA over the dimmed raw curve. System readings: GPU util/memory/power
-when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
+when the run has GPUs, else the job's CPU% and RSS (y cycles).
+The y-axis is set from the steps after each run's warm-up (warmup_steps), so a first step's compile
+spike does not flatten the rest; w hides the warm-up steps, l switches to a log scale.
+Runs with identical values are drawn once as a line, the others as markers (x + o ...) on it,
+and the chart title and legend say which runs coincide.
+The log pane follows the newest running run; n picks another run (the legend underlines it),
+f follows the running run again. Small terminals show fewer charts at once: c pages through them."""
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("s", "smooth", "Smooth"),
-        Binding("m", "memory", "Peak/alloc"),
-        Binding("y", "system", "System metric"),
+        Binding("l", "log_scale", "Log y"),
+        Binding("w", "warmup", "Warm-up"),
+        Binding("c", "next_charts", "Charts"),
         Binding("n", "next_log", "Next log"),
+        Binding("f", "follow", "Follow"),
         Binding("o", "open_log", "Full log"),
+        Binding("m", "memory", "Peak/alloc memory", show=False),
+        Binding("y", "system", "System metric", show=False),
     ]
 
     def __init__(self, batch: BatchDir, runs: list[RunDir]) -> None:
@@ -62,6 +77,10 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         self.mem_key = "mem_peak"
         self.system_key: str | None = None
         self.log_index = 0
+        self.follow = True  # the log pane shows the newest running run until the user picks one
+        self.log_y = False
+        self.hide_warmup = False
+        self.chart_page = 0
         self._log_follower: Follower | None = None
         self._log_for = ""
         self._busy = False
@@ -84,9 +103,38 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         self._poll()
         self.set_interval(getattr(self.app, "watch_s", 1.0), self._poll)
 
+    PLOT_IDS = ("#plot-loss", "#plot-iter", "#plot-mem", "#plot-sys")
+
     def on_resize(self) -> None:
         # on 80x24 every row counts: a shorter log tail leaves the plots readable
         self.query_one("#log-tail", Log).styles.height = 4 if self.size.height < 30 else 7
+        self._layout_charts()
+
+    def plots(self) -> list[MetricPlot]:
+        return [self.query_one(pid, MetricPlot) for pid in self.PLOT_IDS]
+
+    def _layout_charts(self) -> None:
+        """Show as many charts as the size keeps legible (4, 2 or 1), the current page of them."""
+        per = charts_per_page(self.size.width, self.size.height)
+        pages = (len(self.PLOT_IDS) + per - 1) // per
+        self.chart_page %= pages
+        shown = range(self.chart_page * per, (self.chart_page + 1) * per)
+        for i, plot in enumerate(self.plots()):
+            plot.display = i in shown
+        cols, rows = grid_shape(per, self.size.width, self.size.height)
+        grid = self.query_one("#plots", Grid)
+        grid.styles.grid_size_columns = cols
+        grid.styles.grid_size_rows = rows
+        self.refresh_bindings()
+        self._show_log_title()
+
+    def visible_plots(self) -> list[MetricPlot]:
+        return [p for p in self.plots() if p.display]
+
+    def page_text(self) -> str:
+        per = charts_per_page(self.size.width, self.size.height)
+        pages = (len(self.PLOT_IDS) + per - 1) // per
+        return f"{self.chart_page + 1}/{pages}" if pages > 1 else ""
 
     # -- reading (worker thread) --------------------------------------------
 
@@ -126,8 +174,10 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         self.statuses = message.statuses
         if changed:
             self.redraw()
-        if changed or status_changed:
-            self.query_one("#legend", Static).update(live_draw.legend(self.series, self.statuses))
+        if status_changed and self.follow:
+            self._follow_running()
+        if changed or status_changed or message.log_lines[:1] == ["\x00reset"]:
+            self._update_legend(message.log_run if message.log_lines[:1] == ["\x00reset"] else self._log_for)
         log = self.query_one("#log-tail", Log)
         lines = message.log_lines
         if lines and lines[0] == "\x00reset":
@@ -139,10 +189,24 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         if lines:
             log.write_lines(lines)
 
+    def _update_legend(self, log_run: str) -> None:
+        marks = {d.label: d for d in self.query_one("#plot-loss", MetricPlot).drawn}
+        self.query_one("#legend", Static).update(live_draw.legend(self.series, self.statuses, marks, log_run))
+
     def _show_log_title(self) -> None:
-        """The focused run's name, and its time breakdown once it has ended."""
+        """The focused run's name, whether it follows the running run, and its time breakdown once it has ended."""
         status = next((st for rd, st in zip(self.runs, self.statuses, strict=True) if rd.name == self._log_for), None)
-        self.query_one("#log-title", Static).update(live_draw.log_title(self._log_for, status))
+        running = live_draw.newest_running(self.statuses) is not None
+        title = live_draw.log_title(self._log_for, status, following=self.follow, running=running, page=self.page_text())
+        self.query_one("#log-title", Static).update(title)
+
+    def _follow_running(self) -> None:
+        """Point the log pane at the newest running run (the one started last), if it is not there yet."""
+        idx = live_draw.newest_running(self.statuses)
+        if idx is not None and idx != self.log_index:
+            self.log_index = idx
+            self._need_log_reset = True
+            self._poll()
 
     def redraw(self) -> None:
         for plot_id, key, label in (("#plot-loss", "loss", "loss"), ("#plot-iter", "iter_time", "iteration time")):
@@ -181,12 +245,39 @@ when the run has GPUs, else the job's CPU% and RSS (y cycles)."""
         self.system_key = avail[(avail.index(cur) + 1) % len(avail)] if cur in avail else avail[0]
         self.redraw()
 
+    def action_log_scale(self) -> None:
+        self.log_y = not self.log_y
+        for plot in self.plots():
+            plot.set_options(log_y=self.log_y)
+        self.notify("log scale " + ("on" if self.log_y else "off"), timeout=2)
+
+    def action_warmup(self) -> None:
+        self.hide_warmup = not self.hide_warmup
+        for plot in self.plots():
+            plot.set_options(hide_warmup=self.hide_warmup)
+        self.notify("warm-up steps " + ("hidden" if self.hide_warmup else "shown"), timeout=2)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_charts":  # c only where the charts are paged (hidden from the footer otherwise)
+            return charts_per_page(self.size.width, self.size.height) < len(self.PLOT_IDS)
+        return True
+
+    def action_next_charts(self) -> None:
+        self.chart_page += 1
+        self._layout_charts()
+
     def action_next_log(self) -> None:
         if not self.runs:
             return
+        self.follow = False
         self.log_index = (self.log_index + 1) % len(self.runs)
         self._need_log_reset = True
         self._poll()
+
+    def action_follow(self) -> None:
+        self.follow = True
+        self._show_log_title()
+        self._follow_running()
 
     def action_open_log(self) -> None:
         from dstui.tui.screens.log import LogScreen
