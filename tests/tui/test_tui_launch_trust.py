@@ -97,3 +97,8 @@ async def test_a_live_runs_phase_is_in_the_runs_table(tui_env: Path) -> None:
             waiting = str(screen._rows["z3-r0"][3])
             assert waiting.startswith("waiting for GPUs held by ba") and re.search(r"… 4\ds$", waiting), waiting
             app.save_screenshot(str(tui_env / f"phases-{size[0]}x{size[1]}.svg"))
+            # the live view's legend says it too
+            await pilot.press("v")
+            await pilot.pause(0.3)
+            legend = app.screen.query_one("#legend")
+            assert await wait_for(pilot, lambda lg=legend: "building op shm_comm" in str(lg.render()), timeout=30), str(legend.render())
