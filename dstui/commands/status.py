@@ -14,7 +14,7 @@ from dstui.commands._common import batch_notes, runs_table
 from dstui.core import paths, phases
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir, list_batches
-from dstui.execute import supervisor
+from dstui.execute import creation, supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = paths.runs_dir()
+    creation.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
     if args.batch:
         b = BatchDir((root / args.batch) if (root / args.batch).is_dir() else Path(args.batch))
         if not b.batch_file.exists():
