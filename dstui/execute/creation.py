@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dstui.execute.batch import Plan
 
 TEMP_PREFIX = ".creating-"
-STALE_TEMP_S = 60.0  # a hidden folder this old without a lock file was left by a `dstui run` killed at once
+STALE_TEMP_S = 30.0  # a hidden folder this old and unlocked was left by a `dstui run` killed before renaming it
 COMPLETE = "complete"  # batch.json: false while being laid out; absent in batches older than this rule
 PROBLEM = "creation_problem"  # batch.json: what settling found, shown by `dstui status` and `dstui run`
 NEVER_CREATED = "never created: `dstui run` stopped while laying out the batch"
@@ -168,8 +168,9 @@ def settle_all(runs_root: Path | None = None) -> list[str]:
 def remove_stale_temp(runs_root: Path | None = None) -> int:
     """Remove the hidden folders of starts killed before their batch was renamed into place; how many.
 
-    Its creator holds the folder's lock from its first moment on, so a free lock
-    means a dead creator; a folder without a lock file yet is left alone for a while.
+    Its creator locks the folder right after making it and renames it within
+    moments, so one older than :data:`STALE_TEMP_S` whose lock is free was left
+    by a creator that died.
     """
     root = runs_root or paths.runs_dir()
     try:
@@ -180,7 +181,7 @@ def remove_stale_temp(runs_root: Path | None = None) -> int:
     for entry in entries:
         b = BatchDir(entry)
         with contextlib.suppress(OSError):
-            if not is_supervised(b) and (b.lock_file.exists() or time.time() - entry.stat().st_mtime > STALE_TEMP_S):
+            if time.time() - entry.stat().st_mtime > STALE_TEMP_S and not is_supervised(b):
                 shutil.rmtree(entry)
                 removed += 1
     return removed

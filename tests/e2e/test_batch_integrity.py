@@ -145,8 +145,15 @@ def test_kill9_of_dstui_run_while_it_creates_a_batch_leaves_no_half_batch(home: 
             for rd in b.runs():
                 request_cancel(rd)
             wait_for(lambda b=b: finalized(b), what="a started batch finalized")
+    # kills before the rename left hidden folders, never listed; once stale, the next look removes them
+    hidden = [runs / e for e in os.listdir(runs) if e.startswith(creation.TEMP_PREFIX)]
+    long_ago = time.time() - creation.STALE_TEMP_S - 1
+    for h in hidden:
+        os.utime(h, (long_ago, long_ago))
     # whoever looks first settles them: here `dstui status`
     out = dstui("status", "--no-takeover", "-n", "1000", check=True).stdout
+    print(f"window {window:.3f} s; runs laid out when killed: {sorted(made_by.values())}; "
+          f"{len(list_batches(runs)) - len(made_by)} batches whole")  # fmt: skip
     batches = list_batches(runs)
     assert batches, "no kill left a batch behind"
     assert len(cut_short) >= 3, f"only {len(cut_short)} kills landed inside the layout (window {window:.3f} s)"
@@ -161,7 +168,7 @@ def test_kill9_of_dstui_run_while_it_creates_a_batch_leaves_no_half_batch(home: 
         for name in listed:  # and every run is listed by `dstui status`
             assert re.search(rf"^\s*{re.escape(name)}\b", shown, re.M), (b.id, name)
         states = [rd.state for rd in b.runs()]
-        assert set(states) <= {"queued", "failed", "killed"}, states  # no run without a state: none wedged
+        assert set(states) <= {"queued", *FINAL_STATES}, states  # no run without a state: none wedged
         never = [rd.name for rd in b.runs() if rd.status().get("reason") == creation.NEVER_CREATED]
         if b.id in made_by:
             assert len(never) == RUNS_PER_BATCH - made_by[b.id]
@@ -196,11 +203,11 @@ def test_supervisor_settles_a_cut_short_batch_and_resume_batch_completes_it(home
     assert b is not None, "no kill landed inside the layout"
     for rd in b.runs():
         request_cancel(rd)  # its whole runs end as cancelled before start: the supervisor launches nothing
-    dstui("supervise", str(b.path), check=True, timeout=300)  # settles it, then finalizes it
+    sup = dstui("supervise", str(b.path), check=True, timeout=300)  # settles it, then finalizes it
     assert finalized(b) and creation.is_complete(b)
     never = [rd for rd in b.runs() if rd.status().get("reason") == creation.NEVER_CREATED]
     assert never and len(b.runs()) == RUNS_PER_BATCH
-    assert "cut short while being created" in b.log_file.read_text()
+    assert "cut short while being created" in sup.stdout
     # a newer batch of the same spec: --resume BATCH still goes to the old one
     newer = spec_file(home, "other", [{"name": "x", "args": []}])  # (another experiment entirely)
     assert dstui("run", "--resume", b.id, str(newer)).returncode != 0  # a batch of another spec is refused
