@@ -218,7 +218,12 @@ def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> di
 
     counts = {"kept": 0, "requeued": 0, "new": 0}
     info = batch.info()
-    batch.update_info(**{creation.COMPLETE: False})  # a resume cut short is settled like a creation
+    run_names = [r.name for r in p.runs]
+    if partial:  # the batch's order stays; runs new to it go last
+        old = list(info.get("runs", []))
+        run_names = old + [n for n in run_names if n not in old]
+    # a resume cut short is settled like a creation: every run it was to lay out is named first
+    batch.update_info(runs=run_names, **{creation.COMPLETE: False})
     for run in p.runs:
         rd = RunDir(names.child_path(batch.path, run.name))
         st = rd.status()
@@ -241,10 +246,6 @@ def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> di
                 _remove_run_folder(batch, rd)
             counts["new"] += 1
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    run_names = [r.name for r in p.runs]
-    if partial:  # the batch's order stays; runs new to it go last
-        old = list(info.get("runs", []))
-        run_names = old + [n for n in run_names if n not in old]
     info.update(runs=run_names, parallel=parallel, finalized=False, resumed=time.time(), executor=p.spec.executor,
                 slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
                 **{creation.COMPLETE: False, creation.PROBLEM: None})  # fmt: skip
@@ -263,6 +264,9 @@ def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
 def retry(rd: RunDir) -> None:
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
+    if not rd.spec_file.exists():  # settled after a cut-short creation (dstui.execute.creation)
+        spec = rd.batch.info().get("spec_path") or "SPEC"
+        raise DstuiError(f"run {rd.name} was never created; `dstui run {spec} --resume {rd.batch.id}` creates it")
     from dstui.execute.control import kick
 
     batch = rd.batch

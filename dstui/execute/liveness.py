@@ -46,7 +46,9 @@ def wrapper_exit(handle: Any) -> dict[str, Any]:
     reason would be "exit status unknown".
     """
     code = getattr(handle, "returncode", None)
-    return {} if code is None else {"exit_code": code, "signal": None, "from_wrapper": True}
+    if code is None:
+        return {}
+    return {"exit_code": code, "signal": -code if code < 0 else None, "from_wrapper": True}
 
 
 def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, str] | None:

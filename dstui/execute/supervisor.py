@@ -180,7 +180,11 @@ class Supervisor:
         if self.slurm is not None:
             self._submit(rd)
             return
-        run = launch.load_runspec(rd)
+        try:
+            run = launch.load_runspec(rd)
+        except (OSError, ValueError) as e:  # a folder without its spec: never a reason to stop supervising
+            rd.update_status(state="failed", reason=f"could not start: {type(e).__name__}: {e}"[:300], ended=time.time())
+            return
         rev = rd.spec().get("revision_info") or {}
         executor = executor_for(rd.status())
         # the MLflow child's start time: the same moment in any store it is created in later

@@ -122,9 +122,7 @@ def reserve(run_dir: str) -> str | None:
     path = os.path.join(run_dir, f".{EXIT_FILE}.{os.getpid()}.reserved")
     try:
         with open(path, "wb") as fh:
-            fh.write(b" " * RESERVED_BYTES)
-            fh.flush()
-            os.fsync(fh.fileno())  # the blocks are allocated now, not at the first write-back
+            fh.write(b" " * RESERVED_BYTES)  # space is taken at write time (tmpfs; delayed allocation reserves it)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(path)
