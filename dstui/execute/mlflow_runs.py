@@ -15,6 +15,7 @@ RUNNING (:meth:`MlflowRuns.close_earlier`) before the batch may be finalized.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,22 @@ from dstui.spec import dsconfig
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
 
+log = logging.getLogger("dstui.execute.supervisor")
+
 MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 EARLIER_ATTEMPTS = "mlflow_to_end"  # status.json: earlier attempts whose MLflow run may still be RUNNING
 OPEN_STATES = ("RUNNING", "SCHEDULED")
+
+
+REFUSALS = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE")
+
+
+def refused(e: Exception) -> bool:
+    """The store answered and said no (the run was deleted in MLflow's UI, say): trying again never helps.
+
+    Anything else (unreachable, locked) is the store being down, and is tried again later.
+    """
+    return getattr(e, "error_code", None) in REFUSALS
 
 
 def attempt_ref(rd: RunDir, attempt: int | None) -> str:
@@ -138,6 +152,9 @@ class MlflowRuns(StoreConnection):
                     tracking.set_tags(c, found.info.run_id, {tag_keys.STATUS: state, tag_keys.REASON: entry.get("reason") or ""})
                     tracking.finish(c, found.info.run_id, MLFLOW_STATUS.get(state, "FAILED"), end_time=entry.get("ended"))
             except Exception as e:
+                if refused(e):
+                    log.warning("%s: MLflow refused to end an earlier attempt's run (%s); leaving it", rd.name, e)
+                    continue
                 self.down(e)
                 left.append(entry)
         rd.update_status(**{EARLIER_ATTEMPTS: left})

@@ -11,15 +11,18 @@ store ignores. The parent and child runs themselves are
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.execute import guard_watch
 from dstui.execute.ingest import Tracked
-from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, flat_settings, job_tags  # noqa: F401 - re-exported
+from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, flat_settings, job_tags, refused  # noqa: F401 - re-exported
 from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
+
+log = logging.getLogger("dstui.execute.supervisor")
 
 
 class MlflowSink(MlflowRuns):
@@ -113,6 +116,9 @@ class MlflowSink(MlflowRuns):
                 tracking.log_file_artifact(c, pid, self.batch.batch_file)
             tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
         except Exception as e:
+            if refused(e):  # deleted in MLflow's UI, say: nothing left to end, and no reason to wait forever
+                log.warning("MLflow refused to end the batch's parent run (%s)", e)
+                return True
             self.down(e)
             return False
         return True
