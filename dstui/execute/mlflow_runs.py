@@ -143,7 +143,7 @@ class MlflowRuns(StoreConnection):
         c = self.client()
         if c is None:
             return False
-        left = []
+        ended = []
         for entry in pending:
             try:
                 found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: entry.get("ref")})
@@ -152,11 +152,15 @@ class MlflowRuns(StoreConnection):
                     tracking.set_tags(c, found.info.run_id, {tag_keys.STATUS: state, tag_keys.REASON: entry.get("reason") or ""})
                     tracking.finish(c, found.info.run_id, MLFLOW_STATUS.get(state, "FAILED"), end_time=entry.get("ended"))
             except Exception as e:
-                if refused(e):
-                    log.warning("%s: MLflow refused to end an earlier attempt's run (%s); leaving it", rd.name, e)
-                    continue
-                self.down(e)
-                left.append(entry)
+                if not refused(e):
+                    self.down(e)
+                    break
+                log.warning("%s: MLflow refused to end an earlier attempt's run (%s); leaving it", rd.name, e)
+            ended.append(entry)
+        if not ended:
+            return False
+        # read again: a retry may have added an attempt meanwhile, and it must not be lost
+        left = [e for e in rd.status().get(EARLIER_ATTEMPTS) or [] if e not in ended]
         rd.update_status(**{EARLIER_ATTEMPTS: left})
         return not left
 
