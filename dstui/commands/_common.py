@@ -47,7 +47,7 @@ def batch_notes(info: dict[str, Any], path: Any = None) -> list[str]:
     """Problems of a batch a person must hear about once: store lost or down, disk full."""
     import shutil
 
-    notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem") if info.get(k)]
+    notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem", "creation_problem") if info.get(k)]
     if path is not None:
         try:
             free = shutil.disk_usage(path).free

@@ -23,7 +23,7 @@ from dstui.execute.ingest import unsent_points
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="experiment spec (YAML)")
+    p.add_argument("spec", nargs="?", help="experiment spec (YAML)")
     p.add_argument("--dry-run", action="store_true", help="print the exact commands; launch nothing")
     p.add_argument(
         "--parallel",
@@ -36,9 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--resume",
-        action="store_true",
-        help="continue the newest batch of this spec: keep finished runs with the same key, "
-        "re-run failed/killed/missing ones",
+        nargs="?",
+        const=NEWEST,
+        metavar="BATCH",
+        help="continue a batch of this spec (BATCH: its id or folder; default the newest): keep finished "
+        "runs with the same key, re-run failed/killed/missing ones",
     )
     p.add_argument(
         "--only",
@@ -93,7 +95,21 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+NEWEST = "newest"  # `--resume` without a batch
+
+
+def resume_target(args: argparse.Namespace) -> str | None:
+    """The batch ``--resume`` names (None: the newest of the spec); fixes ``--resume SPEC`` taken as BATCH."""
+    if args.resume and args.spec is None:  # `dstui run --resume SPEC`: argparse gave the spec to --resume
+        args.spec, args.resume = args.resume, NEWEST
+    return None if args.resume in (None, NEWEST) else args.resume
+
+
 def run(args: argparse.Namespace) -> int:
+    resume_batch = resume_target(args)
+    if args.spec is None:
+        print("dstui: error: the following arguments are required: spec", file=sys.stderr)
+        return 2
     if args.parallel < 0:
         print("dstui: error: --parallel must be 0 (auto) or more", file=sys.stderr)
         return 2
@@ -125,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return dry_run_output(plan, forecasts, capacity)
     if args.resume:
-        b, counts = batch.resume(plan, parallel=args.parallel, partial=bool(args.only))
+        b, counts = batch.resume(plan, parallel=args.parallel, partial=bool(args.only), batch_ref=resume_batch)
         print(f"resuming batch {b.id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     else:
         b = batch.create(plan, parallel=args.parallel)

@@ -20,7 +20,7 @@ from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.core import exit_codes, paths, phases
 from dstui.core.errors import DstuiError, NotFound
 from dstui.core.rundir import BatchDir, RunDir, list_batches
-from dstui.execute import supervisor
+from dstui.execute import creation, supervisor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise DstuiError("-n must be 1 or more")
     root = paths.runs_dir()
+    creation.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
     fmt = _machine.wants(args)
     batches = chosen_batches(root, args.batch, args.n)
     if not batches:

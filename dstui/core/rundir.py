@@ -203,7 +203,8 @@ def list_batches(root: Path) -> list[BatchDir]:
     """Batches under a runs folder, newest first."""
     if not root.is_dir():
         return []
-    batches = [BatchDir(p) for p in root.iterdir() if (p / "batch.json").exists()]
+    # a hidden folder is a batch still being laid out (dstui.execute.creation): not listed until renamed
+    batches = [BatchDir(p) for p in root.iterdir() if not p.name.startswith(".") and (p / "batch.json").exists()]
     return sorted(batches, key=lambda b: b.info().get("created", 0), reverse=True)
 
 

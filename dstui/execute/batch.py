@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core import names, paths
-from dstui.core.errors import DstuiError, SpecError
+from dstui.core.errors import DstuiError, LockHeld, SpecError
 from dstui.core.rundir import (
     FINAL_STATES,
     PRIVATE_SPEC_FILE,
@@ -25,7 +25,7 @@ from dstui.core.rundir import (
     list_batches,
     write_json_atomic,
 )
-from dstui.core.secrets import prune_private, redact, strip_credentials
+from dstui.core.secrets import redact, strip_credentials
 from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
@@ -106,53 +106,30 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return asdict(obj) if is_dataclass(obj) else dict(obj)
 
 
-def new_batch_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
-    batch = _new_batch_dir(runs_root or paths.runs_dir(), p.spec.name)
-    prune_private()  # the real env values of batches whose folder was deleted
-    _write_info(batch, p, parallel, tracking_uri)
-    for run in p.runs:
-        launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    return batch
+    """A new batch, whole (see :mod:`dstui.execute.creation`)."""
+    from dstui.execute import creation
+
+    return creation.create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri)
 
 
-def _new_batch_dir(runs_root: Path, name: str) -> BatchDir:
-    """A fresh batch folder; mkdir is the claim, so two starts in the same second never share one."""
-    runs_root.mkdir(parents=True, exist_ok=True)
-    base = new_batch_id(name)
-    for n in range(1000):
-        bid = base if n == 0 else f"{base}-{n}"
-        try:
-            path = names.child_path(runs_root, bid)
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return BatchDir(path)
-    raise DstuiError(f"could not create a batch folder for {name!r} in {runs_root}")
-
-
-def _write_info(batch: BatchDir, p: Plan, parallel: int, tracking_uri: str | None) -> None:
-    write_json_atomic(
-        batch.batch_file,
-        {
-            "id": batch.id,
-            "experiment": p.spec.name,
-            "spec_path": str(p.spec_path),
-            "spec": redact(p.spec.model_dump(mode="json")),
-            "runs": [r.name for r in p.runs],
-            "parallel": parallel,
-            "created": time.time(),
-            "cwd": os.getcwd(),
-            # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
-            "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
-            "revisions": p.revisions,
-            "executor": p.spec.executor,
-            "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
-        },
-    )
+def info_of(p: Plan, batch_id: str, parallel: int, tracking_uri: str | None) -> dict[str, Any]:
+    """batch.json of a new batch."""
+    return {
+        "id": batch_id,
+        "experiment": p.spec.name,
+        "spec_path": str(p.spec_path),
+        "spec": redact(p.spec.model_dump(mode="json")),
+        "runs": [r.name for r in p.runs],
+        "parallel": parallel,
+        "created": time.time(),
+        "cwd": os.getcwd(),
+        # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
+        "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
+        "revisions": p.revisions,
+        "executor": p.spec.executor,
+        "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
+    }
 
 
 def latest_batch_for(experiment: str, runs_root: Path | None = None) -> BatchDir | None:
@@ -162,8 +139,17 @@ def latest_batch_for(experiment: str, runs_root: Path | None = None) -> BatchDir
     return None
 
 
-def reset_run(rd: RunDir) -> None:
-    """Queue a run again, keeping the previous attempt's files under attempts/N/."""
+def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
+    """Queue a run again, keeping the previous attempt's files under attempts/N/.
+
+    The previous attempt's MLflow run is listed for the supervisor to end
+    (:meth:`dstui.execute.mlflow_runs.MlflowRuns.close_earlier`) if it is still
+    RUNNING: this needs no MLflow, and a store that is down now is not a reason to
+    leave it open. ``gone``: the attempt had not ended (its job and supervisor
+    died); it is recorded as failed with this reason.
+    """
+    from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS, attempt_ref
+
     attempts = rd.path / "attempts"
     n = len(list(attempts.iterdir())) + 1 if attempts.exists() else 1
     keep = attempts / str(n)
@@ -171,12 +157,20 @@ def reset_run(rd: RunDir) -> None:
     for f in rd.path.iterdir():
         if f.is_file() and f.name not in ("spec.json", "ds_config.json", PRIVATE_SPEC_FILE):  # the last: older folders
             shutil.move(str(f), keep / f.name)
-    old = RunDir(keep).status()
+    kept = RunDir(keep)
+    old = kept.status()
+    if old.get("state") not in FINAL_STATES:
+        old = kept.update_status(state="failed", reason=gone or "ended unrecorded", ended=time.time())
+    earlier = [
+        *(old.get(EARLIER_ATTEMPTS) or []),
+        {"ref": attempt_ref(rd, old.get("attempt")), "state": old.get("state"), "reason": old.get("reason"), "ended": old.get("ended")},
+    ]
     rd.update_status(
         **{k: old.get(k) for k in ("name", "condition", "revision", "repeat", "key", "order", "steps_total")},
         state="queued",
         steps_done=0,
         attempt=n + 1,
+        **{EARLIER_ATTEMPTS: earlier},
     )
 
 
@@ -187,21 +181,52 @@ def resume(
     parallel: int = 0,
     tracking_uri: str | None = None,
     partial: bool = False,
+    batch_ref: str | None = None,
 ) -> tuple[BatchDir, dict[str, int]]:
-    """Re-use the newest batch of this spec: keep done runs with the same key, re-queue the rest.
+    """Re-use a batch of this spec (``batch_ref``, else the newest): keep done runs with the same key, re-queue the rest.
 
     ``partial``: the plan holds only some of the spec's runs (``--only``); the
-    batch keeps its other runs as they are instead of dropping them.
+    batch keeps its other runs as they are instead of dropping them. A batch whose
+    creation was cut short is completed here (its missing runs are laid out).
     """
-    batch = latest_batch_for(p.spec.name, runs_root)
+    from dstui.execute import creation
+
+    root = runs_root or paths.runs_dir()
+    if batch_ref:
+        batch = creation.find_batch(batch_ref, root)
+        if batch is None:
+            raise DstuiError(f"no batch {batch_ref!r} under {root}; `dstui status` lists them")
+        exp = batch.info().get("experiment")
+        if exp != p.spec.name:
+            raise DstuiError(f"batch {batch.id} holds experiment {exp!r}, not {p.spec.name!r} of {p.spec_path}")
+    else:
+        batch = latest_batch_for(p.spec.name, root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
-    from dstui.execute.control import is_supervised
+    from dstui.execute.control import BatchLock
 
-    if is_supervised(batch):
-        raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`")
+    lock = BatchLock(batch)
+    try:
+        lock.acquire()  # no supervisor may start on it (or finish it) while its runs are re-laid
+    except LockHeld:
+        raise DstuiError(f"batch {batch.id} is still being supervised; watch it with `dstui status`") from None
+    try:
+        return batch, _resume_locked(batch, p, parallel, partial)
+    finally:
+        lock.release()
+
+
+def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> dict[str, int]:
+    from dstui.execute import creation
+
     counts = {"kept": 0, "requeued": 0, "new": 0}
     info = batch.info()
+    run_names = [r.name for r in p.runs]
+    if partial:  # the batch's order stays; runs new to it go last
+        old = list(info.get("runs", []))
+        run_names = old + [n for n in run_names if n not in old]
+    # a resume cut short is settled like a creation: every run it was to lay out is named first
+    batch.update_info(runs=run_names, **{creation.COMPLETE: False})
     for run in p.runs:
         rd = RunDir(names.child_path(batch.path, run.name))
         st = rd.status()
@@ -217,21 +242,19 @@ def resume(
             if executor_for(st).alive(st):
                 counts["kept"] += 1
             else:
-                reset_run(rd)
+                reset_run(rd, gone="its job was gone when the batch was resumed (supervisor and job died)")
                 counts["requeued"] += 1
         elif st.get("key") != run.key or not rd.path.exists():
             if rd.path.exists():
                 _remove_run_folder(batch, rd)
             counts["new"] += 1
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    run_names = [r.name for r in p.runs]
-    if partial:  # the batch's order stays; runs new to it go last
-        old = list(info.get("runs", []))
-        run_names = old + [n for n in run_names if n not in old]
     info.update(runs=run_names, parallel=parallel, finalized=False, resumed=time.time(), executor=p.spec.executor,
-                slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None)  # fmt: skip
+                slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
+                **{creation.COMPLETE: False, creation.PROBLEM: None})  # fmt: skip
     write_json_atomic(batch.batch_file, info)
-    return batch, counts
+    creation.settle(batch, locked=True)  # runs --only left out and never laid out: failed, with the reason
+    return counts
 
 
 def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
@@ -245,6 +268,9 @@ def retry(rd: RunDir, *, kick_supervisor: bool = True) -> None:
     """Queue a finished run again; ``kick_supervisor=False`` when the caller kicks once for many runs."""
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
+    if not rd.spec_file.exists():  # settled after a cut-short creation (dstui.execute.creation)
+        spec = rd.batch.info().get("spec_path") or "SPEC"
+        raise DstuiError(f"run {rd.name} was never created; `dstui run {spec} --resume {rd.batch.id}` creates it")
     from dstui.execute.control import kick
 
     batch = rd.batch

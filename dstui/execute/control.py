@@ -94,7 +94,14 @@ def kick(batch: BatchDir, *, settle_s: float = 3.0) -> None:
 
 
 def ensure_supervised(batch: BatchDir) -> bool:
-    """Take over an unfinished batch whose supervisor died. True if one was started."""
+    """Take over an unfinished batch whose supervisor died. True if one was started.
+
+    A batch whose creation was cut short is settled first, so whoever looks at it
+    next (the TUI's list) sees every run.
+    """
+    from dstui.execute import creation
+
+    creation.settle(batch)
     if batch.is_finished() and batch.info().get("finalized"):
         return False
     if is_supervised(batch):

@@ -39,15 +39,20 @@ class RunFollower:
         self.slurm = slurm_ex  # Slurm jobs are followed batch-wide: one squeue a pass
         self.system_interval_s = system_interval_s
         self.tracked: dict[str, Tracked] = {}
+        self.attempts: dict[str, int] = {}  # the attempt each Tracked belongs to
         self.guards = BatchGuard(batch)
         self.jobs_known = True
         self.phases = live_phase.LivePhases()
 
     def tracked_of(self, rd: RunDir) -> Tracked:
+        """The run's ingestion state, for its current attempt: a run queued again (retry, resume)
+        while this supervisor lives starts afresh, not at the old attempt's offsets, finalized."""
         t = self.tracked.get(rd.name)
-        if t is None:
+        attempt = rd.status().get("attempt", 1)
+        if t is None or self.attempts.get(rd.name) != attempt:
             t = Tracked.load(rd, ingest.metrics_format(rd))
             self.tracked[rd.name] = t
+            self.attempts[rd.name] = attempt
         return t
 
     def live(self, st: dict) -> bool:

@@ -20,6 +20,8 @@ from dstui.execute.ingest import Tracked
 
 log = logging.getLogger("dstui.execute.supervisor")
 
+DISK_FULL = "disk full (No space left on device)"  # the same words as failures' own for a log that says it
+
 
 def check(t: Tracked, st: dict, executor: Executor) -> None:
     """One look at a live run: cancel, hang, or end."""
@@ -34,7 +36,19 @@ def check(t: Tracked, st: dict, executor: Executor) -> None:
     if executor.alive(st):
         executor.kill(st, grace_s=2.0)
     executor.reap(t.proc)
-    settle(rd, read_json(rd.exit_file) or {})
+    settle(rd, read_json(rd.exit_file) or wrapper_exit(t.proc))
+
+
+def wrapper_exit(handle: Any) -> dict[str, Any]:
+    """The wrapper's own exit status, when it could not write exit.json and we are its parent.
+
+    The wrapper exits with the job's code (128 + N for a signal); without it the
+    reason would be "exit status unknown".
+    """
+    code = getattr(handle, "returncode", None)
+    if code is None:
+        return {}
+    return {"exit_code": code, "signal": -code if code < 0 else None, "from_wrapper": True}
 
 
 def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, str] | None:
@@ -119,6 +133,8 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
         else:
             step = summary.get("first_diverging_step")
             fields.update(state="failed", reason=f"verify FAIL (first diverging step {step})")
+    elif exit_info.get("disk_full"):  # the wrapper saw the run folder's disk full when the job ended
+        fields.update(state="failed", reason=DISK_FULL)
     else:
         fields.update(state="failed", reason=failures.classify(log_tail(), code, sig))
     return fields

@@ -4,11 +4,18 @@ A supervisor that died between creating a run and saving its id must not make
 a twin: the parent is found by its batch tag, a child by its run folder and
 attempt (``dstui.run_dir``). A child carries the run's identity as tags and its
 settings and DeepSpeed config as params (docs/ARCHITECTURE.md, "MLflow layout").
+
+Every attempt's MLflow run ends with the attempt: a run queued again (retry,
+resume, a Slurm requeue) lists its earlier attempts in ``status.json``
+(:data:`EARLIER_ATTEMPTS`, written by :func:`dstui.execute.batch.reset_run`,
+which needs no MLflow); the supervisor ends any of them MLflow still has
+RUNNING (:meth:`MlflowRuns.close_earlier`) before the batch may be finalized.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,28 @@ from dstui.execute import mlflow_params
 from dstui.execute.store import StoreConnection
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
+
+log = logging.getLogger("dstui.execute.supervisor")
+
+MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
+EARLIER_ATTEMPTS = "mlflow_to_end"  # status.json: earlier attempts whose MLflow run may still be RUNNING
+OPEN_STATES = ("RUNNING", "SCHEDULED")
+
+
+REFUSALS = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE")
+
+
+def refused(e: Exception) -> bool:
+    """The store answered and said no (the run was deleted in MLflow's UI, say): trying again never helps.
+
+    Anything else (unreachable, locked) is the store being down, and is tried again later.
+    """
+    return getattr(e, "error_code", None) in REFUSALS
+
+
+def attempt_ref(rd: RunDir, attempt: int | None) -> str:
+    """The ``dstui.run_dir`` tag of one attempt's child run: the folder and the attempt number."""
+    return f"{rd.path}#{attempt or 1}"
 
 
 class MlflowRuns(StoreConnection):
@@ -63,7 +92,7 @@ class MlflowRuns(StoreConnection):
         try:
             # the folder plus the attempt identifies this child, so a supervisor that died
             # between creating it and saving its id finds it again instead of making a twin
-            ref = f"{rd.path}#{st.get('attempt', 1)}"
+            ref = attempt_ref(rd, st.get("attempt"))
             found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: ref})
             rid = found.info.run_id if found else self._create_child(c, rd, st, ref, parent)
             rd.update_status(mlflow_run_id=rid)
@@ -104,6 +133,51 @@ class MlflowRuns(StoreConnection):
             params["revision"] = spec["revision"]
         tracking.log_params(c, rid, params)
         return rid
+
+    def close_earlier(self, rd: RunDir) -> bool:
+        """End the MLflow runs of this run's earlier attempts that are still RUNNING; True when none is left.
+
+        An attempt's child is found by its ``dstui.run_dir`` tag; one MLflow never
+        saw (the store was down, or was replaced) has nothing to end.
+        """
+        pending = list(rd.status().get(EARLIER_ATTEMPTS) or [])
+        if not pending:
+            return True
+        c = self.client()
+        if c is None:
+            return False
+        ended = []
+        for entry in pending:
+            try:
+                found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: entry.get("ref")})
+                if found is not None and found.info.status in OPEN_STATES:
+                    state = entry.get("state") or "failed"
+                    tracking.set_tags(c, found.info.run_id, {tag_keys.STATUS: state, tag_keys.REASON: entry.get("reason") or ""})
+                    tracking.finish(c, found.info.run_id, MLFLOW_STATUS.get(state, "FAILED"), end_time=entry.get("ended"))
+            except Exception as e:
+                if not refused(e):
+                    self.down(e)
+                    break
+                log.warning("%s: MLflow refused to end an earlier attempt's run (%s); leaving it", rd.name, e)
+            ended.append(entry)
+        if not ended:
+            return False
+        # read again: a retry may have added an attempt meanwhile, and it must not be lost
+        left = [e for e in rd.status().get(EARLIER_ATTEMPTS) or [] if e not in ended]
+        rd.update_status(**{EARLIER_ATTEMPTS: left})
+        return not left
+
+    def reopen_parent(self) -> None:
+        """A finalized batch that runs again (retry, resume): its parent run is RUNNING again until it ends."""
+        c = self.client()
+        pid = self.parent_run_id()
+        if c is None or pid is None:
+            return
+        try:
+            if c.get_run(pid).info.status not in OPEN_STATES:
+                c.update_run(pid, status="RUNNING")
+        except Exception as e:
+            self.down(e)
 
     def tag(self, rd: RunDir, values: dict[str, Any]) -> None:
         """Tags on a run's MLflow child now (live state); a store that is down only loses this copy."""

@@ -11,17 +11,18 @@ store ignores. The parent and child runs themselves are
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.execute import guard_watch, mlflow_params
 from dstui.execute.ingest import Tracked
-from dstui.execute.mlflow_runs import MlflowRuns, job_tags
+from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, job_tags, refused  # noqa: F401 - re-exported
 from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
+log = logging.getLogger("dstui.execute.supervisor")
 
 
 class MlflowSink(MlflowRuns):
@@ -105,12 +106,22 @@ class MlflowSink(MlflowRuns):
             return False
         return True
 
-    def finish_batch(self, states: list[str]) -> None:
+    def finish_batch(self, states: list[str]) -> bool:
+        """The parent run's counts, batch.json and end state. False: the store is down, try again later
+        (a batch is not finalized while its parent run is RUNNING)."""
         c = self.client()
         pid = self.parent_run_id()
         if c is None or not pid:
-            return
-        with contextlib.suppress(Exception):
+            return False
+        try:
             tracking.set_tags(c, pid, {tag_keys.runs_in(s): states.count(s) for s in FINAL_STATES})
-            tracking.log_file_artifact(c, pid, self.batch.batch_file)
+            with contextlib.suppress(Exception):  # the record of the batch; its end state matters more
+                tracking.log_file_artifact(c, pid, self.batch.batch_file)
             tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
+        except Exception as e:
+            if refused(e):  # deleted in MLflow's UI, say: nothing left to end, and no reason to wait forever
+                log.warning("MLflow refused to end the batch's parent run (%s)", e)
+                return True
+            self.down(e)
+            return False
+        return True

@@ -31,7 +31,7 @@ from pathlib import Path
 from dstui.core import secrets
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import gpu_ledger, gpu_share, launch, live_phase, prebuild, slurm, sysmetrics
+from dstui.execute import creation, gpu_ledger, gpu_share, launch, live_phase, prebuild, slurm, sysmetrics
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
@@ -42,6 +42,7 @@ from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
 )
 from dstui.execute.executor import KILL_GRACE_S, executor_for, group_alive, kill_group  # noqa: F401
 from dstui.execute.follow import LIVE_STATES, RunFollower  # noqa: F401
+from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
 from dstui.execute.sink import MlflowSink
 
 log = logging.getLogger("dstui.execute.supervisor")
@@ -77,18 +78,23 @@ class Supervisor:
         self.lock.acquire()
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
+            note = creation.settle(self.batch, locked=True)  # a `dstui run` killed while laying it out
+            if note:
+                log.warning("batch %s was cut short while being created: %s", self.batch.id, note)
             self.sink.parent_run_id()
+            if self.batch.info().get("ended"):  # finalized once; a retry or resume runs it again
+                self.sink.reopen_parent()
             if self.slurm is None:  # JIT ops built once, before any run's clock starts
                 prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
             while True:
                 try:
                     self.step()
-                    if self.done():
-                        self.finalize_batch()
+                    if self.done() and self.finalize_batch():
                         # a retry may have queued a run while we were finishing: look again
                         if not any(r.state == "queued" for r in self.batch.runs()):
                             return 0
                         self.batch.update_info(finalized=False)
+                        self.sink.reopen_parent()
                     if self._problem:
                         self._problem = None
                         self.batch.update_info(supervisor_problem=None)
@@ -112,8 +118,13 @@ class Supervisor:
             self.batch.update_info(supervisor_problem=what)
 
     def done(self) -> bool:
+        """Every run ended, and MLflow has each attempt's end (earlier attempts' runs included)."""
         runs = self.batch.runs()
-        return all(r.state in FINAL_STATES for r in runs) and all(self.follower.tracked_of(r).finalized for r in runs)
+        return (
+            all(r.state in FINAL_STATES for r in runs)
+            and all(self.follower.tracked_of(r).finalized for r in runs)
+            and not any(r.status().get(EARLIER_ATTEMPTS) for r in runs)
+        )
 
     def step(self) -> None:
         """One pass: follow every run that runs or still has to be finalized, then start queued ones."""
@@ -126,7 +137,10 @@ class Supervisor:
         for rd in runs:
             if not rd.path.exists():
                 continue
-            if f.live(rd.status()) or rd.state in FINAL_STATES and not f.tracked_of(rd).finalized:
+            st = rd.status()
+            if st.get(EARLIER_ATTEMPTS):  # queued again: end what MLflow still shows RUNNING of before
+                self.sink.close_earlier(rd)
+            if f.live(st) or rd.state in FINAL_STATES and not f.tracked_of(rd).finalized:
                 f.follow(rd)
         self._start_queued(runs)
 
@@ -181,7 +195,11 @@ class Supervisor:
         if self.slurm is not None:
             self._submit(rd)
             return
-        run = launch.load_runspec(rd)
+        try:
+            run = launch.load_runspec(rd)
+        except (OSError, ValueError) as e:  # a folder without its spec: never a reason to stop supervising
+            rd.update_status(state="failed", reason=f"could not start: {type(e).__name__}: {e}"[:300], ended=time.time())
+            return
         rev = rd.spec().get("revision_info") or {}
         executor = executor_for(rd.status())
         # the MLflow child's start time: the same moment in any store it is created in later
@@ -218,11 +236,14 @@ class Supervisor:
 
     # ---- finishing ----
 
-    def finalize_batch(self) -> None:
+    def finalize_batch(self) -> bool:
+        """End the parent run, then mark the batch finalized; False (try again) while MLflow is down."""
         states = [r.state for r in self.batch.runs()]
-        self.sink.finish_batch(states)
+        if not self.sink.finish_batch(states):
+            return False
         self.batch.update_info(finalized=True, ended=time.time())
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
+        return True
 
 
 def main(batch_path: str) -> int:

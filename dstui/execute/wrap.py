@@ -3,11 +3,20 @@
 The supervisor may die or be restarted while a run goes on; the exit status of
 a process is only known to its parent, so this tiny wrapper (stdlib only, fast
 to start) is that parent and writes ``exit.json`` into the run folder.
+
+A full disk must not lose that record: before the job starts, the wrapper
+reserves the record's room (:func:`reserve`, a hidden file of
+:data:`RESERVED_BYTES` written out in full), and at the end overwrites it in
+place and renames it to ``exit.json`` (:func:`record`), which needs no new
+space. It also notes whether the run folder's disk was full when the job ended,
+so the reason says "disk full" even when the job's own last words could not be
+written to its log.
 Usage: python -m dstui.execute.wrap RUN_DIR -- ARGV...
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -20,6 +29,8 @@ from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
 from dstui.execute import bytecode
 
 USAGE = "usage: python -m dstui.execute.wrap RUN_DIR -- ARGV..."
+RESERVED_BYTES = 4096  # one block: an exit record is ~150 bytes
+DISK_FULL_BELOW = 1 << 20  # free bytes under which a failed job's disk counts as full
 
 
 def parse_argv(argv: list[str]) -> tuple[str, list[str]]:
@@ -40,11 +51,12 @@ def main(argv: list[str]) -> int:
     # every Python process of the job dumps its stack on SIGSEGV/SIGABRT/SIGBUS into stdout.log,
     # so a rank's death names its innermost frame (dstui.core.failures.signal_death)
     env = {**os.environ, "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER") or "1"}
+    reserved = reserve(run_dir)
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         print(f"dstui: cannot start {cmd[0]!r}: {e}", flush=True)
-        _write(run_dir, {"exit_code": 127, "signal": None, "error": str(e)})
+        record(run_dir, {"exit_code": 127, "signal": None, "error": str(e)}, reserved)
         return 127
 
     def forward(signum: int, _frame: object) -> None:
@@ -54,7 +66,10 @@ def main(argv: list[str]) -> int:
         signal.signal(s, forward)
     code = child.wait()
     sig = -code if code < 0 else None
-    _write(run_dir, {"exit_code": code, "signal": sig, "ended": time.time()})
+    ended = {"exit_code": code, "signal": sig, "ended": time.time()}
+    if code != 0 and disk_full(run_dir):
+        ended["disk_full"] = True
+    record(run_dir, ended, reserved)
     wake_supervisor(run_dir)
     return code if code >= 0 else 128 + (sig or 0)
 
@@ -99,12 +114,61 @@ def start_supervisor(batch: str, env: dict[str, str] | None) -> subprocess.Popen
         )
 
 
-def _write(run_dir: str, data: dict) -> None:
+def reserve(run_dir: str) -> str | None:
+    """A hidden file holding the exit record's room, written out now; None when even that fails.
+
+    Per wrapper (its pid in the name): under Slurm one wrapper runs per task.
+    """
+    path = os.path.join(run_dir, f".{EXIT_FILE}.{os.getpid()}.reserved")
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b" " * RESERVED_BYTES)  # space is taken at write time (tmpfs; delayed allocation reserves it)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    return path
+
+
+def disk_full(run_dir: str) -> bool:
+    """True when the run folder's file system has (almost) no room left for its user."""
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < DISK_FULL_BELOW
+
+
+def record(run_dir: str, data: dict, reserved: str | None) -> bool:
+    """Write ``exit.json``: into the reserved room when there is one (no new space needed), else anew.
+
+    JSON allows trailing blanks, so the record overwrites the reservation's start
+    and the rest is cut off; then the file is renamed. False when nothing could be
+    written (the supervisor falls back to the wrapper's own exit status).
+    """
     path = os.path.join(run_dir, EXIT_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    text = json.dumps(data).encode()
+    if reserved is not None and len(text) <= RESERVED_BYTES:
+        try:
+            with open(reserved, "r+b") as fh:
+                fh.write(text)
+                fh.truncate(len(text))
+            os.replace(reserved, path)
+            return True
+        except OSError:
+            pass
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            print(f"dstui.execute.wrap: cannot record the exit status in {path}: {e}", file=sys.stderr, flush=True)
+        return False
 
 
 if __name__ == "__main__":

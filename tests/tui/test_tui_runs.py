@@ -112,6 +112,29 @@ async def test_leave_and_come_back_takes_over(tui_env):  # noqa: F811
         assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=10)
 
 
+@pytest.mark.e2e  # starts a supervisor in a subprocess
+async def test_a_half_made_batch_is_settled_when_the_tui_finds_it(tui_env):  # noqa: F811
+    """Issue 33.2: a batch a killed `dstui run` left half laid out is completed (its missing run
+    failed, with the reason) by the TUI's takeover, and finalized; every run is listed."""
+    from dstui.execute import creation
+
+    spec = seed_spec(tui_env, name="halfmade")
+    b = batch_mod.create(batch_mod.plan(spec, validate=False))
+    # as a kill mid-layout leaves it: two more runs named in batch.json, one folder empty, one never made
+    b.update_info(created=b.info()["created"] - 120, runs=[*b.info()["runs"], "ghost-r0", "ghost-r1"], **{creation.COMPLETE: False})
+    (b.path / "ghost-r0").mkdir()
+    assert [rd.name for rd in b.runs()] == ["echo-r0", "ghost-r0"]  # (the empty one used to wedge the supervisor)
+    app = DstuiApp(watch_s=0.3)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: screen.batch is not None and screen.batch.id == b.id)
+        assert await wait_for(pilot, lambda: bool(b.info().get("finalized")), timeout=240)
+        assert await wait_for(pilot, lambda: sorted(states(screen)) == ["done", "failed", "failed"], timeout=10), why_not_done(screen)
+    assert [rd.name for rd in b.runs()] == ["echo-r0", "ghost-r0", "ghost-r1"]
+    assert {RunDir(b.path / n).status()["reason"] for n in ("ghost-r0", "ghost-r1")} == {creation.NEVER_CREATED}
+    assert creation.is_complete(b) and "--resume" in b.info()[creation.PROBLEM]
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
 @pytest.mark.xdist_group("smoke-batch")  # beside test_pipeline's reader of the same batch

@@ -176,16 +176,19 @@ def test_every_cli_name_field_is_refused_or_stays_inside(
 
 
 def test_batch_folders_are_claimed_race_free(tmp_path: Path) -> None:
+    import tempfile
     import threading
 
-    from dstui.execute.batch import _new_batch_dir
+    from dstui.core.rundir import BatchDir
+    from dstui.execute.creation import TEMP_PREFIX, claim
 
     made: list[Path] = []
     errors: list[BaseException] = []
 
     def make() -> None:
         try:
-            made.append(_new_batch_dir(tmp_path, "same").path)
+            tmp = BatchDir(Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=tmp_path)))
+            made.append(claim(tmp, tmp_path, "same", lambda bid: {"id": bid}).path)
         except BaseException as e:  # noqa: BLE001 - the test counts every failure
             errors.append(e)
 
