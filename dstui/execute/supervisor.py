@@ -31,7 +31,16 @@ from pathlib import Path
 from dstui.core import secrets
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import creation, gpu_ledger, gpu_share, launch, live_phase, prebuild, slurm, sysmetrics
+from dstui.execute import (
+    creation,
+    gpu_ledger,
+    gpu_share,
+    launch,
+    live_phase,
+    prebuild,
+    slurm,
+    sysmetrics,
+)
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     BatchLock,
     ensure_supervised,
