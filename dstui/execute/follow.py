@@ -41,6 +41,7 @@ class RunFollower:
         self.tracked: dict[str, Tracked] = {}
         self.guards = BatchGuard(batch)
         self.jobs_known = True
+        self._trouble: dict[str, str] = {}  # run name -> the error last logged for it (logged once)
 
     def tracked_of(self, rd: RunDir) -> Tracked:
         t = self.tracked.get(rd.name)
@@ -75,12 +76,29 @@ class RunFollower:
             self.sink.tag(rd, {tag_keys.STATUS: st.get("state"), tag_keys.REASON: st.get("reason") or "", **job_tags(st)})
 
     def follow(self, rd: RunDir) -> None:
+        """One pass over a run. An unexpected error is logged once and confined to this run:
+        the other runs of the batch go on starting, streaming and finalizing (a full disk,
+        an OSError, is the supervisor's to wait out and still goes up)."""
+        try:
+            self._follow(rd)
+        except OSError:
+            raise
+        except Exception as e:
+            what = f"{type(e).__name__}: {e}"[:300]
+            if self._trouble.get(rd.name) != what:
+                self._trouble[rd.name] = what
+                log.exception("%s: could not follow this run this pass (%s); the other runs go on", rd.name, what)
+
+    def _follow(self, rd: RunDir) -> None:
         t = self.tracked_of(rd)
         st = rd.status()
         live = self.live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
+        bad_before = t.metrics.bad_lines
         t.pending.extend(self._read(t))
+        if t.metrics.bad_lines != bad_before:
+            self._bad_lines(t, bad_before)
         self._guard(rd)
         if live and self.slurm is not None:
             self._check_job(rd, st)
@@ -89,6 +107,12 @@ class RunFollower:
         self.sink.flush(t)
         if rd.state in FINAL_STATES and not t.finalized:
             self._finalize_run(t)
+
+    def _bad_lines(self, t: Tracked, before: int) -> None:
+        """New bad lines: one log line when the first appears, the count live on the MLflow run."""
+        if before == 0:
+            log.warning("%s: bad metric line(s) left out (first: %s)", t.rd.name, t.metrics.first_bad)
+        self.sink.tag(t.rd, {tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines, tag_keys.FIRST_BAD_LINE: t.metrics.first_bad})
 
     def _guard(self, rd: RunDir) -> None:
         """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
