@@ -274,6 +274,15 @@ def _jsonable(o: Any) -> Any:
     return str(o)
 
 
+def bad_lines_note(st: dict[str, Any]) -> str | None:
+    """``N bad lines (first: ...)`` of a run's status.json, for `dstui status` and the TUI; None when none."""
+    n = st.get("bad_lines")
+    if not isinstance(n, int) or n <= 0:
+        return None
+    first = st.get("first_bad_line") or ""
+    return f"{n} bad line{'s' if n != 1 else ''}" + (f" (first: {first})" if first else "")
+
+
 #: the longest line a follower hands out; a longer one is skipped and counted
 MAX_LINE_BYTES = 8 << 20
 

@@ -104,7 +104,7 @@ class RunFollower:
             self._check_job(rd, st)
         elif live:
             liveness.check(t, st, executor_for(st))
-        self.sink.flush(t)
+        self._flush(t)
         if rd.state in FINAL_STATES and not t.finalized:
             self._finalize_run(t)
 
@@ -113,6 +113,13 @@ class RunFollower:
         if before == 0:
             log.warning("%s: bad metric line(s) left out (first: %s)", t.rd.name, t.metrics.first_bad)
         self.sink.tag(t.rd, {tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines, tag_keys.FIRST_BAD_LINE: t.metrics.first_bad})
+
+    def _flush(self, t: Tracked, *, force: bool = False) -> None:
+        """Send the run's pending points; points that went through end an episode of store trouble."""
+        had = bool(t.pending)
+        self.sink.flush(t, force=force)
+        if had and not t.pending:
+            self.sink.up()
 
     def _guard(self, rd: RunDir) -> None:
         """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
@@ -173,7 +180,7 @@ class RunFollower:
         while True:
             before = (t.metrics.offset, t.system.offset)
             t.pending.extend(self._read(t, final=True))
-            self.sink.flush(t, force=True)
+            self._flush(t, force=True)
             if t.pending:
                 return  # MLflow is down: try again on the next pass
             if (t.metrics.offset, t.system.offset) == before:

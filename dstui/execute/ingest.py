@@ -13,6 +13,7 @@ so it cannot hold back the points around it. The count and the first one go to
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -189,7 +190,7 @@ def slowest_gap(st: dict, step_times: list[float]) -> float | None:
     """
     prev = st.get("last_step_time")
     times = ([prev] if isinstance(prev, (int, float)) else []) + step_times
-    gaps = [b - a for a, b in zip(times, times[1:]) if b >= a]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b >= a]
     old = st.get("slowest_step_s")
     if not gaps:
         return None
