@@ -303,6 +303,7 @@ class Follower:
     first_bad: str = ""
     skipping: bool = False
     _partial: bytes = field(default=b"", repr=False)
+    max_line: int = field(default=MAX_LINE_BYTES, repr=False)  # the read size: the longest line handed out
 
     def bad(self, problem: str) -> None:
         """Count one bad line; the first one's description (see :func:`example`) is kept."""
@@ -310,14 +311,16 @@ class Follower:
         if not self.first_bad:
             self.first_bad = problem
 
-    def read_lines(self, max_bytes: int = MAX_LINE_BYTES, *, final: bool = False) -> list[tuple[str, int]]:
+    def read_lines(self, max_bytes: int | None = None, *, final: bool = False) -> list[tuple[str, int]]:
         """Complete new lines with the offset just after each one.
 
         A line is complete at its newline, except with ``final`` (its writer has
         exited): then the text after the last newline is a line too. A record the
         writer finished but whose newline never came (the disk filled up between
         the two) is still a record; a cut-off one fails to parse like any bad line.
+        ``max_bytes`` (default ``max_line``) is the read size and so the longest line.
         """
+        max_bytes = max_bytes or self.max_line
         try:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size

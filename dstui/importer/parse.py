@@ -260,6 +260,8 @@ def parse_log(
 
     def step(rec: dict[str, Any], line: str) -> None:
         rec = _clean_step(parsed, rec, line)
+        if len(rec) <= 3 and not set(rec) - {"type", "step", "epoch"}:
+            return  # nothing of it can be stored (a NaN loss alone): counted, not a step
         segments[-1].add(rec, keep_steps)
         if on_step is not None:
             on_step(len(segments) - 1, rec)
@@ -366,6 +368,8 @@ def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progres
                 parsed.config.update(rec["config"])
         elif rec["type"] == "step":
             rec = _clean_step(parsed, rec, line)
+            if not set(rec) - {"type", "step", "epoch"}:
+                continue  # nothing of it can be stored: counted, not a step
             seg.add(rec, keep_steps)
             if on_step is not None:
                 on_step(0, rec)
