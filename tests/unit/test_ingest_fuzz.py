@@ -87,12 +87,12 @@ def _hostile(fmt: str, kind: str, step: int, filler: str) -> bytes:
     else:
         text = {
             "letters": json.dumps({"type": "step", "step": step, "loss": "abc" + filler[:5]}),
-            "huge_step": '{"type": "step", "step": %d, "loss": 1.5}' % 10**30,
-            "negative_huge_step": '{"type": "step", "step": %d, "loss": 1.5}' % -(2**63 + 1),
-            "nan": '{"type": "step", "step": %d, "loss": NaN}' % step,
-            "too_large": '{"type": "step", "step": %d, "loss": %d}' % (step, 10**400),
+            "huge_step": f'{{"type": "step", "step": {10**30}, "loss": 1.5}}',
+            "negative_huge_step": f'{{"type": "step", "step": {-(2**63 + 1)}, "loss": 1.5}}',
+            "nan": f'{{"type": "step", "step": {step}, "loss": NaN}}',
+            "too_large": f'{{"type": "step", "step": {step}, "loss": {10**400}}}',
             "bad_name": json.dumps({"type": "step", "step": step, "../" + filler[:8]: 1.0}),
-            "nested": '{"type": "step", "step": %d, "loss": %s1%s}' % (step, "[" * 1500, "]" * 1500),
+            "nested": f'{{"type": "step", "step": {step}, "loss": {"[" * 1500}1{"]" * 1500}}}',
             "oversize": json.dumps({"type": "step", "step": step, "loss": 1.0, "pad": (filler or "x") * (3 * SMALL_LINE)}),
         }[kind]
     return (text.replace("\n", " ") + "\n").encode("utf-8", "replace")
