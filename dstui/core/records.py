@@ -44,8 +44,8 @@ SEED_LINE = re.compile(
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: MLflow's rule for metric names (mlflow.utils.validation, non-Windows) and its key length limit
-_METRIC_NAME = re.compile(r"^[/\w.\- :]{1,250}$")
+#: MLflow's rule for metric names (mlflow.utils.validation, non-Windows), within its 250-character key limit
+_METRIC_NAME = re.compile(r"^[/\w.\- :]{1,200}$")  # 200: room for the "summary." prefix
 #: how much of a bad line status.json and the MLflow tag show
 EXAMPLE_CHARS = 120
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")

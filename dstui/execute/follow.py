@@ -185,7 +185,10 @@ class RunFollower:
                 return  # MLflow is down: try again on the next pass
             if (t.metrics.offset, t.system.offset) == before:
                 break
-        phases.record(t.rd)  # the run's time breakdown into status.json, for the sink and `dstui status`
+        try:  # the run's time breakdown into status.json, for the sink and `dstui status`
+            phases.record(t.rd)
+        except (TypeError, ValueError, KeyError) as e:  # odd phases/summary records: no breakdown, the run still ends
+            log.warning("%s: no time breakdown (%s: %s)", t.rd.name, type(e).__name__, str(e)[:200])
         if not self.sink.finish_run(t):
             return
         t.finalized = True
