@@ -53,18 +53,35 @@ def main() -> int:
     log = root / "logs" / "train.log"
     steps = write_log(log, a.mb)
     size = log.stat().st_size
+    print(f"log: {size / 1e6:.1f} MB, {steps:,} steps", flush=True)
     env = {**os.environ, "DSTUI_HOME": str(root), "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlruns/mlflow.db"}
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "dstui", "import", str(root / "logs"), "-e", "bench"],
-                          env=env, capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "dstui", "import", str(root / "logs"), "-e", "bench"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stderr is not None and proc.stdout is not None
+    progress, other = [], []
+    for line in proc.stderr:  # as it comes, with the time since start and the child's resident memory now
+        (progress if line.startswith("import: ") else other).append(line.rstrip())
+        print(f"  +{time.time() - t0:6.0f} s  rss {_rss_mib(proc.pid):5.0f} MiB  {line.rstrip()}", flush=True)
+    out = proc.stdout.read()
+    code = proc.wait()
     wall = time.time() - t0
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    progress = [line for line in proc.stderr.splitlines() if line.startswith("import: ")]
-    print(f"log: {size / 1e6:.1f} MB, {steps:,} steps")
-    print(f"dstui import: exit {proc.returncode}, {wall:.1f} s, peak RSS {peak_mib:.0f} MiB")
+    print(f"dstui import: exit {code}, {wall:.1f} s, peak RSS {peak_mib:.0f} MiB")
     print(f"progress lines on stderr: {len(progress)}; last: {progress[-1] if progress else '-'}")
-    print(proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else proc.stderr[-2000:])
-    return proc.returncode
+    print(out.strip().splitlines()[0] if out.strip() else "\n".join(other[-20:]))
+    return code
+
+
+def _rss_mib(pid: int) -> float:
+    """The child's resident memory now (from /proc), 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 if __name__ == "__main__":
