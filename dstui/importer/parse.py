@@ -44,7 +44,7 @@ _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: how many of a segment's smallest distinct steps are kept (the warm-up cut needs the first few)
 MAX_SMALLEST = 1000
 
-#: ``(bytes read, lines read)`` of the file being read, called every few thousand lines
+#: ``(bytes read, lines read)`` of the file being read, called every 2000 lines
 Progress = Callable[[int, int], None]
 StepSink = Callable[[int, dict[str, Any]], None]
 
@@ -227,7 +227,7 @@ def read_lines(path: Path, parsed: ParsedLog, progress: Progress | None = None) 
                 break
             done += len(raw)
             parsed.lines += 1
-            if progress is not None and parsed.lines % 20000 == 0:
+            if progress is not None and parsed.lines % 2000 == 0:  # the callback decides how often it speaks
                 progress(done, parsed.lines)
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 _malformed(parsed, f"line longer than {MAX_LINE_BYTES} bytes skipped: " + raw[:80].decode("utf-8", "replace"))
