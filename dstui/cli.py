@@ -75,6 +75,30 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a reader that goes away (``dstui status | head -3``) ends it quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+    except BrokenPipeError:
+        quiet_closed_pipe()
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended
+
+
+def quiet_closed_pipe() -> None:
+    """Point stdout at /dev/null so Python's flush at exit does not complain a second time
+    (the way the Python docs give for SIGPIPE)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None = None) -> int:
     if argv is None:  # the real command line, not a call from Python
         bytecode.reexec_with_cache()
     secrets.private_umask()  # run folders, cmd.txt, the MLflow store: 0700/0600 (core.secrets)

@@ -57,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from dstui.importer.seedlogs import import_dir
 
     names.check(args.experiment, field="--experiment")  # an MLflow name: the rule of every name
-    result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force)
+    import sys
+
+    def say(line: str) -> None:  # progress of a large log, beside (not in) the result on stdout
+        print(line, file=sys.stderr, flush=True)
+
+    result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force, progress=say)
     print(result.summary_text())
     return 0 if result.runs else 1

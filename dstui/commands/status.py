@@ -19,6 +19,7 @@ from dstui.commands._common import batch_notes, runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.core import exit_codes, paths, phases
 from dstui.core.errors import DstuiError, NotFound
+from dstui.core.records import bad_lines_note
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute import creation, supervisor
 
@@ -126,6 +127,9 @@ def time_lines(runs: list[RunDir]) -> list[str]:
         times = phases.from_status(st)
         if times is not None:
             lines.append(f"  time  {rd.name}: {times.line()}")
+        bad = bad_lines_note(st)
+        if bad:
+            lines.append(f"  bad   {rd.name}: {bad}")
         caches = phases.compile_cache_line(st.get("summary"))
         if caches:
             lines.append(f"  cache {rd.name}: {caches}")

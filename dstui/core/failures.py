@@ -17,14 +17,26 @@ KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Watchdog caught collective operation timeout|NCCL.*(timeout|timed out)|ProcessGroup\w*.*[Tt]imeout|DistBackendError.*[Tt]imeout"), "NCCL / process-group timeout"),
     (re.compile(r"invalid literal for int\(\) with base 10: '\d+a'"), "DeepSpeed op build failed (TORCH_CUDA_ARCH_LIST with an 'a' suffix; use e.g. 9.0)"),
     (re.compile(r"Error building extension|ninja: build stopped|RuntimeError: Error compiling objects"), "DeepSpeed op build failed"),
-    (re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"), "NCCL error"),
     (re.compile(r"No space left on device|ENOSPC"), "disk full (No space left on device)"),
 )
 
-# A runner's own refusal, e.g. "compare_loss.py: error: ..." or "[rank 1] train.py: error: ...".
-_RUNNER_ERROR = re.compile(r"^(?:\[rank ?\d+\]:?\s*)?([\w.-]+\.py: error: .+)$")
+#: a reason is kept whole (status.json, the MLflow tag, `dstui status -v`); only a pathological line is cut
+MAX_REASON_CHARS = 2000
 
-_EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
+_RANK = r"(?:\[rank ?\d+\]:?\s*)?"
+# argparse's refusal: "PROG: error: MESSAGE", PROG whatever the program is called ("train.py",
+# "/abs/runners/train.py", "-c" for `python -c`, prog='mytrainer'); believed when PROG ends in .py
+# or a "usage: PROG" line came before it, as argparse prints one
+_ARGPARSE_ERROR = re.compile(rf"^{_RANK}(?P<prog>\S(?:.*?\S)?): error: (?P<msg>.+)$")
+_USAGE = re.compile(rf"^{_RANK}usage: (?P<rest>.+)$")
+_EXC_LINE = re.compile(rf"^{_RANK}([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
+# an exception line a program printed itself, not in a traceback: "RuntimeError: message"
+_OWN_EXC_LINE = re.compile(rf"^{_RANK}((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): .+)$")
+# device and communication errors, named with their own words (the line they are on)
+_DEVICE_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|ncclRemoteError"), "NCCL error"),
+    (re.compile(r"CUDA error: |CUDA driver error|cuDNN error: |CUBLAS_STATUS_\w+|CUDA kernel errors"), "CUDA error"),
+)
 
 
 def _last_match(pattern: re.Pattern[str], log_tail: str) -> str | None:
@@ -42,9 +54,42 @@ def last_exception(log_tail: str) -> str | None:
     return _last_match(_EXC_LINE, log_tail)
 
 
+def own_exception(log_tail: str) -> str | None:
+    """The last ``SomethingError: message`` line anywhere (a program's own report, no traceback)."""
+    return _last_match(_OWN_EXC_LINE, log_tail)
+
+
 def runner_error(log_tail: str) -> str | None:
-    """The last ``<runner>.py: error: ...`` line: the runner's own words for why it stopped."""
-    return _last_match(_RUNNER_ERROR, log_tail)
+    """The last argparse refusal ``PROG: error: ...`` of the program, whatever it is called.
+
+    A path before the program's name is left out (``/x/runners/train.py`` -> ``train.py``).
+    """
+    lines = [line.strip() for line in log_tail.splitlines()]
+    usages = [m["rest"] for m in map(_USAGE.match, lines) if m]
+    for line in reversed(lines):
+        m = _ARGPARSE_ERROR.match(line)
+        if not m:
+            continue
+        prog = m["prog"]
+        if prog.endswith(".py") or any(u == prog or u.startswith(prog + " ") for u in usages):
+            name = prog.rsplit("/", 1)[-1] if prog.endswith(".py") else prog
+            return f"{name}: error: {m['msg']}"
+    return None
+
+
+def device_error(log_tail: str) -> str | None:
+    """``NCCL error: <its line>`` / ``CUDA error: <its line>``: the last line naming one, in its own words."""
+    found = None
+    for line in log_tail.splitlines():
+        for pattern, label in _DEVICE_ERRORS:
+            if pattern.search(line):
+                text = _RANK_PREFIX_ANY.sub("", line.strip())
+                found = text if text.startswith(label) else f"{label}: {text}"
+                break
+    return found
+
+
+_RANK_PREFIX_ANY = re.compile(r"^\[rank ?\d+\]:?\s*")
 
 
 def signal_name(sig: int) -> str:
@@ -165,21 +210,29 @@ def classify(log_tail: str, exit_code: int | None, sig: int | None = None) -> st
 
 
 def _classify(log_tail: str, exit_code: int | None, sig: int | None) -> str:
+    """The most specific cause first: known causes, a death by a signal, the device's own error line,
+    the program's argparse refusal, its exception line; else the exit status."""
     for pattern, reason in KNOWN_CAUSES:
         if pattern.search(log_tail):
             return reason
     death = signal_death(log_tail, exit_code, sig)
     if death:
         return death
-    own = runner_error(log_tail)
-    if own:
-        return own[:300]
-    exc = last_exception(log_tail)
-    if exc and "Traceback" in log_tail:
-        return f"Python: {exc[:300]}"
+    for found in (device_error(log_tail), runner_error(log_tail)):
+        if found:
+            return _whole(found)
+    exc = last_exception(log_tail) if "Traceback" in log_tail else None
+    exc = exc or own_exception(log_tail)
+    if exc:
+        return _whole(f"Python: {exc}")
     if exit_code is None:
         return "exit status unknown (process vanished)"
     return f"exit code {exit_code}"
+
+
+def _whole(reason: str) -> str:
+    """The reason as the program said it; only a pathological line is cut (with a mark)."""
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
 
 
 def is_oom(reason: str | None) -> bool:

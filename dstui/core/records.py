@@ -9,6 +9,13 @@ Programs that only print the seed's human line (``Epoch 1, Step 10, Loss:
 :class:`Follower` reads a growing file from a byte offset and only hands out
 complete lines, so a half-written line is never parsed and the offset can be
 persisted for exactly-once ingestion after a crash.
+
+Run output is untrusted: whatever a program prints, parsing here never raises.
+:func:`parse_record` answers ``(record, problem)``: a line that looks like a record
+but cannot be one (``Loss: abc``, a step beyond 64 bits, broken JSON) is a
+*problem* the caller counts as a bad line; a record keeps only what MLflow can
+store (:func:`split_metrics`: finite numbers, steps and timestamps in int64, metric
+names MLflow accepts), so one bad value never blocks the points around it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,39 @@ HEADER, STEP, SUMMARY, PHASES = "header", "step", "summary", "phases"
 # Fields of a step record that are bookkeeping, not metrics.
 NON_METRIC_FIELDS = frozenset({"type", "time", "step", "epoch", "rank"})
 
+# Loss and time take any word: "Loss: abc" is a seed line gone wrong (a bad line), not ordinary output.
 SEED_LINE = re.compile(
-    r"Epoch\s+(?P<epoch>\d+),\s*Step\s+(?P<step>\d+),\s*Loss:\s*(?P<loss>[-+0-9.eEnaif]+)"
+    r"Epoch\s+(?P<epoch>\d+),\s*Step\s+(?P<step>\d+),\s*Loss:\s*(?P<loss>[^\s,]+)"
     r"(?:\s+sync:\s*(?P<sync>\w+))?"
-    r"(?:\s+time:\s*(?P<time>[-+0-9.eE]+))?"
+    r"(?:\s+time:\s*(?P<time>[^\s,]+))?"
     r"(?:\s+alloc_mem:\s*(?P<alloc>\d+))?"
     r"(?:\s+peak_mem:\s*(?P<peak>\d+))?"
 )
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: MLflow's rule for metric names (mlflow.utils.validation, non-Windows), within its 250-character key limit
+_METRIC_NAME = re.compile(r"^[/\w.\- :]{1,200}$")  # 200: room for the "summary." prefix
+#: how much of a bad line status.json and the MLflow tag show
+EXAMPLE_CHARS = 120
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class BadRecord(ValueError):
+    """A line that looks like a record but cannot be one; the message says why (for the count's example)."""
+
+
+def in_int64(v: object) -> bool:
+    """An int MLflow can store as a step or timestamp (a 64-bit SQL integer)."""
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+
+
+def example(line: str, why: str) -> str:
+    """``why: <start of the line>``, bounded, printable, without credentials: the "first: ..." of a bad-line count."""
+    from dstui.core import secrets
+
+    text = _UNPRINTABLE.sub("?", line.strip()[:EXAMPLE_CHARS])
+    more = "..." if len(line.strip()) > EXAMPLE_CHARS else ""
+    return secrets.mask_text(f"{why}: {text}{more}")
 
 
 def seed_line(epoch: int, step: int, loss: float, iter_time: float, alloc: int, peak: int) -> str:
@@ -45,48 +78,174 @@ def seed_line(epoch: int, step: int, loss: float, iter_time: float, alloc: int, 
 
 
 def parse_seed_line(line: str) -> dict[str, Any] | None:
+    """The step record of a seed line; None for any other line, and for a seed line gone wrong
+    (:func:`parse_seed_record` tells those apart). Never raises."""
+    try:
+        return parse_seed_record(line)
+    except BadRecord:
+        return None
+
+
+def parse_seed_record(line: str) -> dict[str, Any] | None:
+    """The step record of a seed line, None for ordinary output; :class:`BadRecord` for ``Loss: abc``,
+    a step beyond 64 bits, and the like."""
     m = SEED_LINE.search(line)
     if not m:
         return None
-    rec: dict[str, Any] = {
-        "type": STEP,
-        "epoch": int(m["epoch"]),
-        "step": int(m["step"]),
-        "loss": float(m["loss"]),
-    }
-    if m["time"] is not None:
-        rec["iter_time"] = float(m["time"])
-    if m["alloc"] is not None:
-        rec["mem_alloc"] = int(m["alloc"])
-    if m["peak"] is not None:
-        rec["mem_peak"] = int(m["peak"])
+    if len(m["step"]) > 19 or len(m["epoch"]) > 19:  # also keeps int() off Python's 4300-digit limit
+        raise BadRecord("step or epoch beyond 64 bits")
+    step, epoch = int(m["step"]), int(m["epoch"])
+    if not (in_int64(step) and in_int64(epoch)):
+        raise BadRecord("step or epoch beyond 64 bits")
+    try:
+        rec: dict[str, Any] = {"type": STEP, "epoch": epoch, "step": step, "loss": _float(m["loss"])}
+        if m["time"] is not None:
+            rec["iter_time"] = _float(m["time"])
+    except ValueError:
+        raise BadRecord("not a number") from None
+    for group, key in (("alloc", "mem_alloc"), ("peak", "mem_peak")):
+        if m[group] is not None:  # a float, whatever its length (int() stops at 4300 digits)
+            rec[key] = float(m[group])
     return rec
+
+
+def _float(text: str) -> float:
+    """float() of a number as programs print it (a trailing comma or period tolerated)."""
+    return float(text.rstrip(",;"))
 
 
 def parse_json_line(line: str) -> dict[str, Any] | None:
-    """A record, or None for a line that is not one (garbled, truncated, foreign)."""
-    line = line.strip()
-    if not line.startswith("{"):
+    """A record, or None for a line that is not one (garbled, truncated, foreign). Never raises."""
+    try:
+        return parse_json_record(line)
+    except BadRecord:
         return None
+
+
+def parse_json_record(line: str) -> dict[str, Any] | None:
+    """A record (numbers made float-safe: see :func:`_safe_numbers`); None for a blank line;
+    :class:`BadRecord` for anything else (garbled, truncated, foreign, a step beyond 64 bits)."""
+    line = line.strip()
+    if not line:
+        return None
+    if not line.startswith("{"):
+        raise BadRecord("not a JSON record")
     try:
         rec = json.loads(line)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):  # RecursionError: a deeply nested value
+        raise BadRecord("broken JSON") from None
     if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY, PHASES):
+        raise BadRecord("not a dstui record")
+    if rec["type"] == STEP and not in_int64(rec.get("step")):
+        raise BadRecord("step is not a 64-bit integer")
+    return _safe_numbers(rec)
+
+
+def parse_json_object(line: str) -> dict[str, Any] | None:
+    """Any JSON object on a line (system readings), None for anything else; never raises."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
         return None
-    if rec["type"] == STEP and not isinstance(rec.get("step"), int):
-        return None
+    return _safe_numbers(rec) if isinstance(rec, dict) else None
+
+
+def parse_record(line: str, fmt: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(record, problem)`` of one line of a ``jsonl`` or ``seed`` metrics source; never raises.
+
+    In the seed format ordinary log output is neither (``(None, None)``); in jsonl every
+    non-blank line that is not a record is a problem.
+    """
+    try:
+        rec = parse_seed_record(line) if fmt == "seed" else parse_json_record(line)
+    except BadRecord as e:
+        return None, example(line, str(e))
+    return rec, None
+
+
+def _safe_numbers(rec: dict[str, Any]) -> dict[str, Any]:
+    """Ints too large for a float become ±inf (so every reader can ``float()`` them; ingestion drops
+    them as non-finite); a step record's non-numeric ``loss`` is dropped (the guard reads losses)."""
+    for k, v in rec.items():
+        if isinstance(v, int) and not isinstance(v, bool) and k not in ("step", "epoch", "steps"):
+            try:
+                float(v)
+            except OverflowError:
+                rec[k] = math.inf if v > 0 else -math.inf
+    if rec.get("type") == STEP and "loss" in rec and not _is_number(rec["loss"]):
+        rec["loss_dropped"] = True
+        del rec["loss"]
     return rec
 
 
-def metric_values(rec: dict[str, Any]) -> dict[str, float]:
-    """The finite numeric metrics of a step record."""
-    out = {}
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def split_metrics(rec: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """(metrics MLflow can store, names of the numeric fields dropped: non-finite, too large, bad name).
+
+    Every numeric field except bookkeeping (step, epoch, time, rank) is a metric; strings and
+    booleans are not metrics and are not counted as dropped.
+    """
+    out: dict[str, float] = {}
+    dropped: list[str] = ["loss"] if rec.get("loss_dropped") else []
     for k, v in rec.items():
-        if k in NON_METRIC_FIELDS or isinstance(v, bool) or not isinstance(v, (int, float)):
+        if k in NON_METRIC_FIELDS or not _is_number(v):
             continue
-        if math.isfinite(v):
-            out[k] = float(v)
+        try:
+            value = float(v)
+        except OverflowError:
+            value = math.inf
+        if math.isfinite(value) and isinstance(k, str) and _metric_name_ok(k):
+            out[k] = value
+        else:
+            dropped.append(str(k)[:40])
+    return out, dropped
+
+
+def _metric_name_ok(name: str) -> bool:
+    """MLflow's rule: allowed characters, at most 250 of them, and a name that is also a clean path."""
+    if not _METRIC_NAME.match(name):
+        return False
+    import posixpath
+
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith(("..", "/"))
+
+
+def metric_values(rec: dict[str, Any]) -> dict[str, float]:
+    """The metrics of a record MLflow can store (finite numbers under valid names)."""
+    return split_metrics(rec)[0]
+
+
+def record_time_ms(rec: dict[str, Any]) -> int | None:
+    """The record's own time in ms when it is a usable one (a non-negative int64), else None."""
+    t = rec.get("time")
+    if not _is_number(t):
+        return None
+    try:
+        ms = int(float(t) * 1000)
+    except (OverflowError, ValueError):  # inf, nan
+        return None
+    return ms if 0 < ms <= INT64_MAX else None
+
+
+def clean_header(rec: dict[str, Any]) -> dict[str, Any]:
+    """A header whose versions and hardware fields are short strings under safe names (they become tags)."""
+    versions = rec.get("versions")
+    safe: dict[str, str] = {}
+    if isinstance(versions, dict):
+        for k, v in list(versions.items())[:32]:
+            if isinstance(k, str) and re.fullmatch(r"[\w.-]{1,64}", k) and v is not None:
+                safe[k] = str(v)[:250]
+    out = {**rec, "versions": safe}
+    for key in ("hostname", "device", "gpu_name", "deepspeed_git_sha"):
+        if key in out and out[key] is not None:
+            out[key] = str(out[key])[:250]
+    for key in ("gpu_count", "world_size"):
+        if key in out and not in_int64(out[key]):
+            out.pop(key)
     return out
 
 
@@ -115,46 +274,86 @@ def _jsonable(o: Any) -> Any:
     return str(o)
 
 
+def bad_lines_note(st: dict[str, Any]) -> str | None:
+    """``N bad lines (first: ...)`` of a run's status.json, for `dstui status` and the TUI; None when none."""
+    n = st.get("bad_lines")
+    if not isinstance(n, int) or n <= 0:
+        return None
+    first = st.get("first_bad_line") or ""
+    return f"{n} bad line{'s' if n != 1 else ''}" + (f" (first: {first})" if first else "")
+
+
+#: the longest line a follower hands out; a longer one is skipped and counted
+MAX_LINE_BYTES = 8 << 20
+
+
 @dataclass
 class Follower:
-    """Incremental reader of a growing line file, resumable from ``offset``."""
+    """Incremental reader of a growing line file, resumable from ``offset``.
+
+    Lines are bounded: a line longer than the read size (no newline in a full chunk)
+    is skipped to its end, counted in ``bad_lines`` and never read again, so no output
+    can make a reader re-read the same bytes forever. ``skipping`` (persisted with the
+    offset) says the offset is inside such a line.
+    """
 
     path: Path
     offset: int = 0
     bad_lines: int = 0
+    first_bad: str = ""
+    skipping: bool = False
     _partial: bytes = field(default=b"", repr=False)
+    max_line: int = field(default=MAX_LINE_BYTES, repr=False)  # the read size: the longest line handed out
 
-    def read_lines(self, max_bytes: int = 8 << 20, *, final: bool = False) -> list[tuple[str, int]]:
+    def bad(self, problem: str) -> None:
+        """Count one bad line; the first one's description (see :func:`example`) is kept."""
+        self.bad_lines += 1
+        if not self.first_bad:
+            self.first_bad = problem
+
+    def read_lines(self, max_bytes: int | None = None, *, final: bool = False) -> list[tuple[str, int]]:
         """Complete new lines with the offset just after each one.
 
         A line is complete at its newline, except with ``final`` (its writer has
         exited): then the text after the last newline is a line too. A record the
         writer finished but whose newline never came (the disk filled up between
         the two) is still a record; a cut-off one fails to parse like any bad line.
+        ``max_bytes`` (default ``max_line``) is the read size and so the longest line.
         """
+        max_bytes = max_bytes or self.max_line
         try:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size < self.offset:  # truncated or replaced: start over
-                    self.offset = 0
+                    self.offset, self.skipping = 0, False
                 fh.seek(self.offset)
                 chunk = fh.read(max_bytes)
         except FileNotFoundError:
             return []
+        base, start = self.offset, 0
+        full = len(chunk) >= max_bytes
+        if self.skipping:  # inside an oversize line: on to its newline
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                self.offset = base + len(chunk)
+                self.skipping = not (final and not full)  # the file ended inside it: done with it
+                return []
+            start, self.skipping = nl + 1, False
         out: list[tuple[str, int]] = []
-        pos = self.offset
-        start = 0
         while True:
             nl = chunk.find(b"\n", start)
             if nl < 0:
                 break
-            pos = self.offset + nl + 1
-            out.append((chunk[start:nl].decode("utf-8", "replace"), pos))
+            out.append((chunk[start:nl].decode("utf-8", "replace"), base + nl + 1))
             start = nl + 1
-        if final and start < len(chunk) and len(chunk) < max_bytes:  # the unterminated tail, at the end of the file
-            out.append((chunk[start:].decode("utf-8", "replace"), self.offset + len(chunk)))
-        if out:
-            self.offset = out[-1][1]
+        if full and start == 0:  # one line fills the whole read: skip it, never hand it out
+            self.bad(example(chunk[:EXAMPLE_CHARS].decode("utf-8", "replace"), f"line longer than {max_bytes} bytes skipped"))
+            self.offset, self.skipping = base + len(chunk), True
+            return []
+        if final and start < len(chunk) and not full:  # the unterminated tail, at the end of the file
+            out.append((chunk[start:].decode("utf-8", "replace"), base + len(chunk)))
+            start = len(chunk)
+        self.offset = base + start
         return out
 
 

@@ -43,6 +43,7 @@ class RunFollower:
         self.guards = BatchGuard(batch)
         self.jobs_known = True
         self.phases = live_phase.LivePhases()
+        self._trouble: dict[str, str] = {}  # run name -> the error last logged for it (logged once)
 
     def tracked_of(self, rd: RunDir) -> Tracked:
         """The run's ingestion state, for its current attempt: a run queued again (retry, resume)
@@ -81,22 +82,52 @@ class RunFollower:
             self.sink.tag(rd, {tag_keys.STATUS: st.get("state"), tag_keys.REASON: st.get("reason") or "", **job_tags(st)})
 
     def follow(self, rd: RunDir) -> None:
+        """One pass over a run. An unexpected error is logged once and confined to this run:
+        the other runs of the batch go on starting, streaming and finalizing (a full disk,
+        an OSError, is the supervisor's to wait out and still goes up)."""
+        try:
+            self._follow(rd)
+        except OSError:
+            raise
+        except Exception as e:
+            what = f"{type(e).__name__}: {e}"[:300]
+            if self._trouble.get(rd.name) != what:
+                self._trouble[rd.name] = what
+                log.exception("%s: could not follow this run this pass (%s); the other runs go on", rd.name, what)
+
+    def _follow(self, rd: RunDir) -> None:
         t = self.tracked_of(rd)
         st = rd.status()
         live = self.live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
+        bad_before = t.metrics.bad_lines
         t.pending.extend(self._read(t))
+        if t.metrics.bad_lines != bad_before:
+            self._bad_lines(t, bad_before)
         self._guard(rd)
         if live and self.slurm is not None:
             self._check_job(rd, st)
         elif live:
             liveness.check(t, st, executor_for(st))
-        self.sink.flush(t)
+        self._flush(t)
         if self.slurm is None:
             self.phases.update(rd)  # what it does right now, for every view
         if rd.state in FINAL_STATES and not t.finalized:
             self._finalize_run(t)
+
+    def _bad_lines(self, t: Tracked, before: int) -> None:
+        """New bad lines: one log line when the first appears, the count live on the MLflow run."""
+        if before == 0:
+            log.warning("%s: bad metric line(s) left out (first: %s)", t.rd.name, t.metrics.first_bad)
+        self.sink.tag(t.rd, {tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines, tag_keys.FIRST_BAD_LINE: t.metrics.first_bad})
+
+    def _flush(self, t: Tracked, *, force: bool = False) -> None:
+        """Send the run's pending points; points that went through end an episode of store trouble."""
+        had = bool(t.pending)
+        self.sink.flush(t, force=force)
+        if had and not t.pending:
+            self.sink.up()
 
     def _guard(self, rd: RunDir) -> None:
         """Flag a NaN/diverged loss at its step (status.json, MLflow tag); end the run if stop_on says so."""
@@ -157,12 +188,15 @@ class RunFollower:
         while True:
             before = (t.metrics.offset, t.system.offset)
             t.pending.extend(self._read(t, final=True))
-            self.sink.flush(t, force=True)
+            self._flush(t, force=True)
             if t.pending:
                 return  # MLflow is down: try again on the next pass
             if (t.metrics.offset, t.system.offset) == before:
                 break
-        phases.record(t.rd)  # the run's time breakdown into status.json, for the sink and `dstui status`
+        try:  # the run's time breakdown into status.json, for the sink and `dstui status`
+            phases.record(t.rd)
+        except (TypeError, ValueError, KeyError) as e:  # odd phases/summary records: no breakdown, the run still ends
+            log.warning("%s: no time breakdown (%s: %s)", t.rd.name, type(e).__name__, str(e)[:200])
         if not self.sink.finish_run(t):
             return
         t.finalized = True

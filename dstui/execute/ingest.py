@@ -3,10 +3,17 @@
 Per-run state (byte offsets, what was already sent) lives in ``ingest.json`` so
 that a supervisor restarted after a crash continues where its predecessor
 stopped. Offsets are saved only after the points they cover were sent.
+
+A run's output is untrusted: a line that cannot be a record, a value MLflow cannot
+store (a step beyond 64 bits, NaN, a number too large for a float, a metric name
+MLflow refuses) is counted as a bad line and left out, never raised and never sent,
+so it cannot hold back the points around it. The count and the first one go to
+``status.json`` (``bad_lines``, ``first_bad_line``) and to MLflow tags.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -18,9 +25,12 @@ from dstui.core.records import (
     STEP,
     SUMMARY,
     Follower,
-    metric_values,
-    parse_json_line,
-    parse_seed_line,
+    clean_header,
+    example,
+    parse_json_object,
+    parse_record,
+    record_time_ms,
+    split_metrics,
 )
 from dstui.core.rundir import RunDir, read_json, write_json_atomic
 from dstui.execute import sysmetrics
@@ -55,6 +65,9 @@ class Tracked:
                 "metrics_offset": self.metrics.offset,
                 "system_offset": self.system.offset,
                 "bad_lines": self.metrics.bad_lines,
+                "first_bad_line": self.metrics.first_bad,
+                "metrics_skipping": self.metrics.skipping,
+                "system_skipping": self.system.skipping,
                 "header_done": self.header_done,
                 "finalized": self.finalized,
                 "system_step": self.system_step,
@@ -64,17 +77,20 @@ class Tracked:
     def mark(self) -> tuple:
         """Where reading stands (offsets, partial lines, counters), to go back to."""
         m, y = self.metrics, self.system
-        return (m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step)
+        return (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping, self.system_step)
 
     def restore(self, mark: tuple) -> None:
         m, y = self.metrics, self.system
-        m.offset, m._partial, m.bad_lines, y.offset, y._partial, self.system_step = mark
+        (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping,
+         self.system_step) = mark  # fmt: skip
 
     def rewind(self) -> None:
         """Read the run's files again from the start (the store that held its points is gone)."""
         self.metrics.offset = self.system.offset = 0
         self.metrics._partial = self.system._partial = b""
+        self.metrics.skipping = self.system.skipping = False
         self.metrics.bad_lines = 0
+        self.metrics.first_bad = ""
         self.system_step = 0
         self.header_done = self.finalized = False
         self.pending = []
@@ -85,8 +101,9 @@ class Tracked:
         source = rd.metrics_file if fmt == "jsonl" else rd.log_file
         return cls(
             rd=rd,
-            metrics=Follower(source, st.get("metrics_offset", 0), st.get("bad_lines", 0)),
-            system=Follower(rd.system_file, st.get("system_offset", 0)),
+            metrics=Follower(source, st.get("metrics_offset", 0), st.get("bad_lines", 0), st.get("first_bad_line", ""),
+                             bool(st.get("metrics_skipping"))),  # fmt: skip
+            system=Follower(rd.system_file, st.get("system_offset", 0), skipping=bool(st.get("system_skipping"))),
             header_done=st.get("header_done", False),
             finalized=st.get("finalized", False),
             system_step=st.get("system_step", 0),
@@ -103,51 +120,77 @@ def read_points(
     """Every new point of a run since the saved offsets; updates the run's status as it goes.
 
     ``final``: the job has exited, so an unterminated last line is read too
-    (:meth:`dstui.core.records.Follower.read_lines`).
+    (:meth:`dstui.core.records.Follower.read_lines`). Never raises on what a run wrote:
+    bad lines and values are counted (module docstring).
     """
     rd = t.rd
     fmt = metrics_format(rd)
     points: list[Point] = []
     last: dict[str, Any] = {}
     steps_done = None
+    bad_before = t.metrics.bad_lines
+    step_times: list[float] = []
     for line, _ in t.metrics.read_lines(final=final):
-        if fmt == "seed":
-            rec = parse_seed_line(line)
-            if rec is None:
-                continue  # ordinary log output
-            rec["time"] = None
-        else:
-            rec = parse_json_line(line)
-            if rec is None:
-                if line.strip():
-                    t.metrics.bad_lines += 1
-                continue
-        ts = int((rec.get("time") or 0) * 1000) or stable_ts(rd, rec)
+        rec, problem = parse_record(line, fmt)
+        if problem:
+            t.metrics.bad(problem)
+            continue
+        if rec is None:
+            continue  # ordinary log output (seed format), a blank line
+        values, dropped = split_metrics(rec)
+        if dropped:
+            t.metrics.bad(example(line, f"left out {', '.join(dropped[:3])} (not a finite number MLflow can store)"))
+        own_ts = record_time_ms(rec)
         if rec["type"] == HEADER:
-            on_header(rec)
+            on_header(clean_header(rec))
         elif rec["type"] == STEP:
-            step = int(rec["step"])
-            for key, value in metric_values(rec).items():
-                points.append((key, value, ts, step))
+            step = rec["step"]
+            ts = own_ts or stable_ts(rd, step)
+            points.extend((key, value, ts, step) for key, value in values.items())
             steps_done = step
-            last = {k: rec.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
+            step_times.append(own_ts / 1000 if own_ts else time.time())
+            last = {k: values.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
         elif rec["type"] == SUMMARY:
-            for key, value in metric_values(rec).items():  # step 0: one value a run, drawn as a bar
-                points.append((f"summary.{key}", value, ts, 0))
+            ts = own_ts or stable_ts(rd, 0)
+            # step 0: one value a run, drawn by MLflow as a bar
+            points.extend((f"summary.{key}", value, ts, 0) for key, value in values.items())
             if update_status:
                 merge_summary(rd, rec)
     life = sysmetrics.job_life(rd)
     for line, _ in t.system.read_lines(final=final):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):  # MLflow's system-metric names, step = seconds since launch
-            points.extend(sysmetrics.mlflow_points(rec, **life))
+        rec = parse_json_object(line)
+        if rec is None:
+            continue  # the supervisor writes system.jsonl itself; a torn line is skipped
+        points.extend(sysmetrics.mlflow_points(rec, **life))  # MLflow's system-metric names, step = seconds since launch
         t.system_step += 1
-    if steps_done is not None and update_status:
-        rd.update_status(steps_done=steps_done, last=last, last_step_at=time.time())
+    if update_status:
+        fields: dict[str, Any] = {}
+        if steps_done is not None:
+            fields.update(steps_done=steps_done, last=last, last_step_at=time.time())
+            slowest = slowest_gap(rd.status(), step_times)
+            if slowest is not None:
+                fields["slowest_step_s"] = slowest
+            fields["last_step_time"] = step_times[-1]
+        if t.metrics.bad_lines != bad_before:
+            fields.update(bad_lines=t.metrics.bad_lines, first_bad_line=t.metrics.first_bad)
+        if fields:
+            rd.update_status(**fields)
     return points
+
+
+def slowest_gap(st: dict, step_times: list[float]) -> float | None:
+    """The longest time between two consecutive new steps so far (the automatic stall guard's yardstick).
+
+    Times are the records' own when they have one, else when the supervisor read them; the time
+    before the first step (start-up, compilation) does not count.
+    """
+    prev = st.get("last_step_time")
+    times = ([prev] if isinstance(prev, (int, float)) else []) + step_times
+    gaps = [b - a for a, b in itertools.pairwise(times) if b >= a]
+    old = st.get("slowest_step_s")
+    if not gaps:
+        return None
+    return max([*gaps, *([old] if isinstance(old, (int, float)) else [])])
 
 
 def merge_summary(rd: RunDir, rec: dict) -> None:
@@ -173,14 +216,15 @@ def sample_system(t: Tracked, st: dict, interval_s: float, now: float) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-def stable_ts(rd: RunDir, rec: dict) -> int:
+def stable_ts(rd: RunDir, step: int) -> int:
     """A deterministic timestamp for records without one (seed-format lines).
 
     It must not change when the same line is re-read after a restart, or the
-    store would keep both copies; the run's start time plus the step does that.
+    store would keep both copies; the run's start time plus the step does that
+    (kept within MLflow's non-negative 64-bit timestamps whatever the step).
     """
     started = rd.status().get("started") or 0
-    return int(started * 1000) + int(rec.get("step", 0))
+    return min(max(int(started * 1000) + step, 0), 2**63 - 1)
 
 
 def unsent_points(rd: RunDir) -> int:

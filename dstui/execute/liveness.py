@@ -22,6 +22,27 @@ log = logging.getLogger("dstui.execute.supervisor")
 
 DISK_FULL = "disk full (No space left on device)"  # the same words as failures' own for a log that says it
 
+#: the automatic stall guard (``stall_after_s`` unset): after the first step, no new step for
+#: max(STALL_FACTOR x the slowest step so far, STALL_FLOOR_S) stops the run
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 300.0
+
+
+def stall_limit(settings: dict, st: dict) -> tuple[float, str] | None:
+    """(seconds without a new step that count as stalled, how that was chosen), or None: not guarded.
+
+    ``stall_after_s`` > 0 is a fixed limit (from the start); 0 turns the guard off; unset is the
+    automatic guard, which starts at the first step (start-up and compilation are never judged)
+    and scales with the run's own pace, so a slow model is not stopped for being slow.
+    """
+    fixed = settings.get("stall_after_s")
+    if fixed is not None:
+        return (float(fixed), "") if float(fixed) > 0 else None
+    if not st.get("last_step_at"):
+        return None
+    slowest = float(st.get("slowest_step_s") or 0.0)
+    return max(STALL_FACTOR * slowest, STALL_FLOOR_S), f" ({STALL_FACTOR:.0f}x the slowest step so far, at least {STALL_FLOOR_S:.0f} s)"
+
 
 def check(t: Tracked, st: dict, executor: Executor) -> None:
     """One look at a live run: cancel, hang, or end."""
@@ -58,9 +79,9 @@ def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, st
     last_output = max((p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()), default=started)
     if now - last_output > hung_after:
         return "hung", f"no output for {hung_after:.0f} s"
-    stall_after = settings.get("stall_after_s")
-    if stall_after and now - (st.get("last_step_at") or started) > float(stall_after):
-        return "stalled", f"no new step for {float(stall_after):.0f} s"
+    stall = stall_limit(settings, st)
+    if stall and now - (st.get("last_step_at") or started) > stall[0]:
+        return "stalled", f"no new step for {stall[0]:.0f} s{stall[1]}"
     max_runtime = settings.get("max_runtime_s")
     if max_runtime and now - started > float(max_runtime):
         return "over_time", f"ran longer than max_runtime_s ({float(max_runtime):.0f} s)"
@@ -74,7 +95,7 @@ def hung(rd: RunDir, st: dict) -> bool:
         return False
     flag, message = stuck
     log.warning("%s: %s, killing it", rd.name, message)
-    rd.update_status(**{flag: True})
+    rd.update_status(**{flag: True, "stuck_message": message})
     return True
 
 
@@ -116,7 +137,8 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
         hung_after = settings.get("hung_after_s")
         fields.update(state="failed", reason=f"hung (no output for {hung_after:.0f} s); process group killed")
     elif st.get("stalled"):
-        fields.update(state="failed", reason=f"stalled (no new step for {settings.get('stall_after_s'):.0f} s); process group killed")
+        message = st.get("stuck_message") or f"no new step for {float(settings.get('stall_after_s') or 0):.0f} s"
+        fields.update(state="failed", reason=f"stalled ({message}); process group killed")
     elif st.get("over_time"):
         fields.update(state="failed", reason=f"ran past max_runtime_s ({settings.get('max_runtime_s'):.0f} s); process group killed")
     elif st.get("revision_mismatch"):

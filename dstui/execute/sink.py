@@ -86,6 +86,7 @@ class MlflowSink(MlflowRuns):
                 tag_keys.REASON: st.get("reason") or "",
                 tag_keys.EXIT_CODE: st.get("exit_code"),
                 tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines,
+                tag_keys.FIRST_BAD_LINE: t.metrics.first_bad or None,
             }
             if st.get("verdict"):
                 final[tag_keys.VERDICT] = st["verdict"]

@@ -2,7 +2,10 @@
 
 Tolerant of a store that is unreachable: every call that fails marks the store
 down for a few seconds (:meth:`StoreConnection.down`); callers get ``None`` and
-keep their points on disk for a later pass. A local SQLite store deleted under a
+keep their points on disk for a later pass. One episode of trouble (from the first
+failure to the next successful write, :meth:`StoreConnection.up`) is one line in
+supervisor.log; MLflow's own SQLAlchemy tracebacks of it are kept out
+(:func:`quiet_store_tracebacks`). A local SQLite store deleted under a
 live connection is noticed (:meth:`StoreConnection.store_vanished`) so that
 nothing is written into the unlinked file.
 """
@@ -37,6 +40,7 @@ class StoreConnection:
         self._retry_at = 0.0
         self._store_id: tuple[int, int] | None = None
         self.experiment_id: str | None = None
+        quiet_store_tracebacks()
 
     def client(self) -> Any:
         if self._client is None and time.time() >= self._retry_at:
@@ -45,22 +49,27 @@ class StoreConnection:
                 self.experiment_id = tracking.ensure_experiment(c, self.info["experiment"])
                 self._client = c
                 self._store_id = _file_id(self.tracking_uri)
-                if self.error:
-                    self.report(None)
-                self.error = None
             except Exception as e:
                 self.down(e)
         return self._client
 
     def down(self, e: Exception) -> None:
-        detail = strip_credentials(str(e))[:200]
+        """A call failed: retry in a few seconds. Said once per episode (until :meth:`up`)."""
+        detail = strip_credentials(str(e).splitlines()[0] if str(e) else "")[:200]
         msg = f"MLflow unreachable ({type(e).__name__}: {detail}); metrics stay on disk and are sent later"
-        if msg != self.error:
+        if self.error is None:
             log.warning(msg)
             self.report("MLflow unreachable; metrics stay in the run folders and are sent later")
-        self.error = msg
+            self.error = msg
         self._client = None
         self._retry_at = time.time() + RETRY_AFTER_S
+
+    def up(self) -> None:
+        """A write went through: the episode of trouble, if any, is over."""
+        if self.error is not None:
+            log.info("MLflow reachable again; held-back metrics are being sent")
+            self.error = None
+            self.report(None)
 
     def report(self, problem: str | None) -> None:
         """What `dstui status`, `dstui run` and the TUI show about the store (batch.json)."""
@@ -86,6 +95,21 @@ class StoreConnection:
             tracking_note=f"MLflow store deleted at {time.strftime('%H:%M:%S')}; points re-sent from the run folders",
         )
         return True
+
+
+class _NoStoreTracebacks(logging.Filter):
+    """Drops MLflow's own "SQLAlchemy database error" records (a traceback of ~85 lines per failed
+    call while the store is locked); :meth:`StoreConnection.down` says it in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+def quiet_store_tracebacks() -> None:
+    """Keep MLflow's SQL store error tracebacks out of this process's log (once per process)."""
+    logger = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _NoStoreTracebacks) for f in logger.filters):
+        logger.addFilter(_NoStoreTracebacks())
 
 
 def sqlite_path(uri: str | None) -> Path | None:

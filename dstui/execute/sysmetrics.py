@@ -206,9 +206,9 @@ def mlflow_points(rec: dict[str, Any], *, started: float | None, multi_node: boo
     of unsent points is the file's. The node prefix only where the run spans nodes.
     """
     t = rec.get("time")
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return []
-    node = str(rec.get("node") or "node") if multi_node else None
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or not 0 < t < 1e11:
+        return []  # a sampler's line (a node's file, merged) is not trusted to hold a sane time
+    node = str(rec.get("node") or "node")[:64] if multi_node else None
     step = max(0, int(t - started)) if started else 0
     out = []
     for field, value in rec.items():

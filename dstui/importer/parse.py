@@ -3,21 +3,50 @@
 No MLflow here: :func:`parse_log` turns one file into :class:`ParsedLog`
 segments (one per run it holds); :mod:`dstui.importer.seedlogs` writes them.
 The formats understood are listed in that module's docstring.
+
+A log is read as a stream in bounded memory: lines are capped at
+:data:`MAX_LINE_BYTES` (a longer one is skipped and counted), and a segment keeps
+only counts, a digest and the few smallest steps unless asked for its steps; the
+steps themselves go to ``on_step`` as they are read. Whatever a file holds (binary,
+a step beyond 64 bits, ``Loss: abc``), parsing never raises: a line that looks like
+a record but cannot be one is a counted malformed line.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
+import hashlib
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dstui.core.records import parse_json_line, parse_seed_line
+from dstui.core.records import (
+    BadRecord,
+    in_int64,
+    parse_json_record,
+    parse_seed_record,
+    split_metrics,
+)
 from dstui.importer.names import _ALIASES, _STEP_KEYS, _SUMMARY_METRICS, _number, _value
 
 GIB = 1024**3
+#: the longest line read from a log; a longer one is skipped (counted as malformed)
+MAX_LINE_BYTES = 1 << 20
+#: longer lines are never summary, key=value or Namespace lines (those patterns are kept off them)
+MAX_RECORD_CHARS = 64 << 10
+#: a reason taken from a log is kept whole up to this (a tag value's room)
+MAX_REASON_CHARS = 2000
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: how many of a segment's smallest distinct steps are kept (the warm-up cut needs the first few)
+MAX_SMALLEST = 1000
+
+#: ``(bytes read, lines read)`` of the file being read, called every 2000 lines
+Progress = Callable[[int, int], None]
+StepSink = Callable[[int, dict[str, Any]], None]
 
 _KV = re.compile(r"([A-Za-z_][\w./-]*)=(\"[^\"]*\"|'[^']*'|[^\s,;]+)")
 _SUMMARY_TAIL = re.compile(r"([A-Za-z_/]+(?: [a-z]+)?):\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?|None|nan|inf)(\s*GB)?")
@@ -38,11 +67,28 @@ _EXC = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Interrupt)):\s*(.*)$"
 
 @dataclass
 class Segment:
-    """One run inside a log: its steps and (when it finished) its summary line."""
+    """One run inside a log: its step count (and steps, when kept) and, when it finished, its summary line."""
 
     steps: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     summary_params: dict[str, Any] = field(default_factory=dict)
+    count: int = 0
+    smallest: list[int] = field(default_factory=list)  # the smallest distinct steps, ascending
+    digest: Any = field(default_factory=hashlib.sha1, repr=False)  # of (step, loss, iter_time) in order
+
+    def add(self, rec: dict[str, Any], keep: bool) -> None:
+        step = rec["step"]
+        self.count += 1
+        self.digest.update(repr((step, rec.get("loss"), rec.get("iter_time"))).encode())
+        if keep:
+            self.steps.append(rec)
+        small = self.smallest
+        if len(small) < MAX_SMALLEST or step < small[-1]:
+            i = bisect.bisect_left(small, step)
+            if i == len(small) or small[i] != step:
+                small.insert(i, step)
+                if len(small) > MAX_SMALLEST:
+                    small.pop()
 
 
 @dataclass
@@ -62,7 +108,14 @@ class ParsedLog:
 
     @property
     def step_count(self) -> int:
-        return sum(len(s.steps) for s in self.segments)
+        return sum(s.count for s in self.segments)
+
+    def signature(self) -> str:
+        """The steps of every segment, hashed: two files with the same steps import once."""
+        h = hashlib.sha1()
+        for seg in self.segments:
+            h.update(seg.digest.digest())
+        return h.hexdigest()
 
 
 
@@ -110,9 +163,9 @@ def parse_kv_line(line: str) -> tuple[str, dict[str, Any]] | None:
     if len(pairs) < 2:
         return None
     if "step" in pairs and "loss" in pairs:
-        step = _value(pairs["step"])
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise ValueError("step is not an integer")
+        step = _value(pairs["step"]) if len(pairs["step"]) <= 20 else None
+        if not in_int64(step):
+            raise ValueError("step is not a 64-bit integer")
         rec: dict[str, Any] = {"type": "step", "step": step}
         if "epoch" in pairs and isinstance(_value(pairs["epoch"]), int):
             rec["epoch"] = _value(pairs["epoch"])
@@ -163,65 +216,117 @@ def _failure_of(line: str, last_exc: str) -> tuple[str, str]:
     return "", last_exc
 
 
-def parse_log(path: Path) -> ParsedLog:
-    """Read a seed-format (or key=value, or metrics.jsonl) file into segments."""
+def read_lines(path: Path, parsed: ParsedLog, progress: Progress | None = None) -> Iterator[str]:
+    """The file's lines, decoded (bad bytes replaced), each at most :data:`MAX_LINE_BYTES`;
+    a longer line is skipped to its end and counted as malformed. Counts ``parsed.lines``."""
+    done = 0
+    with open(path, "rb") as fh:
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            done += len(raw)
+            parsed.lines += 1
+            if progress is not None and parsed.lines % 2000 == 0:  # the callback decides how often it speaks
+                progress(done, parsed.lines)
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                _malformed(parsed, f"line longer than {MAX_LINE_BYTES} bytes skipped: " + raw[:80].decode("utf-8", "replace"))
+                while raw and not raw.endswith(b"\n"):  # on to its end
+                    raw = fh.readline(MAX_LINE_BYTES)
+                    done += len(raw)
+                continue
+            yield raw.decode("utf-8", "replace").rstrip("\r\n")
+    if progress is not None:
+        progress(done, parsed.lines)
+
+
+def parse_log(
+    path: Path, *, on_step: StepSink | None = None, keep_steps: bool = True, progress: Progress | None = None
+) -> ParsedLog:
+    """Read a seed-format (or key=value, or metrics.jsonl) file into segments, as a stream.
+
+    ``on_step(segment index, step record)`` gets every step as it is read (the records are
+    clean: a 64-bit step, numbers MLflow can store); ``keep_steps`` also keeps them in the
+    segments (small files, tests); ``progress`` hears how far the read got. Never raises on
+    what the file holds (an unreadable file is the caller's OSError).
+    """
     if path.name.endswith(".jsonl"):
-        return _parse_jsonl(path)
+        return _parse_jsonl(path, on_step, keep_steps, progress)
     segments = [Segment()]
     config: dict[str, Any] = {}
     header: dict[str, Any] = {}
     parsed = ParsedLog(path=path, segments=segments, config=config, header=header)
     failure, last_exc = "", ""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for raw in fh:
-            parsed.lines += 1
-            line = raw.rstrip("\n")
-            try:
-                rec = parse_seed_line(line)
-            except ValueError:  # e.g. 'Loss: nana' matched the pattern but is no float
-                rec = None
-            if rec is not None:
-                segments[-1].steps.append(rec)
-                continue
-            summ = parse_summary_line(line)
-            if summ is not None:
-                segments[-1].summary_params, segments[-1].summary = summ
+
+    def step(rec: dict[str, Any], line: str) -> None:
+        rec = _clean_step(parsed, rec, line)
+        if len(rec) <= 3 and not set(rec) - {"type", "step", "epoch"}:
+            return  # nothing of it can be stored (a NaN loss alone): counted, not a step
+        segments[-1].add(rec, keep_steps)
+        if on_step is not None:
+            on_step(len(segments) - 1, rec)
+
+    for line in read_lines(path, parsed, progress):
+        try:
+            rec = parse_seed_record(line)
+        except BadRecord:  # 'Loss: abc', a step beyond 64 bits
+            _malformed(parsed, line)
+            continue
+        if rec is not None:
+            step(rec, line)
+            continue
+        if len(line) > MAX_RECORD_CHARS:  # no record is this long: only say if it looked like one
+            if _STEPISH.search(line):
+                _malformed(parsed, line)
+            continue
+        summ = parse_summary_line(line)
+        if summ is not None:
+            segments[-1].summary_params, segments[-1].summary = summ
+            segments.append(Segment())
+            continue
+        try:
+            kv = parse_kv_line(line) if "=" in line else None
+        except ValueError:
+            _malformed(parsed, line)
+            continue
+        if kv is not None:
+            kind, body = kv
+            if kind == "step":
+                step(body, line)
+            else:
+                segments[-1].summary_params, segments[-1].summary = body["params"], body["summary"]
                 segments.append(Segment())
-                continue
-            try:
-                kv = parse_kv_line(line) if "=" in line else None
-            except ValueError:
-                _malformed(parsed, line)
-                continue
-            if kv is not None:
-                kind, body = kv
-                if kind == "step":
-                    segments[-1].steps.append(body)
-                else:
-                    segments[-1].summary_params, segments[-1].summary = body["params"], body["summary"]
-                    segments.append(Segment())
-                continue
-            if "Namespace(" in line:
-                ns = parse_namespace(line)
-                if ns and not config:
-                    config.update(ns)
-                continue
-            hm = _HEADER.match(line)
-            if hm:
-                header.setdefault(hm.group(1), _value(hm.group(2)))
-                continue
-            if _STEPISH.search(line) or "iteration time:" in line:
-                _malformed(parsed, line)
-                continue
-            if "version" in line.lower() or "deepspeed info" in line.lower():
-                _versions_of(line, parsed.versions)
-            reason, last_exc = _failure_of(line, last_exc)
-            if reason and not failure:
-                failure = reason
-    if not segments[-1].steps and not segments[-1].summary:
+            continue
+        if "Namespace(" in line:
+            ns = parse_namespace(line)
+            if ns and not config:
+                config.update(ns)
+            continue
+        hm = _HEADER.match(line)
+        if hm:
+            header.setdefault(hm.group(1), _value(hm.group(2)))
+            continue
+        if _STEPISH.search(line) or "iteration time:" in line:
+            _malformed(parsed, line)
+            continue
+        if "version" in line.lower() or "deepspeed info" in line.lower():
+            _versions_of(line, parsed.versions)
+        reason, last_exc = _failure_of(line, last_exc)
+        if reason and not failure:
+            failure = reason
+    if not segments[-1].count and not segments[-1].summary:
         segments.pop()
-    parsed.failure = failure or last_exc
+    parsed.failure = (failure or last_exc)[:MAX_REASON_CHARS]
     return parsed
+
+
+def _clean_step(parsed: ParsedLog, rec: dict[str, Any], line: str) -> dict[str, Any]:
+    """Only what MLflow can store: non-finite or too-large values are left out, and the line counted."""
+    values, dropped = split_metrics(rec)
+    if dropped:
+        _malformed(parsed, line)
+    keep = {k: v for k, v in rec.items() if k in ("type", "step", "epoch") and in_int64(v)}
+    return {**keep, **values}
 
 
 def _versions_of(line: str, out: dict[str, str]) -> None:
@@ -243,34 +348,46 @@ def _versions_of(line: str, out: dict[str, str]) -> None:
 def _malformed(parsed: ParsedLog, line: str) -> None:
     parsed.malformed += 1
     if len(parsed.malformed_examples) < 3:
-        parsed.malformed_examples.append(line.strip()[:160])
+        parsed.malformed_examples.append(_UNPRINTABLE.sub("?", line.strip()[:160]))
 
 
-def _parse_jsonl(path: Path) -> ParsedLog:
+def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progress: Progress | None) -> ParsedLog:
     seg = Segment()
     parsed = ParsedLog(path=path, segments=[seg], config={})
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            parsed.lines += 1
-            rec = parse_json_line(line)
-            if rec is None:
-                if line.strip():
-                    _malformed(parsed, line)
-                continue
-            if rec["type"] == "header":
-                parsed.jsonl_header = rec
-                parsed.config.update(rec.get("config") or {})
-            elif rec["type"] == "step":
-                seg.steps.append(rec)
-            else:
-                seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
-                if rec.get("status") not in (None, "ok"):
-                    parsed.failure = str(rec.get("status"))
-    if not seg.steps and not seg.summary:
+    for line in read_lines(path, parsed, progress):
+        try:
+            rec = parse_json_record(line)
+        except BadRecord:
+            _malformed(parsed, line)
+            continue
+        if rec is None:
+            continue
+        if rec["type"] == "header":
+            parsed.jsonl_header = rec
+            if isinstance(rec.get("config"), dict):
+                parsed.config.update(rec["config"])
+        elif rec["type"] == "step":
+            rec = _clean_step(parsed, rec, line)
+            if not set(rec) - {"type", "step", "epoch"}:
+                continue  # nothing of it can be stored: counted, not a step
+            seg.add(rec, keep_steps)
+            if on_step is not None:
+                on_step(0, rec)
+        elif rec["type"] == "summary":
+            seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
+            if rec.get("status") not in (None, "ok"):
+                parsed.failure = str(rec.get("status"))[:300]
+    if not seg.count and not seg.summary:
         parsed.segments = []
     return parsed
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number that fits a float (an int too large for one is not)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 

@@ -31,15 +31,17 @@ not parse are counted and reported, never fatal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import DstuiError
+from dstui.core.records import metric_values
 from dstui.importer.names import _normalise, params_from_command, params_from_name
 from dstui.importer.parse import (
     ParsedLog,
@@ -59,6 +61,9 @@ __all__ = [
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 MAX_ARTIFACT_BYTES = 50 << 20
+MAX_TAG_CHARS = 5000  # MLflow keeps 8000 characters of a tag value
+SEND_POINTS = 1000  # points per MLflow call (tracking.MAX_BATCH)
+PROGRESS_EVERY_S = 3.0
 _RUNDIR = re.compile(r"^logs?_(?P<rev>.+)_run(?P<n>\d+)$")
 
 
@@ -102,6 +107,11 @@ class ImportResult:
 
     def summary_text(self) -> str:
         """Human summary for the CLI (and the TUI's notification)."""
+        if not self.parent_run_id:
+            out = [f"nothing imported from {self.files} file(s); no MLflow run made"]
+            out += [f"  skipped {path}: {why}" for path, why in self.skipped]
+            out += [f"{self.malformed_lines} malformed line(s) out of {self.lines} lines read"]
+            return "\n".join(out)
         out = [
             f"imported {len(self.runs)} run(s), {self.steps} steps, from {self.files} file(s) "
             f"into experiment '{self.experiment}', batch '{self.batch}' (parent run {self.parent_run_id})"
@@ -148,6 +158,30 @@ def _load_metadata(root: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+class _Progress:
+    """Says how far an import got (stderr, through ``say``) at most every :data:`PROGRESS_EVERY_S`."""
+
+    def __init__(self, say: Callable[[str], None] | None) -> None:
+        self.say = say
+        self.last = 0.0
+        self.file = ""
+        self.size = 1
+
+    def start(self, f: Path, size: int) -> None:
+        self.file, self.size, self.last = f.name, max(size, 1), time.monotonic()
+
+    def pass_of(self, what: str) -> Callable[[int, int], None]:
+        def report(done: int, lines: int) -> None:
+            now = time.monotonic()
+            if self.say is None or now - self.last < PROGRESS_EVERY_S:
+                return
+            self.last = now
+            self.say(f"import: {self.file}: {what} {done / 2**20:,.1f} of {self.size / 2**20:,.1f} MiB "
+                     f"({done / self.size:.0%}), {lines:,} lines")  # fmt: skip
+
+        return report
+
+
 def import_dir(
     path: str | Path,
     experiment: str = "imported",
@@ -155,6 +189,7 @@ def import_dir(
     tracking_uri: str | None = None,
     warmup: int = 1,
     force: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Import a folder (or one file) of logs as an MLflow batch; see the module docstring.
 
@@ -162,7 +197,13 @@ def import_dir(
     (stored as param ``warmup_steps`` in step units), since old logs do not
     say which of their steps were warm-up; the first usually includes
     compilation. ``force`` replaces an earlier import of the same folder
-    instead of refusing to duplicate it.
+    instead of refusing to duplicate it. ``progress`` hears a line every few
+    seconds (bytes and lines done).
+
+    Each file is read twice as a stream (what it holds, then its steps into MLflow),
+    so memory stays bounded whatever its size. MLflow runs are made only for what can
+    be imported: a folder with nothing importable leaves no parent run, and every run
+    this call made ends FINISHED or FAILED, also when it stops half-way.
     """
     from dstui.core import paths
     from dstui.tracking import client as tracking
@@ -178,25 +219,15 @@ def import_dir(
 
     metadata = _load_metadata(folder)
     conditions_meta = metadata.get("conditions") if isinstance(metadata.get("conditions"), dict) else {}
-    parent_tags = {
-        tag_keys.ROLE: tag_keys.ROLE_BATCH,
-        tag_keys.BATCH: batch,
-        tag_keys.IMPORTED_FROM: str(root),
-        tag_keys.SPEC: "",
-    }
-    if metadata.get("experiment_date"):
-        parent_tags[tag_keys.EXPERIMENT_DATE] = str(metadata["experiment_date"])
-    parent = client.create_run(exp_id, run_name=batch, tags=parent_tags)
-    result = ImportResult(experiment=experiment, batch=batch, parent_run_id=parent.info.run_id)
-    if (folder / "metadata.json").is_file():
-        client.log_artifact(parent.info.run_id, str(folder / "metadata.json"), artifact_path="import")
-
-    seen: dict[tuple[str, tuple[Any, ...]], str] = {}
-    any_failed = False
+    result = ImportResult(experiment=experiment, batch=batch, parent_run_id="")
+    say = _Progress(progress)
+    seen: dict[tuple[str, str], str] = {}
+    open_runs: list[str] = []  # made by this call and not ended yet: FAILED if it stops half-way
     try:
         for f in _files(root):
             result.files += 1
-            parsed = parse_log(f)
+            say.start(f, f.stat().st_size)
+            parsed = parse_log(f, keep_steps=False, progress=say.pass_of("reading"))
             result.lines += parsed.lines
             result.malformed_lines += parsed.malformed
             for ex in parsed.malformed_examples:
@@ -206,33 +237,111 @@ def import_dir(
             if not parsed.segments:
                 result.skipped.append((rel, "no step or summary lines"))
                 continue
-            sig = (str(f.parent), tuple((s["step"], s.get("loss"), s.get("iter_time")) for seg in parsed.segments for s in seg.steps))
-            if sig[1] and sig in seen:
+            sig = (str(f.parent), parsed.signature())
+            if parsed.step_count and sig in seen:
                 result.skipped.append((rel, f"same steps as {seen[sig]}"))
                 continue
             seen[sig] = rel
-            for i, seg in enumerate(parsed.segments):
-                run = _log_segment(
-                    client, exp_id, parent.info.run_id, batch, f, folder, parsed, seg, i,
-                    conditions_meta, warmup,
-                )
-                any_failed = any_failed or run.status == "failed"
-                result.runs.append(run)
+            if not result.parent_run_id:
+                result.parent_run_id = _create_parent(client, exp_id, batch, root, folder, metadata)
+                open_runs.append(result.parent_run_id)
+            runs = _import_file(client, exp_id, result.parent_run_id, batch, f, folder, parsed, conditions_meta, warmup,
+                                say, open_runs)  # fmt: skip
+            result.runs.extend(runs)
         if not result.runs and not result.skipped:
             result.skipped.append((str(root), "no log files (*.log, *.txt, *.out, metrics.jsonl)"))
     except BaseException:
-        client.set_terminated(parent.info.run_id, "FAILED")
+        for rid in open_runs:
+            with contextlib.suppress(Exception):
+                client.set_terminated(rid, "FAILED")
         raise
+    if not result.parent_run_id:
+        return result  # nothing importable: no MLflow run at all
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    client.log_batch(parent.info.run_id, metrics=[
+    client.log_batch(result.parent_run_id, metrics=[
         Metric("import.runs", float(len(result.runs)), now, 0),
         Metric("import.malformed_lines", float(result.malformed_lines), now, 0),
         Metric("import.lines", float(result.lines), now, 0),
     ])
-    client.set_terminated(parent.info.run_id, "FINISHED")
+    client.set_terminated(result.parent_run_id, "FINISHED")
     return result
+
+
+def _create_parent(client: Any, exp_id: str, batch: str, root: Path, folder: Path, metadata: dict[str, Any]) -> str:
+    """The batch's parent run, made when the first file turned out importable."""
+    parent_tags = {
+        tag_keys.ROLE: tag_keys.ROLE_BATCH,
+        tag_keys.BATCH: batch,
+        tag_keys.IMPORTED_FROM: str(root),
+        tag_keys.SPEC: "",
+    }
+    if metadata.get("experiment_date"):
+        parent_tags[tag_keys.EXPERIMENT_DATE] = str(metadata["experiment_date"])[:250]
+    parent = client.create_run(exp_id, run_name=batch, tags=parent_tags)
+    if (folder / "metadata.json").is_file():
+        client.log_artifact(parent.info.run_id, str(folder / "metadata.json"), artifact_path="import")
+    return parent.info.run_id
+
+
+def _import_file(
+    client: Any, exp_id: str, parent_id: str, batch: str, f: Path, folder: Path, parsed: ParsedLog,
+    conditions_meta: dict[str, Any], warmup: int, say: _Progress, open_runs: list[str],
+) -> list[ImportedRun]:
+    """One child run per segment of the file: made first, then the file's steps streamed into them."""
+    from dstui.tracking import client as tracking
+
+    start = int(f.stat().st_mtime * 1000)
+    made = []
+    for i, seg in enumerate(parsed.segments):
+        run = _log_segment(client, exp_id, parent_id, batch, f, folder, parsed, seg, i, conditions_meta, warmup, start)
+        open_runs.append(run.run_id)
+        made.append(run)
+    sender = _StepSender(client, [r.run_id for r in made], start)
+    again = parse_log(f, keep_steps=False, on_step=sender.add, progress=say.pass_of("sending"))
+    sender.flush()
+    now = int(time.time() * 1000)
+    for run, seg, sent in zip(made, again.segments, sender.counts, strict=False):
+        metrics = [(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
+        if sent and "summary.steps" not in {m[0] for m in metrics}:
+            metrics.append(("summary.steps", float(sent), now, 0))
+        tracking.log_metrics(client, run.run_id, metrics)
+        if f.stat().st_size <= MAX_ARTIFACT_BYTES:
+            client.log_artifact(run.run_id, str(f), artifact_path="run")
+        tracking.set_tags(client, run.run_id, {tag_keys.IMPORTED_STEPS: sent})
+        client.set_terminated(run.run_id, "FINISHED" if run.status == "done" else "FAILED", end_time=start)
+        open_runs.remove(run.run_id)
+    return made
+
+
+class _StepSender:
+    """Steps of a file's segments into their MLflow runs, a log_batch at a time (bounded memory)."""
+
+    def __init__(self, client: Any, run_ids: list[str], start_ms: int) -> None:
+        self.client, self.run_ids, self.start_ms = client, run_ids, start_ms
+        self.counts = [0] * len(run_ids)
+        self.pending: list[tuple[str, float, int, int]] = []
+        self.pending_run = 0
+
+    def add(self, index: int, rec: dict[str, Any]) -> None:
+        if index >= len(self.run_ids):
+            return
+        if index != self.pending_run:
+            self.flush()
+            self.pending_run = index
+        ts = self.start_ms + self.counts[index]  # timestamps keep the log's order
+        self.counts[index] += 1
+        self.pending.extend(_step_points(rec, ts))
+        if len(self.pending) >= SEND_POINTS:
+            self.flush()
+
+    def flush(self) -> None:
+        from dstui.tracking import client as tracking
+
+        if self.pending:
+            tracking.log_metrics(self.client, self.run_ids[self.pending_run], self.pending)
+            self.pending = []
 
 
 def _batch_id(client: Any, exp_id: str, base: str, source: str, force: bool) -> str:
@@ -294,7 +403,9 @@ def _log_segment(
     index: int,
     conditions_meta: dict[str, Any],
     warmup: int,
+    start: int,
 ) -> ImportedRun:
+    """The child run of one segment: tags and params (its steps are sent by :class:`_StepSender`)."""
     condition = _condition_name(f, conditions_meta)
     meta = conditions_meta.get(condition, {}) if isinstance(conditions_meta.get(condition), dict) else {}
     if len(parsed.segments) > 1:
@@ -320,13 +431,13 @@ def _log_segment(
         settings.setdefault("nodes", nodes)
         settings.setdefault("gpus", max(1, world // max(1, nodes)))
     settings.setdefault("grad_accum", 1)
-    steps_sorted = sorted({int(s["step"]) for s in seg.steps})
+    steps_sorted = seg.smallest
     if steps_sorted and warmup > 0 and len(steps_sorted) > warmup:
         base = 0 if steps_sorted[0] == 0 else 1
         settings["warmup_steps"] = steps_sorted[warmup - 1] + 1 - base
     else:
         settings["warmup_steps"] = 0
-    settings["steps"] = len(seg.steps)
+    settings["steps"] = seg.count
 
     exit_code = meta.get("exit_code")
     status, reason = "done", ""
@@ -367,40 +478,29 @@ def _log_segment(
         for k, v in (jh.get("versions") or {}).items():
             tags[tag_keys.version(k)] = str(v)
     run_name = condition if tags[tag_keys.REVISION] == "installed" else f"{condition}-{tags[tag_keys.REVISION]}-r{tags[tag_keys.REPEAT]}"
-    start = int(f.stat().st_mtime * 1000)
-    run = client.create_run(exp_id, run_name=run_name, tags=tags, start_time=start)
-    rid = run.info.run_id
     from dstui.tracking import client as tracking
 
-    # through the tracking module, as the supervisor writes: one spelling of values, its chunking, truncation
-    tracking.log_params(client, rid, settings)
-    metrics = list(_step_metrics(seg.steps, start))
-    now = int(time.time() * 1000)
-    metrics += [(f"summary.{k}", float(v), now, 0) for k, v in seg.summary.items() if _is_num(v)]
-    if seg.steps and "summary.steps" not in {m[0] for m in metrics}:
-        metrics.append(("summary.steps", float(len(seg.steps)), now, 0))
-    tracking.log_metrics(client, rid, metrics)
-    if f.stat().st_size <= MAX_ARTIFACT_BYTES:
-        client.log_artifact(rid, str(f), artifact_path="run")
-    tracking.set_tags(client, rid, {tag_keys.IMPORTED_STEPS: len(seg.steps)})
-    client.set_terminated(rid, "FINISHED" if status == "done" else "FAILED", end_time=start)
+    tags = {k: tracking.value_text(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+    run = client.create_run(exp_id, run_name=run_name[:250], tags=tags, start_time=start)
+    rid = run.info.run_id
+    try:
+        # through the tracking module, as the supervisor writes: one spelling of values, its chunking, truncation
+        tracking.log_params(client, rid, settings)
+    except Exception:
+        with contextlib.suppress(Exception):
+            client.set_terminated(rid, "FAILED")
+        raise
     try:
         rel = str(f.relative_to(folder))
     except ValueError:
         rel = f.name
     return ImportedRun(
-        source=rel, condition=condition, run_id=rid, steps=len(seg.steps), status=status,
+        source=rel, condition=condition, run_id=rid, steps=seg.count, status=status,
         reason=reason, has_summary=bool(seg.summary),
     )
 
 
-def _step_metrics(steps: Iterable[dict[str, Any]], start_ms: int) -> Iterable[tuple[str, float, int, int]]:
-    """Every numeric field of every step at its step, as (key, value, timestamp, step); timestamps keep log order."""
-    for i, rec in enumerate(steps):
-        ts = start_ms + i
-        step = int(rec["step"])
-        for key, value in rec.items():
-            if key in ("type", "time", "step", "epoch", "rank") or isinstance(value, bool):
-                continue
-            if isinstance(value, (int, float)):
-                yield key, float(value), ts, step
+def _step_points(rec: dict[str, Any], ts: int) -> list[tuple[str, float, int, int]]:
+    """Every numeric field of a (clean) step record at its step, as (key, value, timestamp, step)."""
+    step = rec["step"]
+    return [(key, value, ts, step) for key, value in metric_values(rec).items()]

@@ -123,7 +123,8 @@ class Settings(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="More runner arguments (argv list; '{env:NAME}' as in command).")
     hung_after_s: float = Field(600.0, gt=0, description="No new output for this long = hung.")
     stall_after_s: float | None = Field(
-        None, gt=0, description="No new training step for this long = stalled (catches a run that prints while stuck)."
+        None, ge=0, description="No new training step for this long = stalled (catches a run that prints while stuck). "
+        "Unset: automatic, after the first step max(10x the slowest step so far, 300 s); 0: off."
     )
     max_runtime_s: float | None = Field(None, gt=0, description="Kill a run that runs longer than this.")
 

@@ -37,6 +37,7 @@ STATUS = "dstui.status"
 REASON = "dstui.reason"
 EXIT_CODE = "dstui.exit_code"
 BAD_METRIC_LINES = "dstui.bad_metric_lines"
+FIRST_BAD_LINE = "dstui.first_bad_line"  # "why: start of the line" of the first bad line (execute/ingest.py)
 VERDICT = "dstui.verdict"
 WORST = "dstui.worst"
 TOLERANCE_BASIS = "dstui.tolerance_basis"

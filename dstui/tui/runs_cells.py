@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
+from dstui.core.records import bad_lines_note
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.execute import live_phase
 
@@ -54,7 +55,7 @@ def run_cells(st: dict, marked: bool) -> tuple:
         fmt_num(last.get("tokens_per_s"), ".0f"),
         fmt_bytes(last.get("mem_peak")),
         gpus_text(st),
-        Text((st.get("reason") or diverged)[:60], style="red") if diverged else (st.get("reason") or "")[:60],
+        reason_cell(st, diverged),
     )
 
 
@@ -65,6 +66,16 @@ def _progress(st: dict, total: object) -> str | Text:
     """'4/20', or what a live run does before its first step ('building op shm_comm 12s')."""
     phase = live_phase.shown(st, width=PHASE_WIDTH) if not st.get("steps_done") else ""
     return Text(phase, style="yellow") if phase else f"{st.get('steps_done') or 0}/{total}"
+
+
+def reason_cell(st: dict, diverged: str | None) -> Text | str:
+    """The reason; the guard's flag in red; else a run's bad metric lines (``N bad lines (first: ...)``)."""
+    if diverged:
+        return Text((st.get("reason") or diverged)[:60], style="red")
+    if st.get("reason"):
+        return st["reason"][:60]
+    bad = bad_lines_note(st)
+    return Text(bad[:60], style="yellow") if bad else ""
 
 
 def batch_cells(b: BatchDir, live: bool) -> tuple:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dstui.core import failures
 from dstui.core.failures import classify, signal_death
 
 FAULTS = {
@@ -127,3 +128,50 @@ def test_deepspeeds_launcher_line_is_not_trusted_for_the_rank_with_several_ranks
     assert signal_death(launcher, 247) == "killed by SIGKILL (killed from outside: the kernel's OOM killer when host memory ran out, or a kill -9)"
     one = launcher.replace("num_local_procs=3", "num_local_procs=1").replace("local_rank=2", "local_rank=0")
     assert signal_death(one, 247).startswith("rank 0: SIGKILL")
+
+
+# ---- reasons from a program's own last error line, whatever it is called (#27.4, #33.8) ----
+
+
+def _stderr_of(code: str, *args: str) -> tuple[str, int]:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+    return p.stderr, p.returncode
+
+
+def test_argparse_refusal_of_a_dash_c_program_is_the_reason() -> None:
+    tail, code = _stderr_of("import argparse; p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.parse_args()", "--seed", "abc")
+    assert code == 2
+    assert failures.classify(tail, code) == "-c: error: argument --seed: invalid int value: 'abc'"
+
+
+def test_argparse_refusal_of_a_program_named_by_prog_is_the_reason() -> None:
+    tail, code = _stderr_of("import argparse; p = argparse.ArgumentParser(prog='mytrainer'); p.add_argument('--lr', required=True); p.parse_args()")
+    assert failures.classify(tail, code) == "mytrainer: error: the following arguments are required: --lr"
+
+
+def test_the_bundled_runners_refusal_by_its_absolute_path_is_the_reason() -> None:
+    tail = ("usage: train.py [-h] [--seed SEED]\n"
+            "/home/u/dstui/runners/train.py: error: argument --seed: invalid int value: 'x'\n"
+            "dstui ranks: rank 0 failed (exit code 2); stopping the others\n")  # fmt: skip
+    assert failures.classify(tail, 2) == "train.py: error: argument --seed: invalid int value: 'x'"
+
+
+def test_an_error_line_without_usage_or_py_name_is_not_taken_for_argparse() -> None:
+    assert failures.classify("gcc: error: unrecognized option\n", 1) == "exit code 1"
+
+
+def test_exception_lines_are_the_reason_kept_whole() -> None:
+    long_msg = "shape mismatch " + "x" * 600 + " (see the docs)"
+    assert failures.classify(f"[rank1]: RuntimeError: {long_msg}\n", 1) == f"Python: RuntimeError: {long_msg}"
+    tb = "Traceback (most recent call last):\n  File \"t.py\", line 1\nmymod.ConfigError: no such model 'x'\n"
+    assert failures.classify(tb, 1) == "Python: mymod.ConfigError: no such model 'x'"
+
+
+def test_cuda_and_nccl_errors_are_named_with_their_own_line() -> None:
+    cuda = "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    assert failures.classify(cuda, 1) == "CUDA error: RuntimeError: CUDA error: an illegal memory access was encountered"
+    nccl = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5\n"
+    assert failures.classify(nccl, 1) == "NCCL error: " + nccl.strip()
