@@ -186,6 +186,9 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=None, help="unix time: start no round that may not end by then")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--work", type=Path, default=None, help="keep homes and marks here (default: a temp folder)")
+    p.add_argument("--dstui-tree", type=Path, default=None,
+                   help="run `dstui run` from this source tree (PYTHONPATH; e.g. `git archive` of an older commit)"
+                        ": the same benchmark before and after a change")  # fmt: skip
     a = p.parse_args()
 
     work = a.work or Path(tempfile.mkdtemp(prefix="bare-vs-dstui-"))
@@ -202,9 +205,12 @@ def main() -> int:
     def say(msg: str) -> None:
         print(f"[bare_vs_dstui {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    dstui_env = dict(env)
+    if a.dstui_tree:
+        dstui_env["PYTHONPATH"] = os.pathsep.join([str(a.dstui_tree.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     if a.warmup:
         say(f"warm-up bare: {run_bare(a, work, env, ds_file, 0)['launch_to_exit']:.1f} s")
-        say(f"warm-up dstui: {run_dstui(a, spec, env)['launch_to_exit']:.1f} s")
+        say(f"warm-up dstui: {run_dstui(a, spec, dstui_env)['launch_to_exit']:.1f} s")
     rows: dict[str, list[dict[str, Any]]] = {"bare": [], "dstui": []}
     round_s = 0.0
     for i in range(a.rounds):
@@ -213,7 +219,7 @@ def main() -> int:
             break
         t_round = time.time()
         for who in ("bare", "dstui") if i % 2 == 0 else ("dstui", "bare"):
-            res = run_bare(a, work, env, ds_file, i + 1) if who == "bare" else run_dstui(a, spec, env)
+            res = run_bare(a, work, env, ds_file, i + 1) if who == "bare" else run_dstui(a, spec, dstui_env)
             rows[who].append(res)
             say(f"round {i + 1} {who}: launch->first step {res['launch_to_first_step']:.2f} s, "
                 f"launch->exit {res['launch_to_exit']:.2f} s")  # fmt: skip
@@ -235,7 +241,7 @@ def main() -> int:
           file=sys.stderr)  # fmt: skip
     print(f"dstui run outside the run: {mean(d, 'outside_run'):.2f} s (before the rank launch "
           f"{mean(d, 'before_rank_launch'):.2f} s, after the reap {mean(d, 'after_reap'):.2f} s)", file=sys.stderr)  # fmt: skip
-    print(json.dumps({"model": a.model, "zero_stage": a.zero_stage, "dtype": a.dtype, "micro_batch": a.micro_batch,
+    print(json.dumps({"model": a.model, "dstui_tree": str(a.dstui_tree or REPO), "zero_stage": a.zero_stage, "dtype": a.dtype, "micro_batch": a.micro_batch,
                       "seq_length": a.seq_length, "steps": a.steps, "rounds": len(d), "ratio_first_step": ratio,
                       "ratio_first_step_from_rank_launch": rank_ratio,
                       "mean": {who: {"launch_to_first_step": mean(rs, "launch_to_first_step"),

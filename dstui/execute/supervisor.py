@@ -72,17 +72,19 @@ class Supervisor:
             self.parallel = self.slurm.max_active
         self.follower = RunFollower(batch, self.sink, self.slurm, system_interval_s)
         self._problem: str | None = None
+        self._untracked: list[RunDir] = []  # launched, MLflow run not yet made
 
     def run(self) -> int:
         self.lock.acquire()
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
-            self.sink.parent_run_id()
             if self.slurm is None:  # JIT ops built once, before any run's clock starts
                 prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
+            else:
+                self.sink.parent_run_id()
             while True:
                 try:
-                    self.step()
+                    self.step()  # MLflow's batch run comes with the first launches' runs, after them
                     if self.done():
                         self.finalize_batch()
                         # a retry may have queued a run while we were finishing: look again
@@ -129,6 +131,10 @@ class Supervisor:
             if f.live(rd.status()) or rd.state in FINAL_STATES and not f.tracked_of(rd).finalized:
                 f.follow(rd)
         self._start_queued(runs)
+        # MLflow runs of what was just launched, once all of this pass's ranks are starting:
+        # they need nothing of MLflow, and its first import and store open take seconds (issue 31)
+        while self._untracked:
+            self.sink.child_run_id(self._untracked.pop(0))
 
     # ---- launching ----
 
@@ -187,7 +193,6 @@ class Supervisor:
         # the MLflow child's start time: the same moment in any store it is created in later
         now = time.time()
         rd.update_status(state="starting", starting=now, phase="launching", phase_since=now)
-        self.sink.child_run_id(rd)
         try:
             handle = executor.start(
                 run,
@@ -207,6 +212,7 @@ class Supervisor:
         pid = rd.status().get("pid")
         t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
+        self._untracked.append(rd)
 
     def _submit(self, rd: RunDir) -> None:
         rd.update_status(starting=time.time())
