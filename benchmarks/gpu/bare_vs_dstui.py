@@ -11,7 +11,12 @@ Each round runs, in alternating order:
   tokens), in one DSTUI_HOME kept across rounds (a user's home already has its
   MLflow store).
 
-Both get the same bytecode cache (``PYTHONPYCACHEPREFIX``, which dstui honours
+With ``--before-tree DIR`` a third contender, ``dstui_before``: the same
+`dstui run` from an older source tree (``git archive OLD dstui runners configs
+pyproject.toml | tar -x -C DIR``), interleaved with the other two: the phase
+breakdown before and after a change, in one call.
+
+All get the same bytecode cache (``PYTHONPYCACHEPREFIX``, which dstui honours
 as the user's own) and the same JIT-op folder; ``--warmup`` runs one of each
 uncounted first, so every counted launch finds warm caches.
 
@@ -187,8 +192,10 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--work", type=Path, default=None, help="keep homes and marks here (default: a temp folder)")
     p.add_argument("--dstui-tree", type=Path, default=None,
-                   help="run `dstui run` from this source tree (PYTHONPATH; e.g. `git archive` of an older commit)"
-                        ": the same benchmark before and after a change")  # fmt: skip
+                   help="run `dstui run` from this source tree (PYTHONPATH; e.g. `git archive` of an older commit)")
+    p.add_argument("--before-tree", type=Path, default=None,
+                   help="a third contender, interleaved with the others: `dstui run` from this older source tree "
+                        "(dstui/, runners/, configs/, pyproject.toml of the commit before the change)")  # fmt: skip
     a = p.parse_args()
 
     work = a.work or Path(tempfile.mkdtemp(prefix="bare-vs-dstui-"))
@@ -205,45 +212,64 @@ def main() -> int:
     def say(msg: str) -> None:
         print(f"[bare_vs_dstui {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    dstui_env = dict(env)
-    if a.dstui_tree:
-        dstui_env["PYTHONPATH"] = os.pathsep.join([str(a.dstui_tree.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    def tree_env(tree: Path | None) -> dict[str, str]:
+        out = dict(env)
+        if tree:
+            out["PYTHONPATH"] = os.pathsep.join([str(tree.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+        return out
+
+    # who -> how to run it once; "dstui_before": the same `dstui run` from an older source tree
+    contenders = {
+        "bare": lambda n: run_bare(a, work, env, ds_file, n),
+        "dstui": lambda n: run_dstui(a, spec, tree_env(a.dstui_tree)),
+    }
+    if a.before_tree:
+        contenders["dstui_before"] = lambda n: run_dstui(a, spec, tree_env(a.before_tree))
     if a.warmup:
-        say(f"warm-up bare: {run_bare(a, work, env, ds_file, 0)['launch_to_exit']:.1f} s")
-        say(f"warm-up dstui: {run_dstui(a, spec, dstui_env)['launch_to_exit']:.1f} s")
-    rows: dict[str, list[dict[str, Any]]] = {"bare": [], "dstui": []}
+        for who, go in contenders.items():
+            say(f"warm-up {who}: {go(0)['launch_to_exit']:.1f} s")
+    rows: dict[str, list[dict[str, Any]]] = {who: [] for who in contenders}
+    names = list(contenders)
     round_s = 0.0
     for i in range(a.rounds):
         if a.deadline and rows["bare"] and time.time() + round_s > a.deadline:
             say(f"stopping after {i} rounds: the next would pass the deadline")
             break
         t_round = time.time()
-        for who in ("bare", "dstui") if i % 2 == 0 else ("dstui", "bare"):
-            res = run_bare(a, work, env, ds_file, i + 1) if who == "bare" else run_dstui(a, spec, dstui_env)
+        order = names if i % 2 == 0 else names[::-1]  # interleaved: each goes first and last in turn
+        for who in order:
+            res = contenders[who](i + 1)
             rows[who].append(res)
             say(f"round {i + 1} {who}: launch->first step {res['launch_to_first_step']:.2f} s, "
                 f"launch->exit {res['launch_to_exit']:.2f} s")  # fmt: skip
         round_s = time.time() - t_round
 
-    b, d = rows["bare"], rows["dstui"]
-    if not b or not d:
+    if not all(rows.values()):
         say("no complete round")
         return 1
+    b = rows["bare"]
     cols = [name for name, _, _ in SEGMENTS]
-    print(f"{'':6} {'->1st step':>10} {'->exit':>8} " + " ".join(f"{c:>10}" for c in cols), file=sys.stderr)
+    print(f"{'':12} {'->1st step':>10} {'->exit':>8} {'outside':>8} " + " ".join(f"{c:>10}" for c in cols),
+          file=sys.stderr)  # fmt: skip
     for who, rs in rows.items():
         cells = " ".join(f"{seg_mean(rs, c) or float('nan'):10.2f}" for c in cols)
-        print(f"{who:6} {mean(rs, 'launch_to_first_step'):10.2f} {mean(rs, 'launch_to_exit'):8.2f} {cells}",
+        outside = mean(rs, "outside_run")
+        print(f"{who:12} {mean(rs, 'launch_to_first_step'):10.2f} {mean(rs, 'launch_to_exit'):8.2f} "
+              f"{outside if outside is not None else float('nan'):8.2f} {cells}", file=sys.stderr)  # fmt: skip
+    summary: dict[str, Any] = {}
+    for who in names[1:]:
+        d = rows[who]
+        ratio = mean(d, "launch_to_first_step") / mean(b, "launch_to_first_step")
+        rank_ratio = (mean(d, "rank_launch_to_first_step") or float("nan")) / mean(b, "launch_to_first_step")
+        summary[who] = {"ratio_first_step": ratio, "ratio_first_step_from_rank_launch": rank_ratio}
+        print(f"{who}/bare launch->first step: {ratio:.2f} (from the command), {rank_ratio:.2f} (from the rank "
+              f"launch); outside the run {mean(d, 'outside_run'):.2f} s (before the rank launch "
+              f"{mean(d, 'before_rank_launch'):.2f} s, after the reap {mean(d, 'after_reap'):.2f} s)",
               file=sys.stderr)  # fmt: skip
-    ratio = mean(d, "launch_to_first_step") / mean(b, "launch_to_first_step")
-    rank_ratio = (mean(d, "rank_launch_to_first_step") or float("nan")) / mean(b, "launch_to_first_step")
-    print(f"dstui/bare launch->first step: {ratio:.2f} (from the command), {rank_ratio:.2f} (from the rank launch)",
-          file=sys.stderr)  # fmt: skip
-    print(f"dstui run outside the run: {mean(d, 'outside_run'):.2f} s (before the rank launch "
-          f"{mean(d, 'before_rank_launch'):.2f} s, after the reap {mean(d, 'after_reap'):.2f} s)", file=sys.stderr)  # fmt: skip
-    print(json.dumps({"model": a.model, "dstui_tree": str(a.dstui_tree or REPO), "zero_stage": a.zero_stage, "dtype": a.dtype, "micro_batch": a.micro_batch,
-                      "seq_length": a.seq_length, "steps": a.steps, "rounds": len(d), "ratio_first_step": ratio,
-                      "ratio_first_step_from_rank_launch": rank_ratio,
+    print(json.dumps({"model": a.model, "zero_stage": a.zero_stage, "dtype": a.dtype, "micro_batch": a.micro_batch,
+                      "seq_length": a.seq_length, "steps": a.steps, "rounds": len(b),
+                      "dstui_tree": str(a.dstui_tree or REPO), "before_tree": str(a.before_tree or ""),
+                      "ratio_first_step": summary["dstui"]["ratio_first_step"], "vs_bare": summary,
                       "mean": {who: {"launch_to_first_step": mean(rs, "launch_to_first_step"),
                                      "launch_to_exit": mean(rs, "launch_to_exit"),
                                      "outside_run": mean(rs, "outside_run"),

@@ -21,7 +21,9 @@
 #                                      # condition twice: first compile vs a repeat from the cache
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
-#                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py)
+#                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
+#                                      # BEFORE_TREE=dir adds `dstui run` from an older tree
+#                                      # (git archive OLD dstui runners configs pyproject.toml)
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
@@ -242,6 +244,7 @@ phase_bare() {  # ~5 min on 1 GPU (llama-1b): issue 31's start-up goals, bare sc
     say "bare DeepSpeed script vs dstui run: ${BARE_ROUNDS:-3} rounds + warm-up (${BARE_ARGS:-llama-1b ZeRO-1 bf16 4 x 2048, 10 steps})"
     CUDA_VISIBLE_DEVICES=0 timeout "$(( $(left) - 25 ))" $PY benchmarks/gpu/bare_vs_dstui.py --rounds "${BARE_ROUNDS:-3}" \
         --warmup --deadline "$(( T0 + DEADLINE_S - 40 ))" --timeout 200 --work "$b/bare" ${BARE_ARGS:-} \
+        ${BEFORE_TREE:+--before-tree "$BEFORE_TREE"} \
         >"$b/bare_vs_dstui.json" 2>"$b/bare_vs_dstui.err"
     say "bare_vs_dstui.py exited $?"; cat "$b/bare_vs_dstui.err"
     cp "$b/bare_vs_dstui.json" "$b/bare_vs_dstui.err" "$OUT/" 2>/dev/null
