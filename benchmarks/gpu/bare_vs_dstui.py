@@ -135,8 +135,10 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[st
     home = Path(env["DSTUI_HOME"])
     before = {b.path for b in list_batches(home / "runs")} if (home / "runs").is_dir() else set()
     t0 = time.time()
+    # started in the work folder: `python -m` puts the working directory first on sys.path, and in
+    # the checkout that would be its dstui whatever PYTHONPATH names (--before-tree)
     proc = subprocess.run([sys.executable, "-m", "dstui", "run", str(spec), "--quiet"],
-                          env=env, capture_output=True, text=True, cwd=REPO, timeout=a.timeout)  # fmt: skip
+                          env=env, capture_output=True, text=True, cwd=spec.parent, timeout=a.timeout)  # fmt: skip
     t1 = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"dstui run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -150,6 +152,8 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[st
         elif rec.get("type") == "step" and isinstance(rec.get("loss"), (int, float)):
             losses.append(rec["loss"])
     st = rd.status()
+    cmd_file = rd.path / "cmd.txt"
+    runner = cmd_file.read_text(errors="replace").split("train.py")[0].split()[-1] if cmd_file.is_file() else None
     launched = st.get("started")
     reaped = (read_json(rd.exit_file, {}) or {}).get("ended") or st.get("ended")
     run_wall = reaped - launched if launched and reaped else None
@@ -163,6 +167,7 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[st
         "launch": marks["process_start"] - launched if launched else None,
         "segments": segments(marks),
         "losses": losses,
+        "runner": f"{runner}train.py" if runner else None,  # which tree's runner ran: before or after
     }
 
 
