@@ -51,6 +51,7 @@ code is 0 on PASS and 1 on FAIL on every rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import os
@@ -150,7 +151,10 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
     opt_kind, opt_kwargs = adam_spec(cfg, args.lr)
 
     torch.manual_seed(args.seed)
-    model, model_cfg = build_model(args.model)
+    # Built on its device, as train.py builds (runners/placement.py): on a GPU the init comes
+    # from the device's generator, so a batch's parity and training conditions start alike.
+    with contextlib.nullcontext() if info["on_cpu"] else device:
+        model, model_cfg = build_model(args.model)
     # The baselines are copies of the initial weights taken before DeepSpeed
     # partitions, casts or moves anything.
     baselines = []

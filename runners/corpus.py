@@ -12,6 +12,8 @@ from typing import Any
 
 from common import TINY_CORPUS, RunnerError, is_preset
 
+from dstui.core import model_folder
+
 
 def byte_tokens(text: str | bytes, vocab: int) -> Any:
     """Token = byte value: no tokenizer download, fits any vocabulary of 256 or more."""
@@ -26,15 +28,50 @@ def byte_tokens(text: str | bytes, vocab: int) -> Any:
 
 
 def _tokenizer(name: str) -> Any | None:
-    """The model's own tokenizer for hub/local models; None for presets or models without one."""
+    """The model's own tokenizer; None (byte tokens) for presets, config-only folders and hub models without one.
+
+    A local folder without tokenizer files (dstui.core.model_folder) trains on
+    bytes: transformers 5 would "load" an empty tokenizer from it. A folder that
+    has tokenizer files must load them; failing that is the user's to fix, not
+    a silent switch to bytes.
+    """
     if is_preset(name):
+        return None
+    local = model_folder.is_local_folder(name)
+    if local and not model_folder.tokenizer_files(name):
         return None
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError) as e:
+        if local:
+            raise RunnerError(f"model {name!r}: its tokenizer cannot be loaded: {_first_line(e)}") from None
         return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+def checked_ids(ids: Any, *, model_name: str, vocab: int) -> Any:
+    """``ids`` if a model of ``vocab`` tokens can train on them; else one line naming the model and why.
+
+    Without this an empty stream died inside the data pipeline as
+    ``RuntimeError: max(): Expected reduction dim ...`` and an id beyond the
+    vocabulary as a device-side index error.
+    """
+    if ids.numel() == 0:
+        raise RunnerError(
+            f"model {model_name!r}: its tokenizer yields no tokens for the dataset's text (an empty vocabulary?)"
+        )
+    top = int(ids.max())
+    if top >= vocab:
+        raise RunnerError(
+            f"model {model_name!r}: its tokenizer yields token id {top}, beyond the model's vocabulary ({vocab})"
+        )
+    return ids
 
 
 def _hf_split(percent: float) -> str:
@@ -69,9 +106,8 @@ def load_tokens(
         text = text[: max(1, int(len(text) * percent / 100.0))]
         if tok is None:
             return byte_tokens(text, vocab), "tiny-corpus (bytes)"
-        return torch.tensor(
-            tok(text)["input_ids"], dtype=torch.long
-        ), f"tiny-corpus ({model_name} tokenizer)"
+        ids = torch.tensor(tok(text)["input_ids"], dtype=torch.long)
+        return checked_ids(ids, model_name=model_name, vocab=vocab), f"tiny-corpus ({model_name} tokenizer)"
 
     # Any other name is a Hugging Face dataset. This needs the hub (or its
     # cache) and so cannot run in the offline CI, but it is what users run.
@@ -104,7 +140,8 @@ def load_tokens(
     ids: list[int] = []
     for out in tok(texts)["input_ids"]:
         ids.extend(out + eos)
-    return torch.tensor(ids, dtype=torch.long), f"{dataset} ({model_name} tokenizer)"
+    stream = torch.tensor(ids, dtype=torch.long)
+    return checked_ids(stream, model_name=model_name, vocab=vocab), f"{dataset} ({model_name} tokenizer)"
 
 
 def pack(tokens: Any, seq_length: int) -> Any:

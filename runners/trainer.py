@@ -131,7 +131,7 @@ class Trainer:
             samples_needed=needed,
             seed=a.seed,
         )
-        if int(tokens.max()) >= self.vocab:
+        if tokens.numel() and int(tokens.max()) >= self.vocab:  # none at all: pack() says so
             raise RunnerError(
                 f"the data has token ids up to {int(tokens.max())}, beyond the vocabulary ({self.vocab})"
             )

@@ -19,6 +19,11 @@
 #   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
 #                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
 #                                      # condition twice: first compile vs a repeat from the cache
+#   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
+#                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
+#                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
+#                                      # BEFORE_TREE=dir adds `dstui run` from an older tree
+#                                      # (git archive OLD dstui runners configs pyproject.toml)
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
@@ -233,6 +238,21 @@ phase_turnaround() {  # ~6 min on 1 GPU (llama-1b): issue 12's GPU goals
     ls -la "$OUT"
 }
 
+phase_bare() {  # ~5 min on 1 GPU (llama-1b): issue 31's start-up goals, bare script vs dstui run
+    local b=$WORK/bench
+    mkdir -p "$b"
+    say "bare DeepSpeed script vs dstui run: ${BARE_ROUNDS:-3} rounds + warm-up (${BARE_ARGS:-llama-1b ZeRO-1 bf16 4 x 2048, 10 steps})"
+    CUDA_VISIBLE_DEVICES=0 timeout "$(( $(left) - 25 ))" $PY benchmarks/gpu/bare_vs_dstui.py --rounds "${BARE_ROUNDS:-3}" \
+        --warmup --deadline "$(( T0 + DEADLINE_S - 40 ))" --timeout 200 --work "$b/bare" ${BARE_ARGS:-} \
+        ${BEFORE_TREE:+--before-tree "$BEFORE_TREE"} \
+        >"$b/bare_vs_dstui.json" 2>"$b/bare_vs_dstui.err"
+    say "bare_vs_dstui.py exited $?"; cat "$b/bare_vs_dstui.err"
+    cp "$b/bare_vs_dstui.json" "$b/bare_vs_dstui.err" "$OUT/" 2>/dev/null
+    tar -C "$WORK" -czf "$OUT/bare-data.tgz" --exclude='bench/bare/pycache' --exclude='bench/bare/torch_extensions' \
+        bench/bare 2>/dev/null || true
+    ls -la "$OUT"
+}
+
 phase_forecast() {  # ~7 min on 1 GPU: the held-out memory-forecast grid (issue 14), then the check
     local spec=${FORECAST_SPEC:-benchmarks/gpu/forecast_holdout1.yaml} name fb gib
     name=$(spec_name "$spec")
@@ -308,6 +328,7 @@ PYEOF
 
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
+case $PHASE in bare) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
@@ -318,12 +339,13 @@ case $PHASE in
     mfu) phase_mfu ;;
     watch) phase_watch ;;
     turnaround) phase_turnaround ;;
+    bare) phase_bare ;;
     forecast) phase_forecast ;;
     profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
     share) phase_share ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|forecast|profile|share|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

@@ -279,7 +279,8 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | 
                     takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
                     supervisor.spawn(b)
-            time.sleep(poll_s)
+            # every run ended: the supervisor's finalizing takes a fraction of a second; don't add a whole poll
+            time.sleep(min(poll_s, 0.2) if ended_at else poll_s)
     except KeyboardInterrupt:
         print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
               f"`dstui cancel {b.id}` to stop them.")  # fmt: skip

@@ -82,6 +82,7 @@ class Supervisor:
             self.parallel = self.slurm.max_active
         self.follower = RunFollower(batch, self.sink, self.slurm, system_interval_s)
         self._problem: str | None = None
+        self._untracked: list[RunDir] = []  # launched, MLflow run not yet made
 
     def run(self) -> int:
         self.lock.acquire()
@@ -90,14 +91,16 @@ class Supervisor:
             note = creation.settle(self.batch, locked=True)  # a `dstui run` killed while laying it out
             if note:
                 log.warning("batch %s was cut short while being created: %s", self.batch.id, note)
-            self.sink.parent_run_id()
             if self.batch.info().get("ended"):  # finalized once; a retry or resume runs it again
+                self.sink.parent_run_id()
                 self.sink.reopen_parent()
             if self.slurm is None:  # JIT ops built once, before any run's clock starts
                 prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
+            else:
+                self.sink.parent_run_id()
             while True:
                 try:
-                    self.step()
+                    self.step()  # MLflow's batch run comes with the first launches' runs, after them
                     if self.done() and self.finalize_batch():
                         # a retry may have queued a run while we were finishing: look again
                         if not any(r.state == "queued" for r in self.batch.runs()):
@@ -152,6 +155,10 @@ class Supervisor:
             if f.live(st) or rd.state in FINAL_STATES and not f.tracked_of(rd).finalized:
                 f.follow(rd)
         self._start_queued(runs)
+        # MLflow runs of what was just launched, once all of this pass's ranks are starting:
+        # they need nothing of MLflow, and its first import and store open take seconds (issue 31)
+        while self._untracked:
+            self.sink.child_run_id(self._untracked.pop(0))
 
     # ---- launching ----
 
@@ -214,7 +221,6 @@ class Supervisor:
         # the MLflow child's start time: the same moment in any store it is created in later
         now = time.time()
         rd.update_status(state="starting", starting=now, phase="launching", phase_since=now)
-        self.sink.child_run_id(rd)
         try:
             handle = executor.start(
                 run,
@@ -234,6 +240,7 @@ class Supervisor:
         pid = rd.status().get("pid")
         t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
+        self._untracked.append(rd)
 
     def _submit(self, rd: RunDir) -> None:
         rd.update_status(starting=time.time())

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from model_folders import EMPTY_BPE, GPT2, QWEN2, UNK_1000, config_only, with_tokenizer
 
+from dstui.core import model_folder
 from dstui.core.errors import SpecError
-from dstui.execute.preflight import check_models, model_problem
+from dstui.execute.preflight import check_models, model_problem, tokenizer_problem
 from dstui.spec.models import expand, parse_spec
 
 
@@ -36,3 +38,36 @@ def test_uncached_hub_id_offline_is_refused(monkeypatch: pytest.MonkeyPatch, tmp
 def test_command_runs_are_not_checked() -> None:
     runs = expand(parse_spec({"name": "m", "settings": {"kind": "command", "command": ["true"], "model": "zz"}}))
     check_models(runs, file=None)
+
+
+# -- local folders' tokenizers (issue 31) --------------------------------------------------------
+
+def test_config_only_folder_needs_no_tokenizer_check(tmp_path: Path) -> None:
+    folder = config_only(tmp_path / "qwen", QWEN2)
+    assert model_folder.tokenizer_files(folder) == []
+    assert tokenizer_problem(str(folder), "tiny-corpus") is None  # byte tokens: nothing to try
+
+
+def test_tokenizer_that_yields_nothing_or_too_large_ids_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DSTUI_CACHE", str(tmp_path / "cache"))
+    empty = with_tokenizer(tmp_path / "empty", GPT2, EMPTY_BPE)
+    runs = expand(parse_spec({"name": "m", "conditions": [{"name": "c", "model": str(empty)}]}))
+    with pytest.raises(SpecError) as e:
+        check_models(runs, file="s.yaml")
+    line = str(e.value)
+    assert line.startswith(f"s.yaml: condition 'c': field 'model': model '{empty}': its tokenizer yields no tokens")
+    assert "\n" not in line
+    big = with_tokenizer(tmp_path / "big", GPT2, UNK_1000)
+    assert "token id 1000, beyond the model's vocabulary (512" in (tokenizer_problem(str(big), "tiny-corpus") or "")
+    assert tokenizer_problem(str(big), "synthetic") is None  # synthetic data never meets the tokenizer
+    # refusals are not kept: asked again once the folder is fixed
+    assert not list((tmp_path / "cache").rglob("tokenizer-probe/*"))
+
+
+def test_a_working_tokenizer_passes_and_its_answer_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSTUI_CACHE", str(tmp_path / "cache"))
+    ok = with_tokenizer(tmp_path / "ok", GPT2, {"type": "WordLevel", "vocab": {"[UNK]": 0, "the": 1}, "unk_token": "[UNK]"})
+    assert tokenizer_problem(str(ok), "tiny-corpus") is None
+    assert len(list((tmp_path / "cache").rglob("tokenizer-probe/*"))) == 1
