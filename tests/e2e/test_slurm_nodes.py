@@ -1,0 +1,96 @@
+"""Multi-node runs through Slurm on a real two-node cluster on this machine.
+
+The cluster (:class:`cluster_fixtures.NamespaceCluster`) is slurmctld plus two
+slurmds, ``node1`` and ``node2``, each in its own network namespace with its own
+hostname and address; ranks of a 2-node job run in different network stacks and
+reach each other over the addresses Slurm gives them (gloo on CPU). One cluster
+serves the module (a module fixture; the xdist group keeps the module on one
+worker). Tests skip, saying why, when not root or Slurm is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_fixtures import NamespaceCluster, netns_cluster_fixture, netns_cluster_missing, skip_if  # noqa: F401
+from helpers import SPECS, dstui, mlflow_client
+from test_reliability import history
+
+from dstui.core.rundir import RunDir, list_batches
+
+pytestmark = pytest.mark.xdist_group("slurm-nodes")
+
+
+def test_namespace_cluster_runs_on_two_hosts_and_leaves_nothing() -> None:
+    """Its own cluster: a 2-node srun sees two hostnames and two addresses; stop() leaves no daemon, namespace or link."""
+    skip_if("multi-node slurm", netns_cluster_missing())
+    cluster = NamespaceCluster(Path(tempfile.mkdtemp(prefix="dstui-nodes-")))
+    try:
+        cluster.start()
+        out = subprocess.run(
+            ["srun", "-N2", "--ntasks-per-node=1", "sh", "-c", 'echo "$(hostname) $(hostname -I)"'],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **cluster.env}, check=True,
+        )  # fmt: skip
+        seen = dict(line.split() for line in out.stdout.splitlines())
+        assert seen == cluster.addrs  # {'node1': '10.x.y.2', 'node2': '10.x.y.3'}: two network stacks
+        assert cluster.leftovers() != []  # the check sees a running cluster
+    finally:
+        cluster.stop()
+    assert cluster.leftovers() == []
+
+
+def nodes_spec(home: Path, name: str, base: str, conditions: list[dict], **settings) -> Path:
+    """A shipped spec on the namespace cluster, few steps, with ``conditions`` instead of its axes."""
+    data = yaml.safe_load((SPECS / base).read_text())
+    data["name"] = name
+    data.pop("axes", None)
+    data.pop("baseline", None)
+    data["settings"].update(settings)
+    data["conditions"] = conditions
+    data["executor"] = "slurm"
+    p = home / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def placements(rd: RunDir) -> dict[int, dict]:
+    """rank -> where it ran, as each rank recorded it (dstui.execute.slurm_rank)."""
+    return {int(p.stem): json.loads(p.read_text()) for p in (rd.path / "ranks").glob("*.json")}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_two_nodes_four_ranks_equal_one_node(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """nodes: 2, gpus: 2 (4 gloo ranks over two hosts) gives the losses of nodes: 1, gpus: 4, step by step."""
+    steps = 3
+    spec = nodes_spec(home, "two-nodes", "smoke.yaml", [
+        {"name": "n1", "nodes": 1, "gpus": 4, "zero_stage": 1},
+        {"name": "n2", "nodes": 2, "gpus": 2, "zero_stage": 1},
+    ], steps=steps, warmup_steps=1)  # fmt: skip
+    out = dstui("run", "--quiet", str(spec), timeout=800)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (b,) = list_batches(home / "runs")
+    runs = {rd.name.split("-")[0]: rd for rd in b.runs()}
+    client = mlflow_client()
+    hist = {}
+    for name, rd in runs.items():
+        st = rd.status()
+        assert st["state"] == "done" and st["slurm_state"] == "COMPLETED", st
+        hist[name] = history(client, st["mlflow_run_id"])
+        assert [s for s, _ in hist[name]] == list(range(1, steps + 1))
+        assert client.get_run(st["mlflow_run_id"]).data.params["world_size"] == "4"
+    two = placements(runs["n2"])
+    assert sorted(two) == [0, 1, 2, 3]
+    assert {r["hostname"] for r in two.values()} == {"node1", "node2"}
+    assert {r["hostname"] for r in placements(runs["n1"]).values()} in ({"node1"}, {"node2"})
+    assert runs["n2"].status()["nodes"] == "node[1-2]"
+    # rendezvous from Slurm's node list: rank 0 on the job's first node, MASTER_ADDR is its name
+    assert two[0]["hostname"] == "node1"
+    assert "master node1:" in runs["n2"].log_file.read_text()
+    assert hist["n2"] == hist["n1"]
