@@ -94,3 +94,22 @@ def test_two_nodes_four_ranks_equal_one_node(home: Path, netns_cluster: Namespac
     assert two[0]["hostname"] == "node1"
     assert "master node1:" in runs["n2"].log_file.read_text()
     assert hist["n2"] == hist["n1"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_verify_batch_on_two_nodes_passes(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """A `kind: verify` run (ZeRO-1 against plain PyTorch, exact parity) as 4 ranks over two hosts: PASS."""
+    spec = nodes_spec(home, "verify-nodes", "verify_zero.yaml", [{"name": "z1", "zero_stage": 1, "nodes": 2, "gpus": 2}], steps=2)
+    out = dstui("run", "--quiet", str(spec), timeout=800)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (b,) = list_batches(home / "runs")
+    (rd,) = b.runs()
+    st = rd.status()
+    assert st["state"] == "done" and st["slurm_state"] == "COMPLETED", st
+    records = [json.loads(line) for line in rd.metrics_file.read_text().splitlines()]
+    (summary,) = [r for r in records if r.get("type") == "summary" and "verdict" in r]
+    (header,) = [r for r in records if r.get("type") == "header"]
+    assert summary["verdict"] == "PASS" and header["world_size"] == 4
+    assert {r["hostname"] for r in placements(rd).values()} == {"node1", "node2"}
+    assert "PASS" in rd.log_file.read_text()
