@@ -94,6 +94,16 @@ def test_two_nodes_four_ranks_equal_one_node(home: Path, netns_cluster: Namespac
     assert two[0]["hostname"] == "node1"
     assert "master node1:" in runs["n2"].log_file.read_text()
     assert hist["n2"] == hist["n1"]
+    # system readings of every node of the job: one sampler per node, merged into system.jsonl, in MLflow by node
+    assert sorted(p.name for p in (runs["n2"].path / "nodes").glob("*.jsonl")) == ["node1.jsonl", "node2.jsonl"]
+    assert len(list((runs["n1"].path / "nodes").glob("*.jsonl"))) == 1
+    system = [json.loads(line) for line in runs["n2"].system_file.read_text().splitlines()]
+    assert {r["node"] for r in system} == {"node1", "node2"}
+    for node in ("node1", "node2"):  # each sampler sees its own node's 2 ranks
+        assert any(r.get("job_processes", 0) >= 2 for r in system if r["node"] == node)
+    keys = client.get_run(runs["n2"].status()["mlflow_run_id"]).data.metrics
+    for node in ("node1", "node2"):
+        assert [k for k in keys if k.startswith(f"system/{node}/") and "cpu" in k], sorted(keys)
 
 
 @pytest.mark.e2e
