@@ -123,3 +123,45 @@ def test_verify_batch_on_two_nodes_passes(home: Path, netns_cluster: NamespaceCl
     assert summary["verdict"] == "PASS" and header["world_size"] == 4
     assert {r["hostname"] for r in placements(rd).values()} == {"node1", "node2"}
     assert "PASS" in rd.log_file.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_scheduler_outcomes_are_their_own_reasons(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """One batch (1-minute limit), three fates caused on the cluster: scancel from outside dstui, the node's
+    slurmd killed (NODE_FAIL), the time limit (TIMEOUT); each run's reason says which."""
+    from test_reliability import spec_file, wait_for
+
+    slow = ["--steps", "1000", "--interval", "0.5"]
+    spec = spec_file(home, "fates", [{"name": f, "args": slow} for f in ("outside", "nodefail", "overtime")], gpus=1)
+    data = yaml.safe_load(spec.read_text())
+    # --exclusive: a node per job, so the node killed below holds only 'nodefail'; 'overtime' waits for 'outside''s node
+    data.update(executor="slurm", slurm={"time_limit": "1m", "requeue": 0, "extra_sbatch": ["--exclusive"]})
+    spec.write_text(yaml.safe_dump(data))
+    dstui("run", "--detach", str(spec), check=True)
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    runs = wait_for(lambda: len(b.runs()) == 3 and {rd.name.split("-")[0]: rd for rd in b.runs()}, 60, what="run folders")
+    first = (runs["outside"], runs["nodefail"])
+    wait_for(lambda: all((rd.status().get("steps_done") or 0) >= 2 for rd in first), 120, what="two running")
+    assert runs["overtime"].status().get("reason", "").startswith("Slurm: PENDING")
+    subprocess.run(["scancel", runs["outside"].status()["job_id"]], check=True, env={**os.environ, **netns_cluster.env})
+    node = runs["nodefail"].status()["nodes"]
+    assert node in netns_cluster.node_names
+    netns_cluster.kill_node(node)  # slurmd and the job's processes on it: the node is gone
+    try:
+        wait_for(lambda: runs["nodefail"].state == "failed", 120, every=1, what="NODE_FAIL")
+    finally:
+        netns_cluster.start_node(node)  # back for the next tests (ReturnToService=2)
+    wait_for(lambda: all(rd.state in ("failed", "killed") for rd in runs.values()), 150, every=1, what="all ended")
+    got = {n: (rd.status()["slurm_state"], rd.status()["reason"]) for n, rd in runs.items()}
+    assert got == {
+        "outside": ("CANCELLED", "Slurm: CANCELLED (scancel outside dstui, or by an admin)"),
+        "nodefail": ("NODE_FAIL", "Slurm: NODE_FAIL (a node of the job failed)"),
+        "overtime": ("TIMEOUT", "Slurm: TIMEOUT (time limit reached)"),
+    }
+    assert runs["outside"].state == "killed"
+    wait_for(lambda: b.info().get("finalized"), 60, what="batch finalized")
+    client = mlflow_client()
+    for name, rd in runs.items():
+        assert client.get_run(rd.status()["mlflow_run_id"]).data.tags["dstui.reason"] == got[name][1]
+    wait_for(lambda: netns_cluster._node_idle(), 60, what="the killed node back")
