@@ -371,13 +371,23 @@ class NamespaceCluster(SlurmCluster):
         text = text.replace(f"SlurmdSpoolDir={r}/spool", f"SlurmdSpoolDir={r}/spool/%n")
         text = text.replace(f"SlurmdPidFile={r}/slurmd.pid", f"SlurmdPidFile={r}/slurmd-%n.pid")
         text = text.replace(f"SlurmdLogFile={r}/log/slurmd.log", f"SlurmdLogFile={r}/log/slurmd-%n.log")
+        text = text.replace("JobAcctGatherType=jobacct_gather/none", "JobAcctGatherType=jobacct_gather/linux")
+        text = text.replace("SelectTypeParameters=CR_CPU", "SelectTypeParameters=CR_CPU_Memory")
         lines = [ln for ln in text.splitlines() if not ln.startswith(("NodeName=", "PartitionName="))]
         lines += [f"NodeName={n} NodeAddr={a} CPUs={self.cpus} RealMemory=8000 State=UNKNOWN" for n, a in self.addrs.items()]
         lines += [
             f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
             f"PartitionName=short Nodes={names} MaxTime=1 State=UP",
+            # a job in 'urgent' takes its nodes from the others' jobs, which end PREEMPTED
+            f"PartitionName=urgent Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=CANCEL",
             "SlurmdTimeout=10",  # a node whose slurmd died is DOWN (its job NODE_FAIL) within seconds
             "SlurmdParameters=config_overrides",  # nodes of more CPUs than the machine has: slurm.conf's count
+            # memory enforced as on clusters without cgroups: a step over its job's --mem is killed
+            "JobAcctGatherParams=OverMemoryKill",
+            "JobAcctGatherFrequency=1",
+            f"DefMemPerCPU={8000 // self.cpus}",
             "",
         ]
         return "\n".join(lines)

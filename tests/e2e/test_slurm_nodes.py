@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -126,21 +127,51 @@ def test_verify_batch_on_two_nodes_passes(home: Path, netns_cluster: NamespaceCl
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_preempted_run_says_so(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """A job of the 'urgent' partition (higher PriorityTier) takes the run's node: the run ends `Slurm: PREEMPTED`."""
+    from test_reliability import spec_file, wait_for
+
+    spec = spec_file(home, "preempt", [{"name": "low", "args": ["--steps", "1000", "--interval", "0.5"]}], gpus=1)
+    data = yaml.safe_load(spec.read_text())
+    data.update(executor="slurm", slurm={"requeue": 0, "extra_sbatch": ["--exclusive"]})
+    spec.write_text(yaml.safe_dump(data))
+    dstui("run", "--detach", str(spec), check=True)
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    rd = wait_for(lambda: (b.runs() or [None])[0], 60, what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 2, 120, what="running")
+    env = {**os.environ, **netns_cluster.env}
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-w", rd.status()["nodes"], "-o", "/dev/null",
+                             "--wrap", "sleep 5"], capture_output=True, text=True, check=True, env=env).stdout.strip()  # fmt: skip
+    try:
+        wait_for(lambda: rd.state == "failed", 90, every=1, what="preempted")
+    finally:
+        subprocess.run(["scancel", urgent], env=env, check=False)
+    st = rd.status()
+    assert (st["slurm_state"], st["reason"]) == ("PREEMPTED", "Slurm: PREEMPTED")
+    wait_for(lambda: b.info().get("finalized"), 60, what="batch finalized")
+    assert mlflow_client().get_run(st["mlflow_run_id"]).data.tags["dstui.reason"] == "Slurm: PREEMPTED"
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_scheduler_outcomes_are_their_own_reasons(home: Path, netns_cluster: NamespaceCluster) -> None:
-    """One batch (1-minute limit), three fates caused on the cluster: scancel from outside dstui, the node's
-    slurmd killed (NODE_FAIL), the time limit (TIMEOUT); each run's reason says which."""
+    """One batch (1-minute limit, 300 MiB), four fates caused on the cluster: scancel from outside dstui, the
+    node's slurmd killed (NODE_FAIL), the time limit (TIMEOUT), a step over the job's memory (killed by Slurm's
+    OverMemoryKill; the job ends FAILED); each run's reason says which."""
     from test_reliability import spec_file, wait_for
 
     slow = ["--steps", "1000", "--interval", "0.5"]
     spec = spec_file(home, "fates", [{"name": f, "args": slow} for f in ("outside", "nodefail", "overtime")], gpus=1)
     data = yaml.safe_load(spec.read_text())
-    # --exclusive: a node per job, so the node killed below holds only 'nodefail'; 'overtime' waits for 'outside''s node
-    data.update(executor="slurm", slurm={"time_limit": "1m", "requeue": 0, "extra_sbatch": ["--exclusive"]})
+    hog = "a = bytearray(600 << 20); a[::4096] = b'x' * len(a[::4096]); import time; time.sleep(60)"
+    data["conditions"].append({"name": "oom", "command": [sys.executable, "-c", hog]})  # 600 MiB in a 300 MiB job
+    # --exclusive: a node per job, so the node killed below holds only 'nodefail'; 'overtime' and 'oom' wait for nodes
+    data.update(executor="slurm", slurm={"time_limit": "1m", "requeue": 0, "mem": "300M", "extra_sbatch": ["--exclusive"]})
     spec.write_text(yaml.safe_dump(data))
     dstui("run", "--detach", str(spec), check=True)
     b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
-    runs = wait_for(lambda: len(b.runs()) == 3 and {rd.name.split("-")[0]: rd for rd in b.runs()}, 60, what="run folders")
+    runs = wait_for(lambda: len(b.runs()) == 4 and {rd.name.split("-")[0]: rd for rd in b.runs()}, 60, what="run folders")
     first = (runs["outside"], runs["nodefail"])
     wait_for(lambda: all((rd.status().get("steps_done") or 0) >= 2 for rd in first), 120, what="two running")
     assert runs["overtime"].status().get("reason", "").startswith("Slurm: PENDING")
@@ -158,6 +189,7 @@ def test_scheduler_outcomes_are_their_own_reasons(home: Path, netns_cluster: Nam
         "outside": ("CANCELLED", "Slurm: CANCELLED (scancel outside dstui, or by an admin)"),
         "nodefail": ("NODE_FAIL", "Slurm: NODE_FAIL (a node of the job failed)"),
         "overtime": ("TIMEOUT", "Slurm: TIMEOUT (time limit reached)"),
+        "oom": ("FAILED", "Slurm: OUT_OF_MEMORY (over the job's memory)"),
     }
     assert runs["outside"].state == "killed"
     wait_for(lambda: b.info().get("finalized"), 60, what="batch finalized")
