@@ -9,7 +9,7 @@ Usage from a test module::
 
     from cluster_fixtures import slurm_cluster_fixture  # noqa: F401 - the `slurm_cluster` fixture
 
-Also runnable by hand, for poking at a cluster: ``python tests/cluster_fixtures.py slurm``.
+Also runnable by hand, for poking at a cluster: ``python tests/cluster_fixtures.py slurm|nodes|team``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -228,6 +229,240 @@ def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             os.environ["SLURM_CONF"] = old
 
 
+# -- a multi-node Slurm cluster: one network namespace per node ------------------
+
+NS_TOOLS = ("ip", "unshare", "nsenter")
+
+
+def netns_cluster_missing() -> str | None:
+    """Why the namespace cluster cannot be started here, or None."""
+    if os.geteuid() != 0:
+        return "the two-node Slurm cluster needs root (network namespaces, veth links, a bridge, slurmd)"
+    why = slurm_missing()
+    if why:
+        return why
+    missing = [b for b in NS_TOOLS if _which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (apt-get install iproute2 util-linux)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True, text=True)
+    if probe.returncode:
+        return f"cannot create network namespaces here (unshare --net: {probe.stderr.strip()[:200]})"
+    return None
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and proc.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+    return proc
+
+
+def _free_subnet() -> str:
+    """A /24 of 10.0.0.0/8 that no address or route of this machine touches: 'a.b.c' of a.b.c.0/24."""
+    used = _ip("-4", "-o", "addr", "show").stdout + _ip("-4", "route", "show", "table", "all").stdout
+    for _ in range(200):
+        third = os.urandom(2)
+        prefix = f"10.{200 + third[0] % 50}.{third[1]}"
+        if f"{prefix}." not in used:
+            return prefix
+    raise RuntimeError("no free 10.x.y.0/24 subnet for the namespace cluster")
+
+
+@dataclass
+class NamespaceCluster(SlurmCluster):
+    """slurmctld + a private munged on this host, and ``nodes`` slurmds each in its own network namespace.
+
+    Each node is a network namespace (``ip netns``) with its own hostname (a UTS
+    namespace: ``node1``, ``node2``, ...), wired by a veth pair to a bridge that
+    holds the controller's address; the addresses are a private /24 the cluster
+    picks and no other interface of this machine uses. A ``hosts`` file in the cluster's folder
+    is the cluster's "DNS" (bind-mounted on ``/etc/hosts`` in each node's own mount namespace),
+    so a node name resolves to its address as on a real cluster. munge's socket,
+    the spool and the run folders are shared through the file system, as a
+    cluster's shared storage would be. :meth:`stop` kills every process in the
+    namespaces and the daemons by PID, then deletes namespaces, links and files.
+    """
+
+    nodes: int = 2
+    procs_by_node: dict[str, subprocess.Popen] = field(default_factory=dict)
+    made: list[tuple[str, str]] = field(default_factory=list)  # ("netns"|"link", name), torn down in reverse
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i + 1}" for i in range(self.nodes)]
+
+    def netns(self, node: str) -> str:
+        return f"{self.tag}-{node}"
+
+    def start(self) -> NamespaceCluster:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for d in ("state", "spool", "log", "munge"):
+            (self.root / d).mkdir(exist_ok=True)
+        self.tag = "dsc" + os.urandom(3).hex()
+        self.node = socket.gethostname().split(".")[0]  # slurmctld runs here, in this host's network
+        self.subnet = _free_subnet()
+        self.ctl_addr = f"{self.subnet}.1"
+        self.addrs = {n: f"{self.subnet}.{i + 2}" for i, n in enumerate(self.node_names)}
+        self._network()
+        self._start_munge()
+        self.conf.write_text(self._conf_text())
+        self.conf.chmod(0o644)
+        env = {**os.environ, **self.env}
+        self._spawn([_which("slurmctld"), "-D", "-i"], env, self.root / "log" / "slurmctld.out")
+        _wait_for(self._ctld_up, 30, "slurmctld", self.root / "log" / "slurmctld.log")
+        for n in self.node_names:
+            self.start_node(n)
+        _wait_for(self._node_idle, 60, "the nodes' slurmds", self.root / "log" / "slurmctld.log")
+        return self
+
+    def _network(self) -> None:
+        bridge = f"{self.tag}br"
+        _ip("link", "add", bridge, "type", "bridge")
+        self.made.append(("link", bridge))
+        _ip("addr", "add", f"{self.ctl_addr}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        hosts = "127.0.0.1 localhost\n" + f"{self.ctl_addr} {self.node}\n" + "".join(f"{a} {n}\n" for n, a in self.addrs.items())
+        for i, n in enumerate(self.node_names):
+            ns, veth = self.netns(n), f"{self.tag}v{i + 1}"
+            _ip("netns", "add", ns)
+            self.made.append(("netns", ns))
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self.made.append(("link", veth))
+            _ip("link", "set", veth, "master", bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.addrs[n]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            (self.root / "spool" / n).mkdir(parents=True, exist_ok=True)
+        (self.root / "hosts").write_text(hosts)
+
+    def start_node(self, node: str) -> None:
+        """(Re)start ``node``'s slurmd inside its namespace, with the node's hostname."""
+        env = {**os.environ, **self.env}
+        q = shlex.quote
+        # its own hostname (UTS) and /etc/hosts (a private mount namespace: the host's file is untouched)
+        inner = (f"mount --bind {q(str(self.root / 'hosts'))} /etc/hosts && hostname {q(node)}"
+                 f" && exec {q(_which('slurmd') or 'slurmd')} -D -N {q(node)}")
+        with open(self.root / "log" / f"slurmd-{node}.out", "ab") as fh:
+            self.procs_by_node[node] = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.netns(node)}", "unshare", "--uts", "--mount", "--propagation", "private",
+                 "--", "sh", "-c", inner],
+                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+
+    def kill_node(self, node: str) -> None:
+        """``kill -9`` of every process in the node's namespace: its slurmd and whatever it started."""
+        for pid in self.pids_in(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        p = self.procs_by_node.pop(node, None)
+        if p is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+
+    def pids_in(self, node: str) -> list[int]:
+        out = _ip("netns", "pids", self.netns(node), check=False).stdout
+        return [int(x) for x in out.split()]
+
+    def _conf_text(self) -> str:
+        r = self.root
+        names = ",".join(self.node_names)
+        text = super()._conf_text()
+        text = text.replace(f"SlurmctldHost={self.node}(127.0.0.1)", f"SlurmctldHost={self.node}({self.ctl_addr})")
+        text = text.replace(f"SlurmdSpoolDir={r}/spool", f"SlurmdSpoolDir={r}/spool/%n")
+        text = text.replace(f"SlurmdPidFile={r}/slurmd.pid", f"SlurmdPidFile={r}/slurmd-%n.pid")
+        text = text.replace(f"SlurmdLogFile={r}/log/slurmd.log", f"SlurmdLogFile={r}/log/slurmd-%n.log")
+        text = text.replace("JobAcctGatherType=jobacct_gather/none", "JobAcctGatherType=jobacct_gather/linux")
+        text = text.replace("SelectTypeParameters=CR_CPU", "SelectTypeParameters=CR_CPU_Memory")
+        lines = [ln for ln in text.splitlines() if not ln.startswith(("NodeName=", "PartitionName="))]
+        lines += [f"NodeName={n} NodeAddr={a} CPUs={self.cpus} RealMemory=8000 State=UNKNOWN" for n, a in self.addrs.items()]
+        lines += [
+            f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName=short Nodes={names} MaxTime=1 State=UP",
+            # a job in 'urgent' takes its nodes from the others' jobs, which end PREEMPTED
+            f"PartitionName=urgent Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=CANCEL",
+            "SlurmdTimeout=10",  # a node whose slurmd died is DOWN (its job NODE_FAIL) within seconds
+            "SlurmdParameters=config_overrides",  # nodes of more CPUs than the machine has: slurm.conf's count
+            # memory enforced as on clusters without cgroups: a step over its job's --mem is killed
+            "JobAcctGatherParams=OverMemoryKill",
+            "JobAcctGatherFrequency=1",
+            f"DefMemPerCPU={8000 // self.cpus}",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def _node_idle(self) -> bool:
+        out = self.scontrol("--oneliner", "show", "node").stdout
+        return out.count("State=IDLE") >= self.nodes
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cancel_all()
+        for n in list(self.procs_by_node):
+            self.kill_node(n)
+        for n in self.node_names:  # a slurmstepd left behind by a killed slurmd
+            if any(kind == "netns" and name == self.netns(n) for kind, name in self.made):
+                self.kill_node(n)
+        super().stop()
+        for kind, name in reversed(self.made):
+            if kind == "netns":
+                _ip("netns", "del", name, check=False)
+            elif kind == "link":
+                _ip("link", "del", name, check=False)
+        self.made.clear()
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster is still there: daemons, processes in its namespaces, namespaces, links."""
+        out = []
+        for p in [*self.procs, *self.procs_by_node.values()]:
+            if p.poll() is None:
+                out.append(f"process {p.pid} ({p.args[0]})")
+        netns = _ip("netns", "list", check=False).stdout
+        links = _ip("-o", "link", "show", check=False).stdout
+        out += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(self.tag)]
+        out += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if f" {self.tag}" in line]
+        out += [f"process {p}" for p in _processes_of(self.root, str(self.conf))]
+        return out
+
+
+def _processes_of(root: Path, conf: str) -> list[str]:
+    """'pid name' of live processes started for a cluster: SLURM_CONF=conf in their environment
+    (slurmctld, slurmd, slurmstepd, job steps) or its folder on their command line (munged)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get("SLURM_CONF") == conf or any(str(root) in a for a in p.info["cmdline"] or []):
+                found.append(f"{p.pid} {p.info['name']}")
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module", name="netns_cluster")
+def netns_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    """A running two-node Slurm cluster (node1, node2: one network namespace each); SLURM_CONF points at it."""
+    skip_if("multi-node slurm", netns_cluster_missing())
+    root = Path(tmp_path_factory.mktemp("nscluster"))
+    cluster = NamespaceCluster(root, cpus=4)  # 4 ranks fit on one node too (the 1-node side of a comparison)
+    with stopped_on_failure(cluster):
+        cluster.start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+
+
 # -- PostgreSQL + mlflow server ---------------------------------------------
 
 
@@ -341,15 +576,15 @@ def team_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Te
         shutil.rmtree(root, ignore_errors=True)
 
 
-if __name__ == "__main__":  # python tests/cluster_fixtures.py slurm|team  (Ctrl-C stops it)
+if __name__ == "__main__":  # python tests/cluster_fixtures.py slurm|nodes|team  (Ctrl-C stops it)
     import tempfile
 
     what = sys.argv[1] if len(sys.argv) > 1 else "slurm"
     base = Path(tempfile.mkdtemp(prefix=f"dstui-{what}-"))
-    thing = SlurmCluster(base) if what == "slurm" else TeamServer(base)
+    thing = {"slurm": SlurmCluster, "nodes": NamespaceCluster, "team": TeamServer}[what](base)
     with stopped_on_failure(thing):
         thing.start()
-    print(f"export SLURM_CONF={base}/slurm.conf" if what == "slurm" else f"export MLFLOW_TRACKING_URI={thing.uri}", flush=True)
+    print(f"export SLURM_CONF={base}/slurm.conf" if what != "team" else f"export MLFLOW_TRACKING_URI={thing.uri}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         signal.pause()

@@ -15,7 +15,7 @@ import time
 
 from dstui.core import phases
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import ingest, live_phase, liveness, slurm
+from dstui.execute import ingest, live_phase, liveness, node_sampler, slurm
 from dstui.execute.executor import executor_for
 from dstui.execute.guard_watch import BatchGuard
 from dstui.execute.ingest import Tracked
@@ -101,6 +101,8 @@ class RunFollower:
         live = self.live(st)
         if live and self.slurm is None:  # a Slurm job's processes are on its nodes
             ingest.sample_system(t, st, self.system_interval_s, time.time())
+        elif self.slurm is not None:  # ... where a sampler per node wrote them (dstui.execute.node_sampler)
+            node_sampler.merge(rd.path, rd.system_file)
         bad_before = t.metrics.bad_lines
         t.pending.extend(self._read(t))
         if t.metrics.bad_lines != bad_before:

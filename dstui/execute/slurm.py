@@ -169,6 +169,10 @@ class SlurmExecutor:
         if job is None:
             return exit_info, None
         fields: dict[str, Any] = {"slurm_state": job.state, "nodes": job.nodes or st.get("nodes")}
+        if job.state in ("FAILED", "CANCELLED") and slurm_cli.killed_over_memory(rd.log_tail(16384)):
+            # memory enforced by job accounting (no cgroups): Slurm says FAILED, its step said why
+            fields.update(state="failed", reason=slurm_cli.REASONS["OUT_OF_MEMORY"])
+            return exit_info, fields
         if job.state in slurm_cli.REASONS and not (job.state == "CANCELLED" and rd.cancel_file.exists()):
             fields.update(state=job.dstui_state, reason=job.describe())
             requeues = int(st.get("requeues") or 0)

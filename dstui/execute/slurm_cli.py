@@ -61,6 +61,16 @@ REASONS = {
 }
 
 
+# what slurmstepd writes into the job's output when it kills a step over the job's memory
+# (JobAcctGatherParams=OverMemoryKill, clusters without cgroup memory limits; the job ends FAILED)
+OVER_MEMORY_LINES = ("Exceeded job memory limit", "Exceeded step memory limit")
+
+
+def killed_over_memory(log_tail: str) -> bool:
+    """Whether slurmstepd killed a step of this job for its memory (read from the job's output)."""
+    return any("slurmstepd" in line and any(m in line for m in OVER_MEMORY_LINES) for line in log_tail.splitlines())
+
+
 class SlurmError(DstuiError):
     """Slurm refused or could not be reached; the message is one line."""
 

@@ -20,6 +20,7 @@ from dstui.execute import launch
 from dstui.spec.models import RunSpec, SlurmOptions
 
 SCRIPT_NAME = "job.sh"
+NODE_SAMPLE_INTERVAL_S = 2.0  # as the supervisor samples a local run (Supervisor.system_interval_s)
 
 
 def sbatch_options(run: RunSpec, rd: RunDir, opts: SlurmOptions, *, cwd: str) -> list[str]:
@@ -106,6 +107,9 @@ def job_script(
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"export MASTER_ADDR MASTER_PORT={port}",
         'echo "dstui: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+        "# one system sampler per node (not per rank), beside the ranks: readings into the run folder's nodes/",
+        f"srun --overlap --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 {me} -m dstui.execute.node_sampler"
+        f" {shlex.quote(str(rd.path))} --interval {NODE_SAMPLE_INTERVAL_S:g} >/dev/null 2>&1 &",
         "# dstui.execute.wrap records the exit status in exit.json; srun starts one task per rank",
         f"exec {me} -m dstui.execute.wrap {shlex.quote(str(rd.path))} -- \\",
         f"  srun --kill-on-bad-exit=1 --ntasks-per-node={run.settings.gpus} --cpus-per-task={opts.cpus_per_task} {me} -m dstui.execute.slurm_rank -- \\",

@@ -74,6 +74,19 @@ def test_two_node_job_script(tmp_path: Path) -> None:
         assert line in text.splitlines(), line
     assert "srun --kill-on-bad-exit=1 --ntasks-per-node=4 --cpus-per-task=8" in text
     assert "/envs/ds/bin/python -u " in text and "deepspeed.launcher" not in text  # srun is the launcher
+    # one system sampler per node, beside the ranks, started before them
+    (sampler,) = [ln for ln in text.splitlines() if "dstui.execute.node_sampler" in ln]
+    assert sampler.startswith("srun --overlap --ntasks-per-node=1 ") and sampler.endswith("&")
+    assert text.index("node_sampler") < text.index("dstui.execute.slurm_rank")
+
+
+def test_over_memory_is_read_from_slurmstepd_lines() -> None:
+    from dstui.execute.slurm_cli import killed_over_memory
+
+    log = "step 3 loss 1.2\nslurmstepd-node1: error: Exceeded job memory limit\nsrun: error: node1: task 0: Killed\n"
+    assert killed_over_memory(log)
+    assert not killed_over_memory("my program printed: Exceeded job memory limit\n")  # not slurmstepd's line
+    assert not killed_over_memory("slurmstepd-node1: error: *** JOB 4 ON node1 CANCELLED ***\n")
 
 
 def test_job_script_keeps_secrets_out_and_refuses_line_breaks(tmp_path: Path) -> None:
