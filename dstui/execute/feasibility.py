@@ -25,6 +25,9 @@ from dstui.core.errors import DstuiError
 from dstui.execute import gpu_share, sysmetrics
 
 GIB = 1024**3
+# CPU ranks per core a run may ask for: a functional CPU run of 3 ranks on 2 cores works (slowly,
+# its timings meaningless); 6 on 2 cores is a GPU setting on the wrong machine
+CPU_RANKS_PER_CORE = 2
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,11 @@ def run_problem(
     if not placed_elsewhere:
         if machine.gpus and ranks > machine.gpus:
             return "gpus", ranks, f"needs {ranks} GPUs per node; this machine has {machine.gpus}"
-        if not machine.gpus and ranks > machine.cpu_cores:
+        if not machine.gpus and ranks > CPU_RANKS_PER_CORE * machine.cpu_cores:
+            most = CPU_RANKS_PER_CORE * machine.cpu_cores
             return "gpus", ranks, (
                 f"this machine has no GPU: {ranks} ranks would run as CPU processes on "
-                f"{machine.cpu_cores} core{'s' if machine.cpu_cores != 1 else ''} (at most {machine.cpu_cores})"
+                f"{machine.cpu_cores} core{'s' if machine.cpu_cores != 1 else ''} (at most {most})"
             )
     if kind == "command":
         return None  # a user's own program: only its rank count is dstui's business
