@@ -142,6 +142,7 @@ def test_no_run_output_breaks_the_follower_the_parsers_or_the_mlflow_sink(store:
     t.metrics.max_line = SMALL_LINE
     follower = RunFollower(store["batch"], store["sink"], None, system_interval_s=3600)
     follower.tracked[rd.name] = t
+    follower.attempts[rd.name] = rd.status().get("attempt", 1)  # this attempt's state: the follower keeps it
     # the run writes in arbitrary pieces (a line may be cut anywhere); the supervisor reads between them
     pieces = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
     for a, b in itertools.pairwise(pieces):
