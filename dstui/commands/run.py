@@ -17,6 +17,7 @@ from dstui.commands import _machine
 from dstui.commands._common import batch_notes
 from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
+from dstui.core import failures
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
@@ -213,13 +214,8 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
 
 def trouble_line(name: str, st: dict) -> str | None:
     """'FAILED a-r0: reason' (printed as '! FAILED ...') for a run that failed, was killed, hung or was flagged by the guard."""
-    state = st.get("state")
-    flag = (st.get("diverged") or {}).get("message")
-    if state in ("failed", "killed"):
-        return f"{state.upper()} {name}: {st.get('reason') or 'no reason recorded'}"
-    if flag:
-        return f"FLAGGED {name}: {flag}"
-    return None
+    t = failures.trouble(st)
+    return f"{t.kind.upper()} {name}: {t.text}" if t else None
 
 
 FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow

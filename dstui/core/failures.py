@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 
 from dstui.core import secrets
 
@@ -19,6 +20,27 @@ KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Error building extension|ninja: build stopped|RuntimeError: Error compiling objects"), "DeepSpeed op build failed"),
     (re.compile(r"No space left on device|ENOSPC"), "disk full (No space left on device)"),
 )
+
+@dataclass(frozen=True)
+class Trouble:
+    """A run that went wrong, for whoever raises the alarm (`dstui run`'s line, the TUI's toast)."""
+
+    kind: str  # 'failed', 'killed' (the run's state), or 'flagged' (the live guard, still running)
+    text: str  # its reason, or the guard's message
+    hung: bool = False  # ended by the hang or stall guard
+    cancelled: bool = False  # killed because someone asked
+
+
+def trouble(st: dict) -> Trouble | None:
+    """What is wrong with a run, from its status.json; None while nothing is."""
+    state = st.get("state")
+    reason = st.get("reason") or ""
+    if state in ("failed", "killed"):
+        return Trouble(state, reason or "no reason recorded", hung=reason.startswith(("hung", "stalled")),
+                       cancelled=state == "killed" and reason.startswith("cancelled"))  # fmt: skip
+    flag = (st.get("diverged") or {}).get("message")
+    return Trouble("flagged", flag) if flag else None
+
 
 #: a reason is kept whole (status.json, the MLflow tag, `dstui status -v`); only a pathological line is cut
 MAX_REASON_CHARS = 2000
