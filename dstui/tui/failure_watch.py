@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dstui.core import failures
 from dstui.core.rundir import BatchDir, list_batches
 
 RECENT_S = 120.0  # a batch finalized this recently is still watched (its last run's end)
 MAX_BATCHES = 30
+RELIST_S = 5.0  # a batch launched meanwhile is watched from its first 5 s on
 
 
 @dataclass(frozen=True)
@@ -32,30 +34,36 @@ class Alert:
 
 def _trouble(st: dict) -> tuple[str, str] | None:
     """(title, text) when a run's status is something to be told about, else None."""
-    state = st.get("state")
-    reason = st.get("reason") or ""
-    flag = (st.get("diverged") or {}).get("message")
-    if state == "killed" and reason.startswith("cancelled"):
-        return None  # the user asked for it
-    if state in ("failed", "killed"):
-        title = "run hung" if reason.startswith(("hung", "stalled")) else f"run {state}"
-        return title, reason or "no reason recorded"
-    if flag:
-        return "live guard", flag
-    return None
+    t = failures.trouble(st)
+    if t is None or t.cancelled:  # a user's own cancel: they asked for it
+        return None
+    if t.kind == "flagged":
+        return "live guard", t.text
+    return ("run hung" if t.hung else f"run {t.kind}"), t.text
 
 
 class FailureWatch:
     """Remembers what it has seen, so each run's trouble is announced once."""
 
-    def __init__(self) -> None:
+    def __init__(self, relist_s: float = RELIST_S) -> None:
         self.seen: dict[tuple[str, str], tuple[str, str] | None] = {}
         self.primed = False
+        self.relist_s = relist_s
+        self._watched: list[BatchDir] = []
+        self._listed_at = -1e18
+
+    def _batches(self, runs_root: Path, now: float) -> list[BatchDir]:
+        """The batches worth reading each tick: unfinished or just finished. Listing every batch of
+        the home reads each batch.json, so it is done every ``relist_s``, not every tick."""
+        if now - self._listed_at >= self.relist_s:
+            self._listed_at = now
+            self._watched = list_batches(runs_root)[:MAX_BATCHES]
+        return self._watched
 
     def scan(self, runs_root: Path, now: float | None = None) -> list[Alert]:
         now = now or time.time()
         alerts: list[Alert] = []
-        for b in list_batches(runs_root)[:MAX_BATCHES]:
+        for b in self._batches(runs_root, now):
             info = b.info()
             if info.get("finalized") and now - float(info.get("ended") or 0) > RECENT_S:
                 continue
