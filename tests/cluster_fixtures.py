@@ -209,12 +209,8 @@ class SlurmCluster:
                 p.wait(timeout=5)
 
 
-@pytest.fixture(scope="session", name="slurm_cluster")
-def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A running single-node Slurm cluster; SLURM_CONF points at it for the whole session."""
-    skip_if("slurm", slurm_missing())
-    root = Path(tmp_path_factory.mktemp("slurm"))
-    cluster = SlurmCluster(root)
+def _serving(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """Start a cluster, point SLURM_CONF at it while the fixture lasts, stop it and restore SLURM_CONF."""
     with stopped_on_failure(cluster):
         cluster.start()
     old = os.environ.get("SLURM_CONF")
@@ -227,6 +223,14 @@ def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running single-node Slurm cluster; SLURM_CONF points at it for the whole session."""
+    skip_if("slurm", slurm_missing())
+    root = Path(tmp_path_factory.mktemp("slurm"))
+    yield from _serving(SlurmCluster(root))
 
 
 # -- a multi-node Slurm cluster: one network namespace per node ------------------
@@ -448,19 +452,7 @@ def netns_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A running two-node Slurm cluster (node1, node2: one network namespace each); SLURM_CONF points at it."""
     skip_if("multi-node slurm", netns_cluster_missing())
     root = Path(tmp_path_factory.mktemp("nscluster"))
-    cluster = NamespaceCluster(root, cpus=4)  # 4 ranks fit on one node too (the 1-node side of a comparison)
-    with stopped_on_failure(cluster):
-        cluster.start()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
+    yield from _serving(NamespaceCluster(root, cpus=4))  # 4 ranks fit on one node too (the 1-node side of a comparison)
 
 
 # -- PostgreSQL + mlflow server ---------------------------------------------
