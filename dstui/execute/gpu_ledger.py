@@ -58,6 +58,7 @@ class Ledger:
     def __init__(self, folder: Path) -> None:
         self.file = folder / "held.json"
         self.holders: list[Holder] = []
+        self._as_read: list[Holder] = []
 
     def load(self) -> None:
         try:
@@ -70,9 +71,12 @@ class Ledger:
                 found.append(Holder(str(e["run_path"]), str(e["batch"]), str(e["run"]),
                                     tuple(int(g) for g in e["gpus"]), e.get("pgid")))  # fmt: skip
         self.holders = [h for h in found if _alive(h)]
+        self._as_read = list(found)
 
     def save(self) -> None:
-        write_json_atomic(self.file, [h.__dict__ | {"gpus": list(h.gpus)} for h in self.holders])
+        """Write the ledger back, only when it changed: a waiting supervisor opens it twice a second."""
+        if self.holders != self._as_read:
+            write_json_atomic(self.file, [h.__dict__ | {"gpus": list(h.gpus)} for h in self.holders])
 
     def held_elsewhere(self, batch_path: Path) -> list[Holder]:
         """Live holders that are not runs of this batch (its own runs are shared by gpu_share)."""
