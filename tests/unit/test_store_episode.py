@@ -21,6 +21,7 @@ from dstui.execute.store import StoreConnection
 from dstui.tracking import client as tracking
 
 
+@pytest.mark.e2e  # nothing launched, but each failed write waits out SQLite's lock timeout (~20 s): not for the fast loop
 def test_a_locked_store_is_one_line_per_episode_without_mlflows_tracebacks(
     tmp_path: Path, empty_db: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
