@@ -105,6 +105,12 @@ def run_folders(runs: Path, names: set[str]) -> int:
     return n
 
 
+def never_started(b: BatchDir) -> bool:
+    """The batch's supervisor log exists but no supervisor ever wrote to it (15 s after it was made)."""
+    st = b.log_file.stat()
+    return st.st_size == 0 and time.time() - st.st_mtime > 15
+
+
 def kill_while_creating(spec: Path, runs: Path, after: int) -> None:
     """Start `dstui run` and SIGKILL it as soon as its new batch holds ``after`` run folders.
 
@@ -144,7 +150,11 @@ def test_kill9_of_dstui_run_while_it_creates_a_batch_leaves_no_half_batch(home: 
     made_by = {b.id: sum(1 for n in b.info()["runs"] if (b.path / n / "status.json").exists()) for b in cut_short}
     for b in list_batches(runs):  # a kill that came after the layout may have let a supervisor start
         if b.log_file.exists():
-            wait_for(lambda b=b: is_supervised(b) or finalized(b), what="the started supervisor up")
+            # ... or have come between opening its log and starting it: a log that stays empty
+            # for 15 s means none was started (a started one writes its first line at once)
+            wait_for(lambda b=b: is_supervised(b) or finalized(b) or never_started(b), what="the started supervisor up")
+            if never_started(b) and not is_supervised(b):
+                continue  # complete and unsupervised: what the next `dstui status` or TUI takes over
             for rd in b.runs():
                 request_cancel(rd)
             wait_for(lambda b=b: finalized(b), what="a started batch finalized")
