@@ -61,9 +61,18 @@ async def type_into(pilot, screen: ComposeScreen, wid: str, text: str) -> None: 
     """Replace an Input's text by typing it, as a user does."""
     inp = screen.query_one(wid, Input)
     inp.focus()
-    inp.value = ""
+    if wid == "#path":  # the path is not part of the spec: nothing to wait for but the keys
+        inp.value = ""
+        await pilot.press(*text)
+        await pilot.pause()
+        return
+    if inp.value:
+        before = screen.generation
+        inp.value = ""
+        await taken(pilot, screen, before)
+    before = screen.generation
     await pilot.press(*text)
-    await pilot.pause()
+    await taken(pilot, screen, before + len(text) - 1)  # one edit per key
 
 
 async def edit_text(pilot, screen: ComposeScreen, wid: str, text: str) -> None:  # noqa: ANN001
@@ -71,7 +80,15 @@ async def edit_text(pilot, screen: ComposeScreen, wid: str, text: str) -> None: 
     area = screen.query_one(wid, TextArea)
     area.focus()
     area.select_all()
+    before = screen.generation
     area.replace(text, area.selection.start, area.selection.end)
+    await taken(pilot, screen, before)
+
+
+async def taken(pilot, screen: ComposeScreen, before: int) -> None:  # noqa: ANN001
+    """Wait until the screen has handled the edit: the widget's Changed and the form's message are two hops,
+    and one idle pause is not always enough for both on a loaded CI box."""
+    assert await wait_for(pilot, lambda: screen.generation > before, timeout=20, step=0.05), "edit never reached Compose"
     await pilot.pause()
 
 
