@@ -35,7 +35,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Header, Input, OptionList
+from textual.widgets import Header, Input, OptionList
 
 from dstui.core.errors import DstuiError
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, parse_spec
@@ -44,6 +44,7 @@ from dstui.tui import compose_model as cm
 from dstui.tui import compose_texts as ct
 from dstui.tui.compose_check import CheckResult
 from dstui.tui.screens.compose_files import SpecFileActions
+from dstui.tui.widgets.fitting_footer import FittingFooter
 from dstui.tui.widgets.run_preview import RunPreview
 from dstui.tui.widgets.spec_form import SpecForm
 
@@ -100,7 +101,7 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
         with Horizontal(id="compose-body"):
             yield SpecForm(id="form")
             yield RunPreview(id="preview")
-        yield Footer()
+        yield FittingFooter()
 
     @property
     def form(self) -> SpecForm:

@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.containers import Grid
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Log, Static
+from textual.widgets import Header, Log, Static
 
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
@@ -28,6 +28,7 @@ from dstui.tui import live_draw
 from dstui.tui.chart_pages import charts_per_page, grid_shape
 from dstui.tui.series import Delta, RunSeries
 from dstui.tui.widgets.charts import MetricPlot
+from dstui.tui.widgets.fitting_footer import FittingFooter
 
 LOG_TAIL_BYTES = 16384
 
@@ -96,7 +97,7 @@ f follows the running run again. Small terminals show fewer charts at once: c pa
             yield MetricPlot("system", xlabel="seconds", id="plot-sys")
         yield Static(id="log-title")
         yield Log(id="log-tail", max_lines=400, auto_scroll=True)
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.sub_title = self.batch.id

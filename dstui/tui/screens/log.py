@@ -8,11 +8,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Log, Static
+from textual.widgets import Header, Log, Static
 
 from dstui.core import paths
 from dstui.core.records import Follower
 from dstui.core.rundir import RunDir
+from dstui.tui.widgets.fitting_footer import FittingFooter
 
 INITIAL_BYTES = 256 * 1024
 
@@ -46,7 +47,7 @@ The first view shows the last 256 KB; the file itself is in the run folder."""
         yield Header()
         yield Static(id="log-path")
         yield Log(id="log", max_lines=20000, auto_scroll=True)
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.sub_title = f"{self.rd.batch.id}/{self.rd.name}"

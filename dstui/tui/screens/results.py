@@ -20,10 +20,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Select, Static
+from textual.widgets import DataTable, Header, Input, Select, Static
 
 from dstui.tui.results_table import COLUMNS, View
 from dstui.tui.screens.text import TextScreen, mlflow_ui_screen
+from dstui.tui.widgets.fitting_footer import FittingFooter
 
 ALL_BATCHES = "__all__"
 __all__ = ["ResultsScreen", "TextScreen"]
@@ -95,7 +96,7 @@ Narrow terminals leave out tok/s, Δ loss, runs, time/base, peak mem, in that or
             yield Input(placeholder="/ filter", id="filter", compact=True)
         yield Static(id="results-info")
         yield DataTable(id="results", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.query_one("#results-info", Static).update(Text("loading from MLflow…", style="dim"))

@@ -18,13 +18,14 @@ from textual.binding import Binding
 from textual.containers import Grid
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from dstui.core.formatting import fmt_num
 from dstui.tui import results_chart_data as data
 from dstui.tui.chart_pages import charts_per_page, grid_shape
 from dstui.tui.live_draw import byte_scale, time_scale
 from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.fitting_footer import FittingFooter
 
 
 class ChartData(Message):
@@ -68,7 +69,7 @@ c pages through the charts when the terminal is small; e exports the picked runs
         with Grid(id="rplots"):
             for key, title in data.METRICS:
                 yield MetricPlot(title, id=f"rplot-{key}")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.sub_title = f"{len(self.runs)} runs"

@@ -16,12 +16,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Header
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.tui import run_control
 from dstui.tui.screens.confirm import ConfirmScreen
 from dstui.tui.widgets.batch_browser import BatchBrowser
+from dstui.tui.widgets.fitting_footer import FittingFooter
 
 
 class Launched(Message):
@@ -76,7 +77,7 @@ opens the live view on them (no marks: the batch)."""
     def compose(self) -> ComposeResult:
         yield Header()
         yield BatchBrowser(id="runs-body")
-        yield Footer()
+        yield FittingFooter()
 
     @property
     def browser(self) -> BatchBrowser:
