@@ -45,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # seven Huey consumers, each importing mlflow (~20 CPU-seconds a server); dstui runs no
     # MLflow jobs, and the tests do not either
     os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    # The day-to-day loop (`-m "not e2e"`) runs the costliest fuzzers with fewer examples
+    # (tests/helpers.py: fuzz_examples); the README's full command, which CI runs, all of them
+    if "not e2e" in (config.option.markexpr or ""):
+        os.environ.setdefault("DSTUI_TEST_FAST_LOOP", "1")
     # One intra-op thread per rank: DeepSpeed jobs run side by side here, and torch's default
     # (a thread per core) makes oversubscribed OpenMP threads spin. Two smoke batches at once
     # on 2 cores: 167 s and 206 CPU-s with the default, 94 s and 174 CPU-s with one thread.

@@ -96,3 +96,15 @@ def compiler_cache_env(root: Path) -> dict[str, str]:
     with contextlib.suppress(FileExistsError):
         wrapper.symlink_to(ccache)
     return {"CXX": str(wrapper), "CCACHE_DIR": str(root / "ccache"), "CCACHE_BASEDIR": str(root)}
+
+
+def fuzz_examples(full: int) -> int:
+    """How many examples a costly property test runs: all of them in the full suite (CI, the
+    README's command), a quarter in the `-m "not e2e"` day-to-day loop; FUZZ_N overrides both.
+
+    The ingest fuzz's 500 examples write to a real MLflow store (~90 ms each); a quarter of them
+    still cover every hostile kind many times over while a developer iterates.
+    """
+    if os.environ.get("FUZZ_N"):
+        return int(os.environ["FUZZ_N"])
+    return max(25, full // 4) if os.environ.get("DSTUI_TEST_FAST_LOOP") else full

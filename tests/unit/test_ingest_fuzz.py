@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import fuzz_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,7 @@ from dstui.execute.sink import MlflowSink
 from dstui.importer.parse import parse_log
 from dstui.importer.seedlogs import import_dir
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_N", "500")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=fuzz_examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 SMALL_LINE = 4096  # the follower's read size here: oversize lines without writing megabytes
 _steps = itertools.count(1)  # step numbers never repeat across examples: each example's steps are its own
 
