@@ -249,6 +249,31 @@ def compile_cache_counts() -> dict[str, int]:
     return out
 
 
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (every accelerator's) as transformers' set_seed does.
+
+    The same calls in the same order, so the same seed gives the same initial
+    weights as before; without ``transformers.trainer_utils``, which imports
+    peft, and through it transformers' auto-model tables and a dozen model
+    families, when peft is installed: 11.5 s of a llama-1b rank's 'model' phase
+    on the lent H100 image (py-spy, benchmarks/gpu/diag_startup.sh), where
+    building the model itself took 0.1 s.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)  # safe without CUDA: seeds lazily
+    for name in ("mlu", "musa", "npu", "hpu", "xpu"):
+        backend = getattr(torch, name, None)
+        if backend is not None and getattr(backend, "is_available", lambda: False)():
+            backend.manual_seed_all(seed)
+
+
 #: Packages ``import deepspeed`` pulls in that no rank uses: DeepSpeed's autotuner imports
 #: mlflow if it can (for its own trial logging; dstui's supervisor does the tracking).
 UNUSED_IN_RANKS = ("mlflow",)

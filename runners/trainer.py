@@ -28,7 +28,6 @@ class Trainer:
     ) -> None:
         import deepspeed
         import torch
-        import transformers
         from deepspeed.accelerator import get_accelerator
 
         self.args = args
@@ -43,7 +42,7 @@ class Trainer:
             )
         self.dp = self.world // self.sp
 
-        transformers.set_seed(args.seed)
+        common.seed_all(args.seed)
         config = common.model_config(args.model)
         self.layers, self.hidden, heads, kv_heads, self.vocab = common.arch(config)
         self.heads, self.kv_heads = heads, kv_heads  # the header's model_shape

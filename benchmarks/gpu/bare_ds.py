@@ -54,7 +54,10 @@ def main() -> int:
     p.add_argument("--marks", required=True, help="write the marks here (JSON)")
     a = p.parse_args()
 
+    import random
+
     import deepspeed
+    import numpy as np
     import torch
     import transformers
     from deepspeed.accelerator import get_accelerator
@@ -64,7 +67,11 @@ def main() -> int:
     marks["group_up"] = time.time()
     accel = get_accelerator()
     device = torch.device(accel.current_device_name())
-    transformers.set_seed(a.seed)
+    # what transformers.set_seed does, without importing transformers.trainer_utils (and peft through it)
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    torch.cuda.manual_seed_all(a.seed)
     cfg = json.loads(Path(a.model_config).read_text())
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     config.use_cache = False

@@ -69,11 +69,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     import torch
-    import transformers
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = dev.type == "cuda"
-    transformers.set_seed(a.seed)
+    common.seed_all(a.seed)
     config = common.model_config(a.model)
     layers, hidden, _, _, vocab = common.arch(config)
     config.use_cache = False
