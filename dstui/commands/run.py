@@ -17,10 +17,11 @@ from dstui.commands import _machine
 from dstui.commands._common import batch_notes
 from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
-from dstui.core import failures
+from dstui.core import failures, startup_trace
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
+from dstui.execute.live_phase import AFTER_MARK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,6 +98,7 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 NEWEST = "newest"  # `--resume` without a batch
+FINISHING = AFTER_MARK["last_step_done"]  # a run's phase after its last step
 
 
 def resume_target(args: argparse.Namespace) -> str | None:
@@ -106,7 +108,12 @@ def resume_target(args: argparse.Namespace) -> str | None:
     return None if args.resume in (None, NEWEST) else args.resume
 
 
+def _mark(name: str) -> None:
+    startup_trace.mark(name, "cli")
+
+
 def run(args: argparse.Namespace) -> int:
+    _mark("cli_run")  # the interpreter's start, dstui's and this command's imports are before it
     resume_batch = resume_target(args)
     if args.spec is None:
         print("dstui: error: the following arguments are required: spec", file=sys.stderr)
@@ -119,16 +126,19 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
+    _mark("plan_done")
     if plan.spec.executor == "slurm":
         if args.dry_run:
             return print_job_scripts(plan)
         slurm.preflight(plan.runs, plan.spec.slurm, plan.revisions)  # before any folder or job exists
     forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
+    _mark("forecast_done")
     skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
     # the same check as Compose's and the TUI's launch: one line per run that cannot work here
     for p in feasibility.refuse_infeasible(plan, force=args.force, forecasts=forecasts, capacity=capacity,
                                            skip_predicted_oom=skip):  # fmt: skip
         print(f"! --force: launching anyway: {p.line()}", file=sys.stderr, flush=True)
+    _mark("feasibility_done")
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
@@ -147,11 +157,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         b = batch.create(plan, parallel=args.parallel)
         print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}")
+    _mark("batch_created")
     if skip:
         skip_predicted_oom(b, forecasts, capacity)
     for note in gpu_notes(b):
         print(f"! {note}", flush=True)
+    _mark("gpu_notes_done")
     supervisor.spawn(b)
+    _mark("supervisor_up")
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
         return detached_output(b, _machine.wants(args))
@@ -241,8 +254,10 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | 
         while True:
             runs = b.runs()
             now = time.time()
+            finishing = False
             for rd in runs:
                 st = rd.status()
+                finishing |= st.get("phase") == FINISHING
                 key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if seen.get(rd.name) != key or step_due:
@@ -275,11 +290,15 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | 
                     takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
                     supervisor.spawn(b)
-            # every run ended: the supervisor's finalizing takes a fraction of a second; don't add a whole poll
-            time.sleep(min(poll_s, 0.2) if ended_at else poll_s)
+            # a run past its last step, or every run ended: the reap and the supervisor's finalizing take a
+            # fraction of a second; don't add a whole poll to the command's wall (issue 31)
+            time.sleep(min(poll_s, 0.2) if ended_at or finishing else poll_s)
     except KeyboardInterrupt:
         print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
               f"`dstui cancel {b.id}` to stop them.")  # fmt: skip
         return 130
+    _mark("end_seen")
     waiting = None if b.info().get("finalized") else sum(unsent_points(rd) for rd in b.runs())
-    return out.finish(waiting)
+    code = out.finish(waiting)
+    _mark("final_table_printed")
+    return code
