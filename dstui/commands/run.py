@@ -236,7 +236,7 @@ FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last poin
 MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
 
 
-def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | None = None, verbose: bool = False) -> int:
+def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | None = None, verbose: bool = False) -> int:
     """Print progress until every run has ended; Ctrl-C leaves the runs going.
 
     Returns once the runs have ended even if MLflow has not taken every point
