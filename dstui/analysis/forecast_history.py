@@ -109,11 +109,17 @@ def _runs_of(con: sqlite3.Connection, model: str) -> list[HistoryRun]:
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
         marks = ",".join("?" * len(chunk))
-        for key, value, run in con.execute(f"SELECT key, value, run_uuid FROM params WHERE run_uuid IN ({marks})", chunk):  # noqa: S608
+        for key, value, run in con.execute(
+            f"SELECT key, value, run_uuid FROM params WHERE run_uuid IN ({marks})", chunk
+        ):  # noqa: S608
             runs[run].params[key] = value
-        for key, value, run in con.execute(f"SELECT key, value, run_uuid FROM tags WHERE run_uuid IN ({marks})", chunk):  # noqa: S608
+        for key, value, run in con.execute(
+            f"SELECT key, value, run_uuid FROM tags WHERE run_uuid IN ({marks})", chunk
+        ):  # noqa: S608
             runs[run].tags[key] = value
-        query = f"SELECT key, value, is_nan, run_uuid FROM latest_metrics WHERE run_uuid IN ({marks})"  # noqa: S608
+        query = (
+            f"SELECT key, value, is_nan, run_uuid FROM latest_metrics WHERE run_uuid IN ({marks})"  # noqa: S608
+        )
         for key, value, is_nan, run in con.execute(query, chunk):
             runs[run].metrics[key] = math.nan if is_nan else float(value)
     return [runs[i] for i in ids]

@@ -76,7 +76,11 @@ def read(path: str | os.PathLike[str]) -> list[dict]:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and isinstance(rec.get("mark"), str) and isinstance(rec.get("t"), (int, float)):
+                if (
+                    isinstance(rec, dict)
+                    and isinstance(rec.get("mark"), str)
+                    and isinstance(rec.get("t"), (int, float))
+                ):
                     out.append(rec)
     except OSError:
         return []

@@ -12,7 +12,9 @@ from helpers import dstui
 from dstui.core import startup_trace
 
 
-def test_marks_go_to_the_file_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_marks_go_to_the_file_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(startup_trace.ENV, raising=False)
     startup_trace.mark("nothing", "test")  # unset: no file anywhere, no error
     trace = tmp_path / "trace.jsonl"
