@@ -21,7 +21,6 @@ from dstui.core import failures, startup_trace
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
-from dstui.execute.live_phase import AFTER_MARK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,7 +97,6 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 NEWEST = "newest"  # `--resume` without a batch
-FINISHING = AFTER_MARK["last_step_done"]  # a run's phase after its last step
 
 
 def resume_target(args: argparse.Namespace) -> str | None:
@@ -225,6 +223,35 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
             print(f"{name}: {reason}", flush=True)
 
 
+def nap(path: os.PathLike[str] | str, seconds: float, *, tick_s: float = 0.05) -> None:
+    """Sleep up to ``seconds``, waking early when ``path`` changes.
+
+    ``path`` is batch.json: the supervisor rewrites it when the batch is
+    finalized (and for a note), so `dstui run` returns within a tick of the
+    batch's end instead of up to a whole poll later. One stat a tick.
+    """
+
+    def stamp() -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    before = stamp()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(tick_s, left))
+        if stamp() != before:
+            return
+
+
+def all_steps_done(st: dict) -> bool:
+    """A running run whose last step is logged (its teardown and exit come next)."""
+    done, total = st.get("steps_done"), st.get("steps_total")
+    return st.get("state") == "running" and isinstance(done, int) and isinstance(total, int) and 0 < total <= done
+
+
 def trouble_line(name: str, st: dict) -> str | None:
     """'FAILED a-r0: reason' (printed as '! FAILED ...') for a run that failed, was killed, hung or was flagged by the guard."""
     t = failures.trouble(st)
@@ -234,6 +261,7 @@ def trouble_line(name: str, st: dict) -> str | None:
 FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow
 FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last points and artifacts
 MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
+FAST_FOR_S = 10.0  # after a run's last step, how long to follow at the short interval
 
 
 def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | None = None, verbose: bool = False) -> int:
@@ -250,6 +278,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | 
     last_print = 0.0
     ended_at: float | None = None
     takeovers = 0
+    all_steps_seen: dict[str, float] = {}  # run -> when this loop first saw all its steps done
     try:
         while True:
             runs = b.runs()
@@ -257,7 +286,9 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | 
             finishing = False
             for rd in runs:
                 st = rd.status()
-                finishing |= st.get("phase") == FINISHING
+                if all_steps_done(st):
+                    all_steps_seen.setdefault(rd.name, now)  # its last step is logged: teardown and exit next
+                finishing |= supervisor.is_finishing(st) or now - all_steps_seen.get(rd.name, 0.0) < FAST_FOR_S
                 key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if seen.get(rd.name) != key or step_due:
@@ -292,7 +323,7 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | 
                     supervisor.spawn(b)
             # a run past its last step, or every run ended: the reap and the supervisor's finalizing take a
             # fraction of a second; don't add a whole poll to the command's wall (issue 31)
-            time.sleep(min(poll_s, 0.2) if ended_at or finishing else poll_s)
+            nap(b.batch_file, min(poll_s, 0.2) if ended_at or finishing else poll_s)
     except KeyboardInterrupt:
         print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
               f"`dstui cancel {b.id}` to stop them.")  # fmt: skip

@@ -57,7 +57,19 @@ from dstui.execute.sink import MlflowSink
 log = logging.getLogger("dstui.execute.supervisor")
 
 TROUBLE_WAIT_S = 5.0
-FINISHING_POLL_S = 0.1  # the pass interval while a run is past its last step
+FINISHING_POLL_S = 0.1  # the pass interval while a run is past its last step ...
+FINISHING_FAST_FOR_S = 10.0  # ... for this long at most
+
+
+def is_finishing(st: dict) -> bool:
+    """A live run that passed its last step in the last few seconds (its teardown and exit are next)."""
+    since = st.get("phase_since")
+    return (
+        st.get("phase") == live_phase.AFTER_MARK["last_step_done"]
+        and st.get("state") not in FINAL_STATES
+        and isinstance(since, (int, float))
+        and time.time() - since < FINISHING_FAST_FOR_S
+    )
 
 
 class Supervisor:
@@ -127,9 +139,12 @@ class Supervisor:
 
         Its reap, the last records and the MLflow run's end then follow within
         0.1 s instead of up to a whole poll, and so do the batch's end and
-        `dstui run`'s return. Only a local run's own phase says so.
+        `dstui run`'s return. Local batches only: a Slurm batch's pass asks
+        the scheduler (squeue), which is not to be asked ten times a second;
+        and for the first seconds of the phase only: a teardown that hangs is
+        not watched at ten passes a second.
         """
-        if any(rd.status().get("phase") == live_phase.AFTER_MARK["last_step_done"] for rd in self.batch.runs()):
+        if self.slurm is None and any(is_finishing(rd.status()) for rd in self.batch.runs()):
             return min(self.poll_s, FINISHING_POLL_S)
         return self.poll_s
 

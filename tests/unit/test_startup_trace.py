@@ -54,3 +54,45 @@ def test_dstui_run_marks_every_step_before_the_launch(home: Path, tmp_path: Path
     assert [m for m in order if m in expected] == expected, order
     assert "wrap:wrap_starts_job" in order
     assert order.count("cli:process_start") == order.count("supervisor:process_start") == 1
+
+
+def test_a_run_past_its_last_step_is_watched_closely_for_a_few_seconds_only() -> None:
+    """The supervisor's and `dstui run`'s short poll while a run tears down (its end is noticed at once)."""
+    import time
+
+    from dstui.execute.supervisor import FINISHING_FAST_FOR_S, is_finishing
+
+    now = time.time()
+    assert is_finishing({"state": "running", "phase": "finishing", "phase_since": now - 1})
+    assert not is_finishing({"state": "running", "phase": "finishing", "phase_since": now - FINISHING_FAST_FOR_S - 1})
+    assert not is_finishing({"state": "done", "phase": "finishing", "phase_since": now})
+    assert not is_finishing({"state": "running", "phase": "training", "phase_since": now})
+    assert not is_finishing({"state": "running", "phase": "finishing", "phase_since": "garbage"})
+    from dstui.commands.run import all_steps_done
+
+    assert all_steps_done({"state": "running", "steps_done": 3, "steps_total": 3})
+    assert not all_steps_done({"state": "running", "steps_done": 2, "steps_total": 3})
+    assert not all_steps_done({"state": "done", "steps_done": 3, "steps_total": 3})
+    assert not all_steps_done({"state": "running", "steps_done": "3", "steps_total": None})
+
+
+def test_dstui_run_wakes_when_batch_json_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dstui run`'s wait between passes ends at the batch's end (batch.json rewritten), not a poll later."""
+    from dstui.commands import run as run_cmd
+
+    batch_json = tmp_path / "batch.json"
+    batch_json.write_text("{}")
+    clock = {"now": 0.0, "sleeps": 0}
+
+    def sleep(s: float) -> None:  # a fake clock: no real waiting, no timing in the test
+        clock["now"] += s
+        clock["sleeps"] += 1
+        if clock["sleeps"] == 3:
+            batch_json.write_text('{"finalized": true}')
+
+    monkeypatch.setattr(run_cmd.time, "sleep", sleep)
+    monkeypatch.setattr(run_cmd.time, "monotonic", lambda: clock["now"])
+    run_cmd.nap(batch_json, 1000.0, tick_s=0.05)
+    assert clock["sleeps"] == 3  # woke at the change
+    run_cmd.nap(batch_json, 1.0, tick_s=0.05)
+    assert clock["sleeps"] == 3 + 20  # nothing changed: the whole second
