@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     import deepspeed
     import torch
+    import transformers  # noqa: F401 - here, not at the model build: its ~1.3 s (5 s compiled from source)
     from deepspeed.accelerator import get_accelerator
 
+    # belong to the imports, where a user's script (benchmarks/gpu/bare_ds.py) has them too (issue 31)
     clock.mark("imports_done")
     if args.deterministic:
         torch.use_deterministic_algorithms(True)

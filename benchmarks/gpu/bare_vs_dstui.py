@@ -128,12 +128,24 @@ def run_bare(a: argparse.Namespace, work: Path, env: dict[str, str], ds_file: Pa
     }
 
 
-def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[str, Any]:
+def trace_marks(path: Path, t0: float) -> dict[str, float]:
+    """``who:mark`` -> seconds after the command's start, the first of each (dstui's DSTUI_TRACE file)."""
+    from dstui.core import startup_trace
+
+    out: dict[str, float] = {}
+    for rec in startup_trace.read(path):
+        out.setdefault(f"{rec.get('who')}:{rec['mark']}", rec["t"] - t0)
+    return out
+
+
+def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str], trace: Path) -> dict[str, Any]:
     from dstui.core.records import read_records
     from dstui.core.rundir import list_batches, read_json
 
     home = Path(env["DSTUI_HOME"])
     before = {b.path for b in list_batches(home / "runs")} if (home / "runs").is_dir() else set()
+    trace.unlink(missing_ok=True)
+    env = {**env, "DSTUI_TRACE": str(trace)}  # dstui's own start-up marks (an older tree writes none)
     t0 = time.time()
     # started in the work folder: `python -m` puts the working directory first on sys.path, and in
     # the checkout that would be its dstui whatever PYTHONPATH names (--before-tree)
@@ -157,6 +169,12 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[st
     launched = st.get("started")
     reaped = (read_json(rd.exit_file, {}) or {}).get("ended") or st.get("ended")
     run_wall = reaped - launched if launched and reaped else None
+    marks_cli = trace_marks(trace, t0)
+    if launched:
+        marks_cli["status:started (rank launch)"] = launched - t0
+    if reaped:
+        marks_cli["exit.json:ended (reaped)"] = reaped - t0
+    marks_cli["harness:command exited"] = t1 - t0
     return {
         "launch_to_first_step": marks["first_step_done"] - t0,
         "launch_to_exit": t1 - t0,
@@ -168,7 +186,19 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str]) -> dict[st
         "segments": segments(marks),
         "losses": losses,
         "runner": f"{runner}train.py" if runner else None,  # which tree's runner ran: before or after
+        "trace": marks_cli,  # who:mark -> seconds after the command's start
     }
+
+
+def trace_table(rows: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """(who:mark, mean seconds after the command's start, mean gap to the mark before) in time order."""
+    keys = {k for r in rows for k in r.get("trace") or {}}
+    means = sorted((statistics.fmean(r["trace"][k] for r in rows if k in r.get("trace", {})), k) for k in keys)
+    out, prev = [], 0.0
+    for t, k in means:
+        out.append((k, t, t - prev))
+        prev = t
+    return out
 
 
 def mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -208,14 +238,21 @@ def main() -> int:
     spec = write_spec(work, a)
     ds_file = work / "ds_config.json"
     ds_file.write_text(json.dumps(ds_config_of(spec)))
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DSTUI_RUNS_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DSTUI_RUNS_DIR", "DSTUI_TRACE")}
     env.setdefault("PYTHONPYCACHEPREFIX", str(work / "pycache"))  # the same bytecode cache for both
+    # ... that is written: with PYTHONDONTWRITEBYTECODE (the GPU image sets it) Python writes no
+    # bytecode even under a prefix, and with a prefix it reads none from __pycache__ either, so
+    # every process compiled torch, transformers, DeepSpeed and mlflow from source (what dstui's
+    # own cache avoids by dropping the variable: dstui/execute/bytecode.py)
+    no_write = env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(work / "torch_extensions"))  # and the same JIT-op builds
     env["DSTUI_HOME"] = str(work / "home")
     Path(env["DSTUI_HOME"]).mkdir(exist_ok=True)
 
     def say(msg: str) -> None:
         print(f"[bare_vs_dstui {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    say(f"bytecode cache {env['PYTHONPYCACHEPREFIX']}" + (" (PYTHONDONTWRITEBYTECODE dropped)" if no_write else ""))
 
     def tree_env(tree: Path | None) -> dict[str, str]:
         out = dict(env)
@@ -226,10 +263,10 @@ def main() -> int:
     # who -> how to run it once; "dstui_before": the same `dstui run` from an older source tree
     contenders = {
         "bare": lambda n: run_bare(a, work, env, ds_file, n),
-        "dstui": lambda n: run_dstui(a, spec, tree_env(a.dstui_tree)),
+        "dstui": lambda n: run_dstui(a, spec, tree_env(a.dstui_tree), work / f"trace-dstui-{n}.jsonl"),
     }
     if a.before_tree:
-        contenders["dstui_before"] = lambda n: run_dstui(a, spec, tree_env(a.before_tree))
+        contenders["dstui_before"] = lambda n: run_dstui(a, spec, tree_env(a.before_tree), work / f"trace-before-{n}.jsonl")
     if a.warmup:
         for who, go in contenders.items():
             say(f"warm-up {who}: {go(0)['launch_to_exit']:.1f} s")
@@ -261,6 +298,13 @@ def main() -> int:
         outside = mean(rs, "outside_run")
         print(f"{who:12} {mean(rs, 'launch_to_first_step'):10.2f} {mean(rs, 'launch_to_exit'):8.2f} "
               f"{outside if outside is not None else float('nan'):8.2f} {cells}", file=sys.stderr)  # fmt: skip
+    for who in names[1:]:
+        table = trace_table(rows[who])
+        if table:
+            print(f"{who}: its own marks (DSTUI_TRACE), mean seconds after the command's start (+ gap to the mark "
+                  "before); the rank's own phases follow its launch", file=sys.stderr)  # fmt: skip
+            for k, t, gap in table:
+                print(f"  {t:8.2f}  +{gap:6.2f}  {k}", file=sys.stderr)
     summary: dict[str, Any] = {}
     for who in names[1:]:
         d = rows[who]
@@ -274,6 +318,9 @@ def main() -> int:
     print(json.dumps({"model": a.model, "zero_stage": a.zero_stage, "dtype": a.dtype, "micro_batch": a.micro_batch,
                       "seq_length": a.seq_length, "steps": a.steps, "rounds": len(b),
                       "dstui_tree": str(a.dstui_tree or REPO), "before_tree": str(a.before_tree or ""),
+                      "bytecode_cache": env["PYTHONPYCACHEPREFIX"], "dropped_dontwritebytecode": bool(no_write),
+                      "pyc_files": sum(1 for _ in Path(env["PYTHONPYCACHEPREFIX"]).rglob("*.pyc")),
+                      "trace": {who: trace_table(rows[who]) for who in names[1:]},
                       "ratio_first_step": summary["dstui"]["ratio_first_step"], "vs_bare": summary,
                       "mean": {who: {"launch_to_first_step": mean(rs, "launch_to_first_step"),
                                      "launch_to_exit": mean(rs, "launch_to_exit"),

@@ -23,7 +23,9 @@
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
 #                                      # BEFORE_TREE=dir adds `dstui run` from an older tree
-#                                      # (git archive OLD dstui runners configs pyproject.toml)
+#                                      # (git archive OLD dstui runners configs pyproject.toml);
+#                                      # prints dstui's own marks (DSTUI_TRACE: CLI, checks,
+#                                      # supervisor, op check, launch, end) beside the rank's phases
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstui.analysis import forecast_history
+from dstui.analysis.forecast_history import HistoryRun
 from dstui.analysis.forecast_model import (
     DTYPE_BYTES,
     GIB,
@@ -239,19 +241,38 @@ def history_fit(client: Any, models: Iterable[str]) -> ActivationFit:
     Only ``dstui.device = cuda`` runs: on CPU ``mem_peak`` is the process RSS,
     not accelerator memory. A store that cannot be read gives an empty fit.
     """
-    fit = ActivationFit()
+    runs = []
     exps = [e.experiment_id for e in client.search_experiments()]
     for model in sorted(set(models)):
         lit = model.replace("'", "")
         filt = f"{tag_keys.RUN_FILTER} and {tag_keys.search(tag_keys.DEVICE)} = 'cuda' and params.model = '{lit}'"
         for run in client.search_runs(exps, filter_string=filt, max_results=5000) if exps else []:
-            metrics = run.data.metrics
-            peak = metrics.get("summary.mem_peak_max") or metrics.get("mem_peak")
-            settings = settings_of(dict(run.data.params))
-            if settings is None or not peak or run.data.tags.get(tag_keys.STATUS) not in (None, "done"):
-                continue
-            observe(fit, settings, peak, zero_config_of(run.data.params))
+            runs.append(HistoryRun(dict(run.data.params), dict(run.data.metrics), dict(run.data.tags)))
+    return fit_of(runs)
+
+
+def fit_of(runs: Iterable[HistoryRun]) -> ActivationFit:
+    """The activation fit on these GPU runs (MLflow's search, or the SQLite store read directly)."""
+    fit = ActivationFit()
+    for run in runs:
+        peak = run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
+        settings = settings_of(run.params)
+        if settings is None or not peak or run.tags.get(tag_keys.STATUS) not in (None, "done"):
+            continue
+        observe(fit, settings, peak, zero_config_of(run.params))
     return fit
+
+
+def stored_fit(uri: str, models: Iterable[str]) -> ActivationFit:
+    """The fit on the store at ``uri``: a local SQLite file read directly (no mlflow import), else MLflow's client."""
+    models = list(models)
+    db = forecast_history.sqlite_file(uri)
+    runs = forecast_history.read_runs(db, models) if db is not None else None
+    if runs is not None:
+        return fit_of(runs)
+    from dstui.tracking import client as tracking
+
+    return history_fit(tracking.client(uri), models)
 
 
 def zero_config_of(params: dict[str, str]) -> dict[str, Any]:
@@ -293,14 +314,13 @@ def forecast_runs(
     # (or unknown models) skips the store, and with it ~2 CPU-s of mlflow import
     if history and any(forecastable_shape(r.settings) for r in runs):
         from dstui.core import paths
-        from dstui.tracking import client as tracking
 
         uri = tracking_uri or paths.tracking_uri()
         # a SQLite store that does not exist yet holds no history: don't create (migrate) one here
         if not (uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()):
             try:
                 with _fail_fast():
-                    fit = history_fit(tracking.client(uri), (r.settings.model for r in runs))
+                    fit = stored_fit(uri, (r.settings.model for r in runs))
             except Exception:  # unreachable store: the analytic estimate still works
                 fit = None
     return {r.name: forecast(r.settings, ds_config=(ds_configs or {}).get(r.name), fit=fit) for r in runs}

@@ -17,7 +17,7 @@ from dstui.commands import _machine
 from dstui.commands._common import batch_notes
 from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
-from dstui.core import failures
+from dstui.core import failures, startup_trace
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
@@ -106,7 +106,12 @@ def resume_target(args: argparse.Namespace) -> str | None:
     return None if args.resume in (None, NEWEST) else args.resume
 
 
+def _mark(name: str) -> None:
+    startup_trace.mark(name, "cli")
+
+
 def run(args: argparse.Namespace) -> int:
+    _mark("cli_run")  # the interpreter's start, dstui's and this command's imports are before it
     resume_batch = resume_target(args)
     if args.spec is None:
         print("dstui: error: the following arguments are required: spec", file=sys.stderr)
@@ -119,16 +124,19 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
+    _mark("plan_done")
     if plan.spec.executor == "slurm":
         if args.dry_run:
             return print_job_scripts(plan)
         slurm.preflight(plan.runs, plan.spec.slurm, plan.revisions)  # before any folder or job exists
     forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
+    _mark("forecast_done")
     skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
     # the same check as Compose's and the TUI's launch: one line per run that cannot work here
     for p in feasibility.refuse_infeasible(plan, force=args.force, forecasts=forecasts, capacity=capacity,
                                            skip_predicted_oom=skip):  # fmt: skip
         print(f"! --force: launching anyway: {p.line()}", file=sys.stderr, flush=True)
+    _mark("feasibility_done")
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
@@ -147,11 +155,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         b = batch.create(plan, parallel=args.parallel)
         print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}")
+    _mark("batch_created")
     if skip:
         skip_predicted_oom(b, forecasts, capacity)
     for note in gpu_notes(b):
         print(f"! {note}", flush=True)
+    _mark("gpu_notes_done")
     supervisor.spawn(b)
+    _mark("supervisor_up")
     if args.detach:
         print("runs go on in the background; watch with `dstui status` or `dstui`")
         return detached_output(b, _machine.wants(args))
@@ -212,6 +223,35 @@ def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> No
             print(f"{name}: {reason}", flush=True)
 
 
+def nap(path: os.PathLike[str] | str, seconds: float, *, tick_s: float = 0.05) -> None:
+    """Sleep up to ``seconds``, waking early when ``path`` changes.
+
+    ``path`` is batch.json: the supervisor rewrites it when the batch is
+    finalized (and for a note), so `dstui run` returns within a tick of the
+    batch's end instead of up to a whole poll later. One stat a tick.
+    """
+
+    def stamp() -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    before = stamp()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(tick_s, left))
+        if stamp() != before:
+            return
+
+
+def all_steps_done(st: dict) -> bool:
+    """A running run whose last step is logged (its teardown and exit come next)."""
+    done, total = st.get("steps_done"), st.get("steps_total")
+    return st.get("state") == "running" and isinstance(done, int) and isinstance(total, int) and 0 < total <= done
+
+
 def trouble_line(name: str, st: dict) -> str | None:
     """'FAILED a-r0: reason' (printed as '! FAILED ...') for a run that failed, was killed, hung or was flagged by the guard."""
     t = failures.trouble(st)
@@ -221,9 +261,10 @@ def trouble_line(name: str, st: dict) -> str | None:
 FINALIZE_WAIT_S = 15.0  # after the last run ends, how long to wait for an unreachable MLflow
 FINALIZE_MAX_S = 300.0  # ... and for a reachable one still taking the last points and artifacts
 MAX_TAKEOVERS = 3  # a supervisor that keeps dying is reported, not restarted forever
+FAST_FOR_S = 10.0  # after a run's last step, how long to follow at the short interval
 
 
-def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | None = None, verbose: bool = False) -> int:
+def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | None = None, verbose: bool = False) -> int:
     """Print progress until every run has ended; Ctrl-C leaves the runs going.
 
     Returns once the runs have ended even if MLflow has not taken every point
@@ -237,12 +278,17 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | 
     last_print = 0.0
     ended_at: float | None = None
     takeovers = 0
+    all_steps_seen: dict[str, float] = {}  # run -> when this loop first saw all its steps done
     try:
         while True:
             runs = b.runs()
             now = time.time()
+            finishing = False
             for rd in runs:
                 st = rd.status()
+                if all_steps_done(st):
+                    all_steps_seen.setdefault(rd.name, now)  # its last step is logged: teardown and exit next
+                finishing |= supervisor.is_finishing(st) or now - all_steps_seen.get(rd.name, 0.0) < FAST_FOR_S
                 key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if seen.get(rd.name) != key or step_due:
@@ -275,11 +321,15 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 1.0, fmt: str | 
                     takeovers += 1
                     print("supervisor is gone; taking over", flush=True)
                     supervisor.spawn(b)
-            # every run ended: the supervisor's finalizing takes a fraction of a second; don't add a whole poll
-            time.sleep(min(poll_s, 0.2) if ended_at else poll_s)
+            # a run past its last step, or every run ended: the reap and the supervisor's finalizing take a
+            # fraction of a second; don't add a whole poll to the command's wall (issue 31)
+            nap(b.batch_file, min(poll_s, 0.2) if ended_at or finishing else poll_s)
     except KeyboardInterrupt:
         print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
               f"`dstui cancel {b.id}` to stop them.")  # fmt: skip
         return 130
+    _mark("end_seen")
     waiting = None if b.info().get("finalized") else sum(unsent_points(rd) for rd in b.runs())
-    return out.finish(waiting)
+    code = out.finish(waiting)
+    _mark("final_table_printed")
+    return code

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui.core import names, paths
+from dstui.core import names, paths, startup_trace
 from dstui.core.errors import DstuiError, LockHeld, SpecError
 from dstui.core.rundir import (
     FINAL_STATES,
@@ -68,8 +68,10 @@ def plan(
     guard_watch.check_spec(spec, runs, file=file)
     if only:
         runs = select(runs, only, file=file)
+    startup_trace.mark("spec_expanded", "cli")
     if validate:
         preflight.check_models(runs, file=file)
+        startup_trace.mark("models_checked", "cli")
         configs = dsconfig.build_and_validate(runs, file=file, spec_dir=spec_path.parent)
     else:
         configs = {r.name: dsconfig.build(r, spec_dir=spec_path.parent, file=file) for r in runs}

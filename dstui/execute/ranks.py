@@ -98,6 +98,9 @@ def run(
     command: list[str], *, nproc: int, master_addr: str, master_port: int, devices: list[int]
 ) -> int:
     """Start the ranks, wait for all; the first to fail stops the rest and sets the exit status."""
+    from dstui.core import startup_trace
+
+    startup_trace.mark("ranks_start", "ranks")
     procs = [
         subprocess.Popen(
             rank_argv(command, r),

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import secrets
+from dstui.core import secrets, startup_trace
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import (
@@ -57,6 +57,19 @@ from dstui.execute.sink import MlflowSink
 log = logging.getLogger("dstui.execute.supervisor")
 
 TROUBLE_WAIT_S = 5.0
+FINISHING_POLL_S = 0.1  # the pass interval while a run is past its last step ...
+FINISHING_FAST_FOR_S = 10.0  # ... for this long at most
+
+
+def is_finishing(st: dict) -> bool:
+    """A live run that passed its last step in the last few seconds (its teardown and exit are next)."""
+    since = st.get("phase_since")
+    return (
+        st.get("phase") == live_phase.AFTER_MARK["last_step_done"]
+        and st.get("state") not in FINAL_STATES
+        and isinstance(since, (int, float))
+        and time.time() - since < FINISHING_FAST_FOR_S
+    )
 
 
 class Supervisor:
@@ -86,6 +99,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.lock.acquire()
+        startup_trace.mark("supervisor_locked", "supervisor")
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             note = creation.settle(self.batch, locked=True)  # a `dstui run` killed while laying it out
@@ -96,6 +110,7 @@ class Supervisor:
                 self.sink.reopen_parent()
             if self.slurm is None:  # JIT ops built once, before any run's clock starts
                 prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
+                startup_trace.mark("ops_checked", "supervisor")
             else:
                 self.sink.parent_run_id()
             while True:
@@ -115,9 +130,23 @@ class Supervisor:
                     # is restarted by the next `dstui` call and dies again, in a loop
                     self._trouble(e)
                     time.sleep(TROUBLE_WAIT_S)
-                time.sleep(self.poll_s)
+                time.sleep(self._pause())
         finally:
             self.lock.release()
+
+    def _pause(self) -> float:
+        """The wait before the next pass: short while a run is past its last step (issue 31).
+
+        Its reap, the last records and the MLflow run's end then follow within
+        0.1 s instead of up to a whole poll, and so do the batch's end and
+        `dstui run`'s return. Local batches only: a Slurm batch's pass asks
+        the scheduler (squeue), which is not to be asked ten times a second;
+        and for the first seconds of the phase only: a teardown that hangs is
+        not watched at ten passes a second.
+        """
+        if self.slurm is None and any(is_finishing(rd.status()) for rd in self.batch.runs()):
+            return min(self.poll_s, FINISHING_POLL_S)
+        return self.poll_s
 
     def _trouble(self, e: OSError) -> None:
         """Say once what keeps the supervisor from working; it retries until it can."""
@@ -159,6 +188,7 @@ class Supervisor:
         # they need nothing of MLflow, and its first import and store open take seconds (issue 31)
         while self._untracked:
             self.sink.child_run_id(self._untracked.pop(0))
+            startup_trace.mark("mlflow_run_made", "supervisor")
 
     # ---- launching ----
 
@@ -240,6 +270,7 @@ class Supervisor:
         pid = rd.status().get("pid")
         t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
+        startup_trace.mark("run_launched", "supervisor")
         self._untracked.append(rd)
 
     def _submit(self, rd: RunDir) -> None:
@@ -258,11 +289,13 @@ class Supervisor:
         if not self.sink.finish_batch(states):
             return False
         self.batch.update_info(finalized=True, ended=time.time())
+        startup_trace.mark("batch_finalized", "supervisor")
         log.info("batch %s finished: %s", self.batch.id, {s: states.count(s) for s in set(states)})
         return True
 
 
 def main(batch_path: str) -> int:
+    startup_trace.mark("supervisor_main", "supervisor")  # after the interpreter's start and the imports
     # An unreachable tracking server must not stall following the runs: fail fast,
     # keep the metrics on disk, retry on a later pass.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

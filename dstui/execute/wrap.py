@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from dstui.core import startup_trace
 from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
 from dstui.execute import bytecode
 
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
     # so a rank's death names its innermost frame (dstui.core.failures.signal_death)
     env = {**os.environ, "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER") or "1"}
     reserved = reserve(run_dir)
+    startup_trace.mark("wrap_starts_job", "wrap")
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:

@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 from helpers import IMPORTS_DEEPSPEED
@@ -202,11 +203,9 @@ def test_history_fit_recovers_known_coefficients(home) -> None:
 
 def test_the_store_is_opened_only_for_runs_a_fit_can_serve(home, monkeypatch) -> None:
     """A batch of the user's own commands (or of unknown models) never opens MLflow (~2 CPU-s)."""
-    from dstui.tracking import client as tracking
-
     opened: list[str] = []
-    real = tracking.client
-    monkeypatch.setattr(tracking, "client", lambda uri=None: opened.append(str(uri)) or real(uri))
+    real = fc.stored_fit
+    monkeypatch.setattr(fc, "stored_fit", lambda uri, models: opened.append(str(uri)) or real(uri, models))
 
     def run(name: str, **settings) -> object:
         return type("R", (), {"name": name, "settings": Settings(**settings)})()
@@ -217,6 +216,57 @@ def test_the_store_is_opened_only_for_runs_a_fit_can_serve(home, monkeypatch) ->
     assert opened == []
     got = fc.forecast_runs([cmd, run("llama", model="llama-125m", gpus=2, seq_length=512)])
     assert len(opened) == 1 and got["llama"] is not None and got["llama"].source == "analytic"
+
+
+def test_the_sqlite_store_is_read_directly_and_gives_mlflows_fit(home) -> None:
+    """The local store answers without mlflow (issue 31: ~4 s of `dstui run`), with exactly MLflow's runs."""
+    import subprocess
+    import sys
+
+    from dstui.analysis import forecast_history
+    from dstui.core import paths
+    from dstui.tracking import client as tracking
+
+    c = tracking.client()
+    exp = c.create_experiment("history")
+    _log_synthetic_runs(c, exp, POINTS)
+    _log_synthetic_runs(c, exp, POINTS[:2], device="cpu")  # RSS on CPU: not searched
+    _log_synthetic_runs(c, exp, POINTS[2:4], stage=3)  # another ZeRO set-up: its own group
+    gone = c.create_experiment("deleted")  # neither a deleted experiment's runs nor a deleted run count
+    _log_synthetic_runs(c, gone, [(128, 1, "bf16")])
+    c.delete_experiment(gone)
+    _log_synthetic_runs(c, exp, [(4096, 8, "fp32")])
+    newest = c.search_runs([exp], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    c.delete_run(newest.info.run_id)
+    c.set_tag(c.search_runs([exp], filter_string="tags.`dstui.device` = 'cuda'")[0].info.run_id, "dstui.status", "failed")
+
+    uri = paths.tracking_uri()
+    runs = forecast_history.read_runs(forecast_history.sqlite_file(uri), ["llama-125m", "gpt2-small"])
+    assert runs is not None and len(runs) == len(POINTS) + 2  # the failed one is read; the fit skips it
+    direct = fc.fit_of(runs)
+    searched = fc.history_fit(c, ["llama-125m", "gpt2-small"])
+    assert len(searched.observations) == len(POINTS) + 1
+    assert sorted(direct.observations) == sorted(searched.observations)
+    assert sorted(fc.stored_fit(uri, ["llama-125m"]).observations) == sorted(searched.observations)
+    # and without importing mlflow at all
+    code = ("import sys; from dstui.analysis import forecast as fc; "
+            f"fit = fc.stored_fit({uri!r}, ['llama-125m']); print(len(fit.observations), 'mlflow' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [str(len(POINTS) + 1), "False"]
+
+
+def test_a_store_of_another_shape_is_left_to_mlflow(tmp_path) -> None:
+    import sqlite3
+
+    from dstui.analysis import forecast_history
+
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE runs (run_uuid TEXT)")
+    assert forecast_history.read_runs(db, ["llama-125m"]) is None
+    assert forecast_history.read_runs(tmp_path / "missing.db", ["llama-125m"]) is None
+    assert forecast_history.sqlite_file("http://mlflow:5000") is None
+    assert forecast_history.sqlite_file("sqlite:////x/mlflow.db?timeout=3") == Path("/x/mlflow.db")
 
 
 def test_too_little_history_falls_back_to_analytic() -> None:
