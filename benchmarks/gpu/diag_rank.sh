@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The bare script's rank and dstui's rank side by side under py-spy (issue 31): one device call, ~4 min.
+#
+#   bash benchmarks/gpu/diag_rank.sh     # results under $OUT: spy.txt (py-spy raw, every process), b2.{json,err}
+#
+# bare_vs_dstui.py (one warm-up launch of each, then one counted round) runs under
+# `py-spy record --subprocesses`, so the bare script's rank and dstui's rank (and dstui's CLI,
+# supervisor, wrapper) are sampled by the same clock; their model and first-step phases can then
+# be compared frame by frame.
+set -u -o pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+PY=${PYTHON:-python3}
+OUT=${OUT:-$REPO/gpu-out}
+WORK=${DSTUI_GPU_WORK:-/tmp/dstui-gpu}
+mkdir -p "$OUT" "$WORK"
+PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions CUDA_VISIBLE_DEVICES=0
+export PYTHONPATH=${DSTUI_GPU_SITE:-/tmp/site}:$REPO
+$PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/tools/py_spy*.whl 2>&1 | tail -1
+/tmp/pyspy/bin/py-spy record --subprocesses --rate 100 --format raw -o "$OUT/spy.txt" -- \
+    $PY benchmarks/gpu/bare_vs_dstui.py --rounds 1 --warmup --timeout 200 --work "$WORK/b2" ${BARE_ARGS:-} \
+    >"$OUT/b2.json" 2>"$OUT/b2.err"
+echo "py-spy exited $?"
+tail -25 "$OUT/b2.err"
+gzip -f "$OUT/spy.txt"
+ls -la "$OUT"
