@@ -8,12 +8,13 @@ cache:
 * pip (reference, cold): A with ``install: pip``: what every commit cost before;
 * source (cold): B with ``install: auto``: placed on the path, A is its reference;
 * pip (cold): B with ``install: pip``: the same commit built the old way;
-* source / pip (warm): B resolved again each way: a marker read.
+* source / pip (warm): B resolved again each way (``install: source`` / ``pip``): a marker read.
 
 Every figure is the wall time of ``dstui.revisions.envs.resolve`` in this
 process (a build includes the import check in the new env).
 
     python benchmarks/source_env.py [--release 0.18.0] [--rounds 2] [--work /tmp/dstui-source-env-bench]
+    python benchmarks/source_env.py --repo PATH --reference SHA --commit SHA   # any clone: A = reference, B = commit
 
 Prints a table and one JSON object; docs/BENCHMARKS.md records the results.
 """
@@ -80,13 +81,23 @@ def main() -> None:
     ap.add_argument("--release", default="0.18.0")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dstui-source-env-bench")
+    ap.add_argument("--repo", type=Path, help="an existing DeepSpeed clone instead of the generated one")
+    ap.add_argument("--reference", help="with --repo: the commit pip-built first (A)")
+    ap.add_argument("--commit", help="with --repo: the commit built both ways (B; same install recipe as A)")
     args = ap.parse_args()
-    repo, a, b = make_repo(args.work, args.release)
+    if args.repo:
+        if not (args.reference and args.commit):
+            ap.error("--repo needs --reference and --commit")
+        repo, a, b = args.repo.resolve(), args.reference, args.commit
+        args.release = f"{args.repo.name} {a[:10]} -> {b[:10]}"
+    else:
+        repo, a, b = make_repo(args.work, args.release)
     steps = [
         ("pip (reference), cold", Revision(name="a", git=str(repo), ref=a, install="pip"), "pip"),
         ("source, cold", Revision(name="b", git=str(repo), ref=b), "source"),
         ("pip, cold", Revision(name="bp", git=str(repo), ref=b, install="pip"), "pip"),
-        ("source, warm", Revision(name="b", git=str(repo), ref=b), "source"),
+        # auto would now reuse B's pip env (a cached env is reused whichever way it was built)
+        ("source, warm", Revision(name="b", git=str(repo), ref=b, install="source"), "source"),
         ("pip, warm", Revision(name="bp", git=str(repo), ref=b, install="pip"), "pip"),
     ]
     times: dict[str, list[float]] = {s[0]: [] for s in steps}

@@ -9,7 +9,7 @@ downloaded once), is
     R  B2 + one more requirement         <- recipe differs: falls back to the pip build
 
 One commit (A) is built both ways (``install: pip`` and ``install: source``) and
-one ``kind: verify`` batch (ZeRO-1 against plain PyTorch, 2 gloo ranks) runs
+one ``kind: verify`` batch (ZeRO-1 against plain PyTorch, one rank, 3 steps) runs
 under each: every step's loss, grad norm and parity differences, the versions
 the runs report and the installed package files must be identical.
 """
@@ -139,7 +139,7 @@ def test_source_env_gives_the_pip_builds_verify_results(history: dict, cache: Pa
     home.mkdir()
     spec = yaml.safe_load((SPECS / "verify_zero.yaml").read_text())
     spec["name"] = "source-env"
-    spec["settings"].update(steps=3, gpus=2, micro_batch=1, hung_after_s=600)
+    spec["settings"].update(steps=3, gpus=1, micro_batch=1, hung_after_s=600)  # one rank: the smallest verify run
     spec["conditions"] = [{"name": "z1", "zero_stage": 1}]
     spec["revisions"] = [
         {"name": "pip", "git": str(history["repo"]), "ref": history["A"], "install": "pip"},
