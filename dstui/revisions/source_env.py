@@ -82,7 +82,10 @@ def choose(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) -> 
 def _eligible(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
     if plan.kind != "git" or plan.sha is None or plan.source is None:
         return InstallChoice("pip", f"a {plan.kind} revision is pip-built (only git commits are placed on the path)")
-    ds_build = sorted(k for k in os.environ if k.startswith("DS_BUILD_"))
+    # DS_BUILD_<OP>=1 (or DS_BUILD_OPS=1) prebuilds ops at install, DS_BUILD_STRING changes the version; =0 is the default
+    ds_build = sorted(
+        k for k, v in os.environ.items() if k.startswith("DS_BUILD_") and (k == "DS_BUILD_STRING" or v.strip() not in ("", "0"))
+    )
     if ds_build:
         return InstallChoice("pip", f"{', '.join(ds_build)} set: a pip build with ops prebuilt at install")
     if pip_env_cached:
