@@ -96,9 +96,9 @@ def _eligible(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) 
     for env_dir, marker in same:
         problem = _reference_problem(env_dir, marker)
         if problem is None:
-            ref = f"{str(marker.get('sha'))[:12]} ({env_dir.name})"
+            what = "setup.py, requirements, op_builder, ..."  # RECIPE_PATHS; the marker's `recipe` has them all
             return InstallChoice(
-                "source", f"install recipe ({', '.join(RECIPE_PATHS)}) identical to pip-built {ref}", str(env_dir)
+                "source", f"install recipe ({what}) identical to pip-built {str(marker.get('sha'))[:12]}", str(env_dir)
             )
     if same:
         return InstallChoice("pip", f"the pip-built reference {same[0][0].name} cannot serve: {_reference_problem(*same[0])}")
