@@ -18,10 +18,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import DstuiError, SpecError
+from dstui.revisions import source_env
 from dstui.revisions.plan import (
     _bad,
     _BaseEnv,
@@ -94,6 +96,31 @@ def _usable(plan: _Plan) -> bool:
     )
 
 
+def decide_install(plan: _Plan, root: Path, base: _BaseEnv) -> None:
+    """Source-on-path or pip build (``plan.choice``); a source env gets its own key (``src-...``).
+
+    A cached env of this commit is reused whichever way it was built (auto):
+    a pip env first, then a source env; otherwise the eligibility rules of
+    :mod:`dstui.revisions.source_env` decide.
+    """
+    if plan.kind == "installed":
+        return
+    if plan.key.startswith("src-"):  # deciding again (an env built since may now serve as the reference)
+        plan.key = "git-" + plan.key.removeprefix("src-")
+        plan.env_dir = root / plan.key
+    wanted = source_env.requested_install(plan)
+    src = _Plan(plan.rev, plan.kind, plan.requested, key="src-" + plan.key.removeprefix("git-"), sha=plan.sha)
+    src.env_dir = root / src.key
+    if plan.kind == "git" and wanted != "pip" and not (wanted == "auto" and _usable(plan)) and _usable(src):
+        marker = _read_marker(src.env_dir) or {}
+        reason = str((marker.get("install") or {}).get("reason") or "cached")
+        plan.choice = source_env.InstallChoice("source", reason, (marker.get("install") or {}).get("reference"))
+    else:
+        plan.choice = source_env.choose(plan, root, base, pip_env_cached=_usable(plan))
+    if plan.choice.method == "source":
+        plan.key, plan.env_dir = src.key, src.env_dir
+
+
 def _materialise(plan: _Plan, base: _BaseEnv, progress: Progress) -> ResolvedRevision:
     if plan.kind == "installed":
         return _resolve_installed(plan.rev, base)
@@ -110,11 +137,19 @@ def _materialise(plan: _Plan, base: _BaseEnv, progress: Progress) -> ResolvedRev
         with _locked(_sibling(env_dir, ".lock"), say):
             # Another process may have finished the build while we waited.
             if not _usable(plan):
-                _build(plan, base, say)
+                try:
+                    _build(plan, base, say)
+                except RevisionBuildError as e:
+                    if plan.choice is None or plan.choice.method != "source" or source_env.requested_install(plan) != "auto":
+                        raise
+                    # auto: a source env that could not be made falls back to the pip build, which says why it fails
+                    say(f"source-on-path environment failed, falling back to a pip build: {str(e).splitlines()[0]}")
+                    return _materialise(_as_pip(plan, f"source-on-path build failed: {str(e).splitlines()[0]}"), base, progress)
                 built = True
     marker = _read_marker(env_dir) or {}
+    install = marker.get("install") or {"method": "pip", "reason": "built before dstui recorded how"}
     if not built:
-        say(f"using cached environment {env_dir.name} (DeepSpeed {marker.get('version')})")
+        say(f"using cached environment {env_dir.name} (DeepSpeed {marker.get('version')}, {install['method']})")
     return ResolvedRevision(
         name=plan.name,
         kind=plan.kind,
@@ -124,6 +159,15 @@ def _materialise(plan: _Plan, base: _BaseEnv, progress: Progress) -> ResolvedRev
         sha=plan.sha,
         env_dir=str(env_dir),
         diff_path=str(env_dir / DIFF_NAME) if (env_dir / DIFF_NAME).exists() else None,
+        install=str(install["method"]),
+    )
+
+
+def _as_pip(plan: _Plan, reason: str) -> _Plan:
+    assert plan.env_dir is not None
+    key = "git-" + plan.key.removeprefix("src-")
+    return replace(
+        plan, key=key, env_dir=plan.env_dir.parent / key, choice=source_env.InstallChoice("pip", reason)
     )
 
 
@@ -173,38 +217,56 @@ def _build(plan: _Plan, base: _BaseEnv, say: Callable[[str], None]) -> None:
     tmp_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{plan.key}-", dir=tmp_root))
     t0 = time.monotonic()
+    choice = plan.choice or source_env.InstallChoice("pip", "no install decision recorded")
     try:
         with open(log_path, "w") as log:
             log.write(f"# dstui build of revision '{plan.name}' ({plan.kind} {plan.requested}) -> {env_dir}\n")
+            log.write(f"# install: {choice.method} ({choice.reason})\n")
             log.flush()
-            target = _prepare_source(plan, staging, log, say)
-            say("creating the environment")
-            _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
-            _link_base(env_dir, base)
-            if plan.diff is not None:
-                (env_dir / DIFF_NAME).write_bytes(plan.diff)
-            say(f"installing DeepSpeed from {target} (pip --no-deps, DS_BUILD_OPS=0)")
-            # --ignore-installed: pip sees the base's deepspeed through the .pth link and
-            # must neither skip the install nor try to uninstall the base's copy.
-            pip = [str(_env_python(env_dir)), "-m", "pip", "install", "--no-deps", "--ignore-installed"]
-            if base.has_setuptools:
-                # Build against the base's torch/setuptools: no download of a build env,
-                # and setup.py records the real torch version in deepspeed's install info.
-                pip.append("--no-build-isolation")
-            pip += ["--no-input", "--disable-pip-version-check", target]
-            _run_logged(pip, log, cwd=staging, say=say)
-            say("checking the environment imports its own deepspeed and the base torch")
-            version = _verify(plan, env_dir, log)
+            if choice.method == "source":
+                say("creating the environment")
+                _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
+                _link_base(env_dir, base)
+
+                def run(cmd: list[str], capture: bool = False) -> str:
+                    return _run_logged(cmd, log, capture=capture)
+
+                source_env.build(plan, choice, env_dir, run, say)
+                say("checking the environment imports its own deepspeed and the base torch")
+                version = _verify(plan, env_dir, log)
+                source_env.probe(plan, env_dir)
+            else:
+                target = _prepare_source(plan, staging, log, say)
+                say("creating the environment")
+                _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
+                _link_base(env_dir, base)
+                if plan.diff is not None:
+                    (env_dir / DIFF_NAME).write_bytes(plan.diff)
+                say(f"installing DeepSpeed from {target} (pip --no-deps, DS_BUILD_OPS=0)")
+                # --ignore-installed: pip sees the base's deepspeed through the .pth link and
+                # must neither skip the install nor try to uninstall the base's copy.
+                pip = [str(_env_python(env_dir)), "-m", "pip", "install", "--no-deps", "--ignore-installed"]
+                if base.has_setuptools:
+                    # Build against the base's torch/setuptools: no download of a build env,
+                    # and setup.py records the real torch version in deepspeed's install info.
+                    pip.append("--no-build-isolation")
+                pip += ["--no-input", "--disable-pip-version-check", target]
+                _run_logged(pip, log, cwd=staging, say=say)
+                say("checking the environment imports its own deepspeed and the base torch")
+                version = _verify(plan, env_dir, log)
         marker = {
             "format": ENV_FORMAT, "name": plan.name, "kind": plan.kind, "requested": plan.requested,
             "version": version, "sha": plan.sha, "base_python": base.python,
             "base_site_dirs": list(base.site_dirs), "built": time.time(),
             "build_seconds": round(time.monotonic() - t0, 2),
+            "install": choice.to_dict(), "recipe": plan.recipe,
+            "repo": str(plan.source) if plan.source else None,
         }
         tmp = env_dir / f".{MARKER}.tmp"
         tmp.write_text(json.dumps(marker, indent=2))
         os.replace(tmp, env_dir / MARKER)
-        say(f"built DeepSpeed {version} in {time.monotonic() - t0:.1f}s")
+        how = "source on path, no pip build" if choice.method == "source" else "pip build"
+        say(f"built DeepSpeed {version} in {time.monotonic() - t0:.1f}s ({how}: {choice.reason})")
     except BaseException as e:
         # Never leave a half-built env behind; the log stays for the post-mortem.
         shutil.rmtree(env_dir, ignore_errors=True)

@@ -20,6 +20,12 @@ folder provides the tree to build (setup.py then records the right git hash),
 and the user's environment is never written to (pip runs with the new env's
 interpreter and ``--ignore-installed``, so it never uninstalls anything).
 
+A git commit whose install recipe (setup.py, requirements, op builders, ...)
+equals that of a pip-built env of the same base gets a *source-on-path* env
+instead (``src-<sha>-...``: the commit checked out into the env, no pip build;
+:mod:`dstui.revisions.source_env`), in seconds; the marker records which way
+an env was built and why (``install``).
+
 Envs are keyed by what they contain (PyPI version, commit sha, sha + hash of
 the uncommitted diff) plus a fingerprint of the base environment, so a second
 use is a marker-file read. A marker is written atomically only after the env
@@ -38,7 +44,7 @@ from pathlib import Path
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
-from dstui.revisions.build import _materialise, _sibling, _usable
+from dstui.revisions.build import _materialise, _sibling, _usable, decide_install
 from dstui.revisions.plan import _BaseEnv, _check_pypi_versions, _Plan, _plan
 from dstui.revisions.resolved import (
     DIFF_NAME,
@@ -52,11 +58,12 @@ from dstui.revisions.resolved import (
     python_for,
     run_env,
 )
+from dstui.revisions.source_env import InstallChoice
 from dstui.spec.models import Revision
 
 __all__ = [
     "DIFF_NAME", "ENV_FORMAT", "MARKER", "PTH_NAME", "Progress", "ResolvedRevision", "RevisionBuildError",
-    "check_reported_version", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
+    "InstallChoice", "check_reported_version", "install_choice", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
     "_BaseEnv", "_plan", "_sibling",
 ]
 
@@ -87,7 +94,9 @@ def resolve_all(
     errors: list[DstuiError] = []
     for rev in revs:
         try:
-            plans.append(_plan(rev, root, base))
+            plan = _plan(rev, root, base)
+            decide_install(plan, root, base)
+            plans.append(plan)
         except DstuiError as e:
             errors.append(e)
     if len(errors) == 1:
@@ -100,12 +109,28 @@ def resolve_all(
     if any(p.kind != "installed" and not _usable(p) for p in plans):
         base.require_pip()
     _check_pypi_versions([p for p in plans if p.kind == "pypi" and not _usable(p)], base)
-    return {p.name: _materialise(p, base, progress) for p in plans}
+    out = {}
+    for p in plans:
+        if p.kind == "git" and not _usable(p):
+            # an env built just before (an earlier revision of this spec) may now be the reference
+            decide_install(p, root, base)
+        out[p.name] = _materialise(p, base, progress)
+    return out
+
+
+def install_choice(rev: Revision, *, cache_dir: Path | None = None) -> InstallChoice | None:
+    """How resolving ``rev`` now would get its env (source on path or pip) and why; None for ``installed``."""
+    root, base = (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current()
+    plan = _plan(rev, root, base)
+    decide_install(plan, root, base)
+    return plan.choice
 
 
 def is_cached(rev: Revision, *, cache_dir: Path | None = None) -> bool:
     """Whether the revision's env is built and usable (so resolving it builds nothing)."""
     if rev.installed:
         return True
-    plan = _plan(rev, (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current())
+    root, base = (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current()
+    plan = _plan(rev, root, base)
+    decide_install(plan, root, base)
     return _usable(plan)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions.resolved import ENV_FORMAT
@@ -28,6 +29,12 @@ _GIT_TIMEOUT = 120
 _PIP_ENV_DROP = ("PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PIP_EDITABLE", "PIP_REQUIREMENT")
 # Folders that are build output, not source, when hashing or copying a plain tree.
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs", ".pytest_cache", ".tox", ".venv"}
+
+
+#: What decides what a pip build of a DeepSpeed commit installs besides the package's own files.
+RECIPE_PATHS = (
+    "setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in", "build.txt", "requirements", "op_builder", "accelerator",
+)  # fmt: skip
 
 
 # -- the base environment --------------------------------------------------------------
@@ -83,6 +90,8 @@ class _Plan:
     source: Path | None = None
     diff: bytes | None = None
     env_dir: Path | None = None
+    recipe: dict[str, str] | None = None  # git: object ids of what decides a pip install (RECIPE_PATHS)
+    choice: Any = None  # source_env.InstallChoice, set by build.decide_install
 
     @property
     def name(self) -> str:
@@ -128,7 +137,9 @@ def _plan_git(rev: Revision, base: _BaseEnv) -> _Plan:
     for needed in ("setup.py", "deepspeed/__init__.py"):
         if _git(repo, "cat-file", "-e", f"{sha}:{needed}", check=False).returncode != 0:
             raise _bad(rev, "ref", f"'{ref}' ({sha[:12]}) in {repo} is not a DeepSpeed tree (no {needed})")
-    return _Plan(rev, "git", ref, key=f"git-{sha[:16]}-{base.fingerprint}", sha=sha, source=repo)
+    return _Plan(
+        rev, "git", ref, key=f"git-{sha[:16]}-{base.fingerprint}", sha=sha, source=repo, recipe=recipe(repo, sha)
+    )
 
 
 def _plan_path(rev: Revision, base: _BaseEnv) -> _Plan:
@@ -149,6 +160,16 @@ def _plan_path(rev: Revision, base: _BaseEnv) -> _Plan:
             return _Plan(rev, "path", str(tree), key=key, sha=sha, source=tree, diff=diff)
     # Not a git work tree (an unpacked sdist, a copy): key on the content itself.
     return _Plan(rev, "path", str(tree), key=f"tree-{_tree_hash(tree)[:16]}-{base.fingerprint}", source=tree)
+
+
+def recipe(repo: Path, sha: str) -> dict[str, str]:
+    """Git object ids of the RECIPE_PATHS at ``sha`` ('-' where absent): equal ids = equal content."""
+    out = _git(repo, "ls-tree", sha, "--", *RECIPE_PATHS).stdout
+    found = {}
+    for line in out.splitlines():
+        meta, _, path = line.partition("\t")
+        found[path] = meta.split()[2]
+    return {p: found.get(p, "-") for p in RECIPE_PATHS}
 
 
 def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -267,6 +288,7 @@ def _nearby(version: str, available: list[str]) -> str:
 
 
 def _pip_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROP and k != "PYTHONPATH"}
+    # PYTHONDONTWRITEBYTECODE dropped: the import check then leaves bytecode in a source-on-path env, as pip does
+    env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROP and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     env.update(DS_BUILD_OPS="0", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     return env

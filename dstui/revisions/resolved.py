@@ -39,6 +39,7 @@ class ResolvedRevision:
     sha: str | None = None
     env_dir: str | None = None
     diff_path: str | None = None
+    install: str | None = None  # "source" (commit's source on the path) | "pip" (pip-built); None: installed
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for batch.json / spec.json (round-trips through :meth:`from_dict`)."""
@@ -58,6 +59,8 @@ class ResolvedRevision:
         }
         if self.sha:
             tags["dstui.revision.sha"] = self.sha
+        if self.install:
+            tags["dstui.revision.install"] = self.install
         return tags
 
 

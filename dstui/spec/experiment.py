@@ -25,6 +25,11 @@ class Revision(StrictModel):
     ref: str | None = Field(None, description="Branch, tag or commit in 'git'.")
     path: str | None = Field(None, description="A working tree used as it is now.")
     installed: bool = Field(False, description="The DeepSpeed of the current environment.")
+    install: Literal["auto", "pip", "source"] = Field(
+        "auto",
+        description="git revisions: 'auto' places the commit's source into a shared env when that is known to equal "
+        "a pip build, else pip; 'pip' always pip-builds; 'source' requires the source env (an error when ineligible).",
+    )
 
     _name_ok = field_validator("name")(classmethod(lambda cls, v: safe_name(v)))
 

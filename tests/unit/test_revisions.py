@@ -156,6 +156,9 @@ def test_resolved_round_trip_and_tags() -> None:
     assert R.ResolvedRevision.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     tags = r.mlflow_tags()
     assert tags["dstui.revision"] == "new" and tags["dstui.revision.sha"] == r.sha
+    assert "dstui.revision.install" not in tags
+    src = _resolved(install="source")
+    assert R.ResolvedRevision.from_dict(src.to_dict()) == src and src.mlflow_tags()["dstui.revision.install"] == "source"
     assert R.python_for(r) == sys.executable
     assert R.run_env(r) == {"TORCH_EXTENSIONS_DIR": "/x/torch_extensions"}
     assert R.run_env(_resolved(kind="installed", env_dir=None)) == {}
@@ -524,6 +527,37 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
     assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key == p1.key
     (tree / "deepspeed" / "__init__.py").write_text("x = 2\n")
     assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key != p1.key
+
+
+def test_install_choice_without_a_reference_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A git commit's recipe is its install files' object ids; with no pip-built reference it is pip-built."""
+    from pydantic import ValidationError
+
+    repo = tmp_path / "repo"
+    (repo / "deepspeed").mkdir(parents=True)
+    (repo / "setup.py").write_text("")
+    (repo / "deepspeed" / "__init__.py").write_text("")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    (repo / "deepspeed" / "x.py").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "two")
+    base = R._BaseEnv.current()
+    one, two = (R._plan(Revision(name="g", git=str(repo), ref=r), tmp_path / "envs", base) for r in ("main~1", "main"))
+    assert one.recipe == two.recipe and one.recipe["setup.py"] != "-" and one.recipe["requirements"] == "-"
+    choice = R.install_choice(Revision(name="g", git=str(repo), ref="main"), cache_dir=tmp_path)
+    assert choice is not None and choice.method == "pip" and "this build is the reference" in choice.reason
+    with pytest.raises(SpecError, match="cannot use a source-on-path environment"):
+        R.install_choice(Revision(name="g", git=str(repo), ref="main", install="source"), cache_dir=tmp_path)
+    with pytest.raises(SpecError, match="pypi revision is pip-built"):
+        R.install_choice(Revision(name="p", pypi=OLD, install="source"), cache_dir=tmp_path)
+    with pytest.raises(ValidationError):
+        Revision(name="g", git=str(repo), ref="main", install="wheel")  # type: ignore[arg-type]
+    monkeypatch.setenv("DSTUI_REVISION_INSTALL", "sometimes")
+    with pytest.raises(DstuiError, match="DSTUI_REVISION_INSTALL='sometimes': use auto, pip or source"):
+        R.install_choice(Revision(name="g", git=str(repo), ref="main"), cache_dir=tmp_path)
+    assert not (tmp_path / "envs").exists() or not any((tmp_path / "envs").iterdir()), "nothing built"
 
 
 # -- through the whole pipeline: runs under each revision report what they ran -----------------
