@@ -29,6 +29,7 @@ runs, one of them crashing at start-up. Measured in docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -183,16 +184,29 @@ def history(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 def _local_index(root: Path, repo: Path, shas: dict[str, str]) -> Path:
-    """A find-links folder: the real 0.18.0 and 0.18.1 sdists, and tree D packed as the 0.18.2 sdist."""
+    """A find-links folder: the real 0.18.0 and 0.18.1 sdists, and as 0.18.2 the real 0.18.2 sdist with D's bugs.
+
+    Only the two files that G and C change are replaced (from tree D); the sdist's own
+    PKG-INFO and build.txt stay, so pip sees the version it expects.
+    """
     index = root / "index-verify"
-    if not (index / "deepspeed-0.18.2.tar.gz").exists():
+    doctored = index / "deepspeed-0.18.2.tar.gz"
+    if not doctored.exists():
         index.mkdir(parents=True, exist_ok=True)
         for v in ("0.18.0", "0.18.1"):
             shutil.copy(root / "sdists" / f"deepspeed-{v}.tar.gz", index)
-        tmp = index / "deepspeed-0.18.2.tar.gz.tmp"
-        subprocess.run(["git", "-C", str(repo), "archive", "--format=tar.gz", "--prefix=deepspeed-0.18.2/",
-                        "-o", str(tmp), shas["D"]], check=True)  # fmt: skip
-        tmp.rename(index / "deepspeed-0.18.2.tar.gz")
+        patched = {f"deepspeed-0.18.2/{rel}": git(repo, "show", f"{shas['D']}:{rel}").encode() + b"\n"
+                   for rel in (ZERO12, ENGINE)}  # fmt: skip
+        tmp = index / "doctored.tmp"
+        with tarfile.open(root / "sdists" / "deepspeed-0.18.2.tar.gz") as src, tarfile.open(tmp, "w:gz") as dst:
+            for m in src.getmembers():
+                if m.name in patched:
+                    m.size = len(patched[m.name])
+                    dst.addfile(m, io.BytesIO(patched.pop(m.name)))
+                else:
+                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        assert not patched, f"not in the 0.18.2 sdist: {sorted(patched)}"
+        tmp.rename(doctored)
     return index
 
 
