@@ -362,6 +362,17 @@ def test_cli_refuses_bad_metric_combinations(home: Path, capsys: pytest.CaptureF
     assert "--metric grad_norm needs --threshold" in capsys.readouterr().err
     assert cli.main([*base, "--condition", "v", "--metric", "a/b/c", "--threshold", "1"]) == 2
     assert "is neither" in capsys.readouterr().err
+    import argparse
+
+    from dstui.commands.bisect import _check_metric
+
+    def check(metric: str, settings: Settings, threshold: tuple[float, bool] | None = None) -> tuple[float, bool]:
+        return _check_metric(argparse.Namespace(metric=metric, threshold=threshold, condition="c"), settings)
+
+    assert check("verdict", Settings(sp_check=True)) == (0.0, False)  # Ulysses sp-check gives a verdict too
+    assert check("verdict", Settings(kind="verify")) == (0.0, False)
+    assert check("grad_max_abs_diff", Settings(), (1e-6, False)) == (1e-6, False)
+    assert check("iter_time", Settings(), (0.05, False)) == (0.05, True)  # iter_time: always relative
 
 
 class VerdictMeasurer:
