@@ -44,6 +44,7 @@ def markdown(b: Bisect, out: Outcome) -> str:
     o, noun = b.o, b.noun
     threshold = f"{o.threshold * 100:g}%" if o.relative else f"{o.threshold:g}"
     what = "releases from the package index" if noun == "release" else "first-parent commits"
+    limits = {"verdict": "", "loss": f"loss tolerance {o.loss_tol:g}; "}.get(o.metric, f"threshold {threshold}; ")
     if o.needs_base:
         base_verdict = "baseline"
     elif b.base.samples:
@@ -57,8 +58,7 @@ def markdown(b: Bisect, out: Outcome) -> str:
         "",
         f"- range: good `{b.good.short}` {b.good.subject!r} .. bad `{out.line[-1].short}` "
         f"{out.line[-1].subject!r}: {len(out.line)} {what} after good",
-        f"- decision: {method(o.metric, threshold)} (threshold {threshold}, loss tolerance {o.loss_tol:g}; "
-        f"runs per {noun}: {o.repeats}, up to {o.max_repeats})",
+        f"- decision: {method(o.metric, threshold)} ({limits}runs per {noun}: {o.repeats}, up to {o.max_repeats})",
         f"- search path (halving, skips stepped around): {_path(out)}",
         *([f"- {b.context}"] if b.context else []),
         f"- {'repository: `' + str(b.m.repo) + '`' if noun == 'commit' else 'envs: one per release, from PyPI'}; "
