@@ -13,10 +13,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstui.bisect.releases import PYPI_PREFIX, is_release_key
 from dstui.bisect.store import CommitRecord, Store
 from dstui.core import paths
 from dstui.core.errors import DstuiError
@@ -31,13 +32,37 @@ from dstui.spec.models import ExperimentSpec, Revision, RunSpec, Settings
 Say = Callable[[str], None]
 
 
+def _number(v: Any) -> float | None:
+    """A finite or non-finite float from a record's value; None for anything else (run output is untrusted)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _check(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's own check (verify, sp-check) from its summary records: verdict, where and why it failed."""
+    out: dict[str, Any] = {}
+    for r in records:
+        if r.get("type") == "summary" and r.get("verdict") in ("PASS", "FAIL"):
+            out = {"verdict": r["verdict"], "check": str(r.get("check") or "verify")[:40]}
+            step = r.get("first_diverging_step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                out["first_diverging_step"] = step
+            if r.get("reason"):
+                out["verdict_reason"] = str(r["reason"])[:300]
+    return out
+
+
 def run_sample(rd: RunDir, batch_id: str) -> dict[str, Any]:
     """One finished run as ``dstui compare`` sees it: post-warm-up mean iteration time, peak, loss curve.
 
     Warm-up is the condition's ``warmup_steps`` counted from the first logged
-    step, the rule of :func:`dstui.analysis.runs.post_warmup_mask`.
+    step, the rule of :func:`dstui.analysis.runs.post_warmup_mask`. A run
+    whose check FAILed (a verify run exits 1) but trained every step is
+    usable: its loss and times are as real as a PASSing run's.
     """
-    steps = [r for r in read_records(rd.metrics_file) if r.get("type") == "step" and "step" in r]
+    records = read_records(rd.metrics_file)
+    steps = [r for r in records if r.get("type") == "step" and "step" in r]
     warmup = int(rd.settings().get("warmup_steps", 0))
     first = min((int(r["step"]) for r in steps), default=1)
     timed = [float(r["iter_time"]) for r in steps if int(r["step"]) >= first + warmup and r.get("iter_time") is not None]
@@ -45,17 +70,49 @@ def run_sample(rd: RunDir, batch_id: str) -> dict[str, Any]:
         timed = [float(r["iter_time"]) for r in steps if r.get("iter_time") is not None]
     peaks = [float(r["mem_peak"]) for r in steps if r.get("mem_peak") is not None]
     st = rd.status()
+    check = _check(records)
+    complete = bool(steps) and st.get("steps_total") is not None and st.get("steps_done") == st.get("steps_total")
     return {
         "run": rd.name,
         "batch": batch_id,
         "state": st.get("state"),
         "reason": st.get("reason"),
         "mlflow_run_id": st.get("mlflow_run_id"),
-        "usable": st.get("state") == "done",
+        "usable": st.get("state") == "done" or (check.get("verdict") == "FAIL" and complete),
         "iter_time_mean": statistics.fmean(timed) if timed else None,
         "mem_peak": max(peaks) if peaks else None,
         "loss": {str(int(r["step"])): float(r["loss"]) for r in steps if r.get("loss") is not None},
+        **check,
     }
+
+
+def recorded_series(records: list[dict[str, Any]], metric: str) -> dict[int, float]:
+    """``metric`` per step from a run's records: a step field, a ratio ``a/b`` of two, else a summary field (step 0).
+
+    Values that are not numbers are left out; a ratio with a zero denominator too.
+    """
+    num, _, den = metric.partition("/")
+    out: dict[int, float] = {}
+    for r in records:
+        if r.get("type") != "step" or not isinstance(r.get("step"), int):
+            continue
+        a = _number(r.get(num))
+        b = _number(r.get(den)) if den else 1.0
+        if a is not None and b is not None and b != 0:
+            out[int(r["step"])] = a / b
+    if out or den:
+        return out
+    for r in records:
+        if r.get("type") == "summary" and (v := _number(r.get(num))) is not None:
+            out = {0: v}  # the last summary that has it
+    return out
+
+
+def recorded_fields(records: list[dict[str, Any]]) -> list[str]:
+    """The numeric fields a run recorded (for the error naming what a metric could have been)."""
+    names = {k for r in records if r.get("type") in ("step", "summary") for k, v in r.items()
+             if k not in ("time", "step", "type") and _number(v) is not None}  # fmt: skip
+    return sorted(names)
 
 
 @dataclass
@@ -66,16 +123,36 @@ class Measurer:
     spec: ExperimentSpec
     condition: str
     settings: Settings
-    repo: Path
+    repo: Path | None
     store: Store
     say: Say = print
     cache_dir: Path | None = None
     runs_root: Path | None = None
     poll_s: float = 1.0
     on_batch: Callable[[CommitRecord], None] | None = None
+    on_build: Callable[[CommitRecord], None] | None = None  # its env is about to be built (or found cached)
+    _records: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def revision(self, sha: str) -> Revision:
+        """A release (``pypi-<version>``) is its PyPI env; anything else a commit of the repository."""
+        if is_release_key(sha):
+            return Revision(name=sha, pypi=sha.removeprefix(PYPI_PREFIX))
+        if self.repo is None:
+            raise DstuiError(f"commit {sha[:12]} needs --repo")
         return Revision(name=sha[:12], git=str(self.repo), ref=sha)
+
+    def records(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """A measured run's metrics records, read again from its run folder (kept by dstui like any run)."""
+        key = (str(sample.get("batch")), str(sample.get("run")))
+        if key not in self._records:
+            root = self.runs_root or paths.runs_dir()
+            self._records[key] = read_records(RunDir(root / key[0] / key[1]).metrics_file)
+        return self._records[key]
+
+    def series(self, rec: CommitRecord, metric: str) -> list[dict[int, float]]:
+        """The recorded ``metric`` of each usable run of a commit (runs without it are left out)."""
+        found = [recorded_series(self.records(s), metric) for s in rec.samples if s.get("usable")]
+        return [f for f in found if f]
 
     def environment(self, rec: CommitRecord) -> envs.ResolvedRevision | None:
         """The commit's env (built once, then cached); None when it does not build (-> skip)."""
@@ -110,6 +187,8 @@ class Measurer:
         missing = repeats - rec.runs_done()
         if missing <= 0:
             return
+        if self.on_build:
+            self.on_build(rec)
         resolved = self.environment(rec)
         if resolved is None:
             return

@@ -11,6 +11,7 @@ around by testing its nearest untested neighbour, as ``git bisect skip`` does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -69,3 +70,22 @@ def next_index(n: int, verdicts: Mapping[int, str]) -> int | None:
     mid = (c.lo + c.hi) // 2
     open_ = [i for i in range(c.lo, c.hi) if i not in verdicts]
     return min(open_, key=lambda i: (abs(i - mid), i))
+
+
+def tests_left(c: Conclusion) -> int:
+    """About how many more tests the halving needs: log2 of the outcomes still open (skips add to it)."""
+    return 0 if c.done else max(1, math.ceil(math.log2(c.left())))
+
+
+def path(n: int, verdicts: Mapping[int, str]) -> list[int]:
+    """The indexes the search visits, in order, replayed from the verdicts (the search keeps no log of its own).
+
+    The search is a function of the verdicts, so replaying it shows the order in
+    which a bisect tested its commits; it stops at the first index not yet decided.
+    """
+    seen: dict[int, str] = {}
+    order = []
+    while (i := next_index(n, seen)) is not None and i in verdicts:
+        order.append(i)
+        seen[i] = verdicts[i]
+    return order

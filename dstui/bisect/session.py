@@ -14,9 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from dstui.bisect import report
-from dstui.bisect.decide import UNDECIDED, Decision, decide
-from dstui.bisect.measure import Measurer
-from dstui.bisect.search import SKIP, Conclusion, conclude, next_index
+from dstui.bisect.decide import (
+    BAD,
+    UNDECIDED,
+    VERDICT,
+    Decision,
+    Threshold,
+    decide,
+    is_recorded,
+    metric_decision,
+    verdict_decision,
+)
+from dstui.bisect.measure import Measurer, recorded_fields
+from dstui.bisect.search import SKIP, Conclusion, conclude, next_index, path, tests_left
 from dstui.bisect.store import CommitRecord, write_progress
 from dstui.core.errors import DstuiError
 from dstui.revisions.history import Commit
@@ -44,6 +54,12 @@ class Options:
     loss_tol: float
     repeats: int
     max_repeats: int
+    relative: bool = True  # a recorded metric's threshold: relative (5%) or absolute (0.01)
+
+    @property
+    def needs_base(self) -> bool:
+        """A verdict is absolute; every other metric is judged against the good end's runs."""
+        return self.metric != VERDICT
 
 
 @dataclass
@@ -55,7 +71,7 @@ class Tested:
 
     def row(self) -> dict[str, Any]:
         return {
-            "index": self.index, "sha": self.commit.sha, "subject": self.commit.subject,
+            "index": self.index, "sha": self.commit.sha, "name": self.commit.short, "subject": self.commit.subject,
             "verdict": self.decision.verdict, "why": self.decision.why, "change": self.decision.change,
             "runs": self.record.runs_done(), "batches": list(self.record.batches),
             "build": self.record.build, "build_error": self.record.build_error, "builds": self.record.builds,
@@ -69,6 +85,7 @@ class Outcome:
     conclusion: Conclusion
     line: list[Commit]
     tested: dict[int, Tested] = field(default_factory=dict)
+    noun: str = "commit"  # or "release" (the release walk)
 
     @property
     def first_bad(self) -> Commit | None:
@@ -86,25 +103,34 @@ class Outcome:
         bad = self.first_bad
         if bad is not None:
             t = self.tested[self.conclusion.first_bad or 0]
-            return f"first bad commit: {bad.short} {bad.subject!r}: {t.decision.change}"
+            return f"first bad {self.noun}: {bad.short} {bad.subject!r}: {t.decision.change}"
         if self.regression is False:
             return "no regression found between good and bad"
         names = ", ".join(f"{self.line[i].short} {self.line[i].subject!r}" for i in self.conclusion.suspects)
         maybe_none = "" if self.conclusion.hi < len(self.line) else " (or no regression)"
-        return f"the first bad commit could not be isolated: it is one of {names}{maybe_none}"
+        return f"the first bad {self.noun} could not be isolated: it is one of {names}{maybe_none}"
 
 
 class Bisect:
-    """One search over ``good..bad`` (the first-parent ``line``, oldest first, ending at bad)."""
+    """One search over ``good..bad`` (the first-parent ``line``, oldest first, ending at bad).
+
+    ``noun`` says what the line holds ("commit", or "release" for the release
+    walk); ``good_known`` that the good end was already shown good (the release
+    walk's last good release, before its commits are walked), so a verdict
+    bisect need not run it; ``context`` is a line for the report.
+    """
 
     def __init__(self, measurer: Measurer, good: Commit, line: list[Commit], options: Options, session: Path,
-                 say: Callable[[str], None] = print, tag: Callable[[Tested, str], None] | None = None) -> None:  # fmt: skip
+                 say: Callable[[str], None] = print, tag: Callable[[Tested, str], None] | None = None,
+                 noun: str = "commit", good_known: bool = False, context: str = "") -> None:  # fmt: skip
         self.m, self.good, self.line, self.o = measurer, good, line, options
         self.session, self.say, self.tag = session, say, tag
+        self.noun, self.good_known, self.context = noun, good_known, context
         self.base: CommitRecord = measurer.store.commit(good.sha, good.subject)
         self._shown: tuple[tuple[int, Commit] | None, dict[int, Tested]] = (None, {})
         # the progress file names the batch of the commit under test as soon as it exists
-        measurer.on_batch = lambda rec: self._progress("running", *self._shown)
+        measurer.on_batch = lambda rec: self._progress("running", *self._shown, phase="running")
+        measurer.on_build = lambda rec: self._progress("running", *self._shown, phase="building")
 
     # -- verdicts from what is on disk ------------------------------------------------
 
@@ -114,6 +140,13 @@ class Bisect:
             return Decision(SKIP, f"does not build: {build_summary(rec.build_error)}")
         if not rec.samples or rec.runs_done() < self.o.repeats or self._in_flight(rec):
             return None
+        if self.o.metric == VERDICT:
+            return verdict_decision(rec.samples)
+        if is_recorded(self.o.metric):
+            if not any(s.get("usable") for s in rec.samples):
+                return Decision(SKIP, "no run finished (crashed)")
+            return metric_decision(self.o.metric, self.m.series(self.base, self.o.metric),
+                                   self.m.series(rec, self.o.metric), Threshold(self.o.threshold, self.o.relative))  # fmt: skip
         d = decide(self.o.metric, self.base.run_samples(), rec.run_samples(),
                    threshold=self.o.threshold, loss_tol=self.o.loss_tol)  # fmt: skip
         if d.verdict == UNDECIDED:
@@ -137,30 +170,59 @@ class Bisect:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self) -> Outcome:
-        attempts: dict[int, int] = {}
+    def _baseline(self) -> None:
+        """Measure the good end; it must run (and, for a recorded metric, have recorded it)."""
         self.say(f"good {self.good.short} {self.good.subject!r}: the baseline")
-        self._progress("running", (-1, self.good), {})
+        self._progress("running", (-1, self.good), self._shown[1])
         self.m.measure(self.base, self.o.repeats)
         if not any(s.get("usable") for s in self.base.samples):
             why = build_summary(self.base.build_error) if self.base.build_error else "; ".join(sorted({str(s.get("reason")) for s in self.base.samples}))
-            self._progress("failed", None, {}, answer=f"the good commit does not run: {why}")
-            raise DstuiError(f"the good commit {self.good.short} does not give a baseline: {why or 'no runs'}")
+            self._progress("failed", None, {}, answer=f"the good {self.noun} does not run: {why}")
+            raise DstuiError(f"the good {self.noun} {self.good.short} does not give a baseline: {why or 'no runs'}")
+        if is_recorded(self.o.metric) and not self.m.series(self.base, self.o.metric):
+            fields = sorted({f for s in self.base.samples for f in recorded_fields(self.m.records(s))})
+            self._progress("failed", None, {}, answer=f"the good {self.noun}'s runs recorded no {self.o.metric}")
+            raise DstuiError(f"--metric {self.o.metric}: the good {self.noun}'s runs recorded no such value; "
+                             f"they record: {', '.join(fields[:40]) or 'nothing'} (or a ratio a/b of two)")  # fmt: skip
+
+    def _confirm_good(self) -> None:
+        """A verdict bisect whose answer is the first candidate rests on the good end PASSing: check it once."""
+        self.say(f"the answer is the first {self.noun} after good: checking that good {self.good.short} PASSes")
+        self._progress("running", (-1, self.good), self._shown[1])
+        self.m.measure(self.base, self.o.repeats)
+        d = verdict_decision(self.base.samples) if self.base.build != "failed" else Decision(
+            SKIP, f"does not build: {build_summary(self.base.build_error)}")  # fmt: skip
+        if d.verdict == BAD:
+            self._progress("failed", None, self._shown[1], answer=f"the good {self.noun} FAILs too")
+            raise DstuiError(f"the good {self.noun} {self.good.short} FAILs its check too ({d.change}): "
+                             f"the bug is older; pick an older --good")  # fmt: skip
+        if d.verdict == SKIP:
+            self._progress("failed", None, self._shown[1], answer=f"the good {self.noun} gives no verdict")
+            raise DstuiError(f"the good {self.noun} {self.good.short} gives no verdict ({d.why}); "
+                             "the first bad one cannot be told from an older bug")  # fmt: skip
+
+    def run(self) -> Outcome:
+        attempts: dict[int, int] = {}
+        if self.o.needs_base:
+            self._baseline()
         while True:
             tested = self.known()
             verdicts = {i: t.decision.verdict for i, t in tested.items()}
             c = conclude(len(self.line), verdicts)
             idx = next_index(len(self.line), verdicts)
             if idx is None:
-                out = Outcome(c, self.line, tested)
+                if not self.o.needs_base and c.first_bad == 0 and not self.good_known:
+                    self._shown = (None, tested)
+                    self._confirm_good()
+                out = Outcome(c, self.line, tested, noun=self.noun)
                 self._finish(out)
                 return out
             attempts[idx] = attempts.get(idx, 0) + 1
             if attempts[idx] > 2:
                 raise DstuiError(f"commit {self.line[idx].short} stays undecided after two attempts; see its batches")
             commit = self.line[idx]
-            self.say(f"[{c.left()} outcomes left] testing {commit.short} {commit.subject!r} "
-                     f"({idx + 1}/{len(self.line)} after good)")  # fmt: skip
+            self.say(f"[{c.left()} outcomes left, about {tests_left(c)} more tests] testing {self.noun} "
+                     f"{commit.short} {commit.subject!r} ({idx + 1}/{len(self.line)} after good)")  # fmt: skip
             self._progress("running", (idx, commit), tested)
             self._test(self.m.store.commit(commit.sha, commit.subject))
             t = self.known().get(idx)
@@ -192,14 +254,18 @@ class Bisect:
         if current is not None:
             i, commit = current
             rec = self.m.store.commit(commit.sha)
-            cur = {"index": i, "sha": commit.sha, "subject": commit.subject, "batch": (rec.batches or [None])[-1]}
+            cur = {"index": i, "sha": commit.sha, "name": commit.short, "subject": commit.subject,
+                   "batch": (rec.batches or [None])[-1]}  # fmt: skip
         write_progress(self.session, {
             "id": self.session.name, "pid": os.getpid(), "state": state, "metric": self.o.metric,
             "experiment": self.m.spec.name, "condition": self.m.condition,
-            "good": {"sha": self.good.sha, "subject": self.good.subject},
-            "bad": {"sha": self.line[-1].sha, "subject": self.line[-1].subject},
-            "commits": len(self.line), "left": c.left(), "current": cur,
-            "tested": [t.row() for _, t in sorted(tested.items())], **extra,
+            "good": {"sha": self.good.sha, "name": self.good.short, "subject": self.good.subject},
+            "bad": {"sha": self.line[-1].sha, "name": self.line[-1].short, "subject": self.line[-1].subject},
+            "commits": len(self.line), "left": c.left(), "current": cur, "noun": self.noun,
+            "tests_left": tests_left(c), "tested": [t.row() for _, t in sorted(tested.items())],
+            "path": [{"sha": self.line[i].sha, "name": self.line[i].short, "verdict": verdicts[i]}
+                     for i in path(len(self.line), verdicts)],
+            **extra,
         })  # fmt: skip
 
     def _finish(self, out: Outcome) -> None:

@@ -4,7 +4,8 @@
 
     <runs>/bisect/<experiment>-<condition>-<settings key>/     one store per condition
         commits/<sha>.json      what is known of a commit: its env build, its batches, its run samples
-        <good>-<bad>-<metric>/  one search over a range
+        commits/pypi-<v>.json   the same for a PyPI release (the release walk)
+        <good>-<bad>-<metric>/  one search over a range (releases by version: 0.16.0-0.18.0-verdict)
             progress.json       where the search stands (the CLI and the TUI's runs screen read it)
             report.md           the report section
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,7 +89,12 @@ class Store:
         write_json_atomic(self._commit_file(rec.sha), {**asdict(rec), "updated": time.time()})
 
     def session_dir(self, good: str, bad: str, metric: str) -> Path:
-        path = self.root / f"{good[:10]}-{bad[:10]}-{metric}"
+        """``<good>-<bad>-<metric>``: shas cut to 10, releases (``pypi-0.18.0``) by version, odd characters as _."""
+        def short(key: str) -> str:
+            return key.removeprefix("pypi-")[:24] if key.startswith("pypi-") else key[:10]
+
+        name = re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{short(good)}-{short(bad)}-{metric}")[:120]
+        path = self.root / name
         path.mkdir(parents=True, exist_ok=True)
         return path
 

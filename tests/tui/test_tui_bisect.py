@@ -50,3 +50,17 @@ async def test_runs_screen_shows_a_running_bisect(tui_env) -> None:  # noqa: ANN
         assert "testing c0ffee000000" in str(widget.render())
         write_progress(session, _progress("done", answer="first bad commit: c0ffee000000 'engine: faster step'"))
         assert await wait_for(pilot, lambda: "first bad commit" in str(widget.render()), timeout=10)
+
+
+def test_release_walk_progress_names_phase_estimate_and_path() -> None:
+    walk = _progress(noun="release", commits=5, left=4, tests_left=2, phase="building",
+                     current={"index": 2, "sha": "pypi-0.18.2", "name": "0.18.2", "subject": "DeepSpeed 0.18.2 (PyPI)",
+                              "batch": None},
+                     path=[{"sha": "pypi-0.18.3", "name": "0.18.3", "verdict": "bad"},
+                           {"sha": "pypi-0.18.1", "name": "0.18.1", "verdict": "good"}])  # fmt: skip
+    text = progress_text(walk).plain
+    assert "4 outcomes left in 5 releases, about 2 more tests" in text
+    assert "building env of 0.18.2 'DeepSpeed 0.18.2 (PyPI)'" in text and "batch" not in text
+    assert "path: 0.18.3 bad -> 0.18.1 good" in text
+    running = progress_text(_progress(phase="running", tests_left=1, current={"index": -1, "sha": SHA, "batch": "b1"})).plain
+    assert "running c0ffee000000 '' (the good end) (batch b1)" in running

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from dstui.analysis.revision_compare import RunSample
 from dstui.bisect import decide as D
 from dstui.bisect.search import BAD, GOOD, SKIP, conclude, next_index
 from dstui.bisect.store import CommitRecord, Store, list_progress, write_progress
+from dstui.core.errors import SpecError
 from dstui.spec.models import Settings
 
 
@@ -238,3 +240,188 @@ def test_build_summary_names_the_cause() -> None:
     )
     assert build_summary(error) == "revision 'abc': building its environment failed: SETUP-SAYS-NO: cannot build"
     assert build_summary("boom\n  error: x") == "boom: error: x"
+
+
+# -- issue 30: verdicts, recorded metrics, the release walk, progress ------------------------------------
+
+
+def test_verdict_decisions() -> None:
+    from dstui.bisect.decide import verdict_decision
+
+    passed = {"verdict": "PASS", "check": "verify", "usable": True}
+    failed = {"verdict": "FAIL", "check": "verify", "first_diverging_step": 2, "verdict_reason": "grad x.w off",
+              "usable": True}  # fmt: skip
+    crashed = {"state": "failed", "reason": "exit 1: RuntimeError", "usable": False}
+    assert verdict_decision([passed, passed]).verdict == GOOD
+    bad = verdict_decision([passed, failed])
+    assert bad.verdict == BAD and bad.change == "verify FAIL at step 2: grad x.w off" and "1 of 2" in bad.why
+    skip = verdict_decision([crashed])
+    assert skip.verdict == SKIP and "RuntimeError" in skip.why
+    assert verdict_decision([{"verdict": "PASS", "check": "sp-check"}]).change == "sp-check PASS"
+    assert verdict_decision([{"verdict": "maybe"}]).verdict == SKIP  # a runner's odd output is no verdict
+
+
+def test_recorded_metric_series_and_decisions() -> None:
+    from dstui.bisect.decide import Threshold, check_recorded_name, metric_decision
+    from dstui.bisect.measure import recorded_fields, recorded_series
+
+    recs = [
+        {"type": "header", "model": "x"},
+        {"type": "step", "step": 1, "grad_norm": 4.0, "grad_norm_baseline": 2.0, "loss": 6.0},
+        {"type": "step", "step": 2, "grad_norm": 3.0, "grad_norm_baseline": 0.0, "loss": "junk"},
+        {"type": "step", "step": "3", "grad_norm": 1.0},  # a bad step number: left out
+        {"type": "summary", "grad_max_abs_diff_max": 0.5, "verdict": "FAIL"},
+    ]
+    assert recorded_series(recs, "grad_norm/grad_norm_baseline") == {1: 2.0}  # zero denominator left out
+    assert recorded_series(recs, "grad_norm") == {1: 4.0, 2: 3.0}
+    assert recorded_series(recs, "loss") == {1: 6.0}
+    assert recorded_series(recs, "grad_max_abs_diff_max") == {0: 0.5}
+    assert recorded_series(recs, "nothing") == {}
+    assert "grad_norm_baseline" in recorded_fields(recs) and "verdict" not in recorded_fields(recs)
+
+    base = [{1: 1.0, 2: 1.0}, {1: 1.0, 2: 1.02}]
+    d = metric_decision("r", base, [{1: 2.0, 2: 2.0}], Threshold(0.5))
+    assert d.verdict == BAD and "largest |difference| from good 1 at step 1" in d.change
+    assert metric_decision("r", base, [{1: 1.2, 2: 1.0}], Threshold(0.5)).verdict == GOOD
+    rel = metric_decision("r", base, [{1: 1.2, 2: 1.0}], Threshold(0.1, relative=True))
+    assert rel.verdict == BAD and "20%" in rel.change and "threshold 10%" in rel.change
+    assert metric_decision("r", base, [{1: float("nan")}], Threshold(1e9)).verdict == BAD  # NaN is never close
+    assert metric_decision("r", base, [{7: 1.0}], Threshold(1)).verdict == SKIP
+    assert metric_decision("r", [{0: 0.0}], [{0: 0.0}], Threshold(0.1, relative=True)).verdict == GOOD
+    assert check_recorded_name("grad_norm/grad_norm_baseline") is None and check_recorded_name("a.b") is None
+    assert "ratio" in (check_recorded_name("a/b/c") or "") and check_recorded_name("x; rm -rf") is not None
+
+
+def test_release_line_and_names() -> None:
+    from dstui.bisect.releases import Release, is_release, release_line
+
+    assert is_release("0.18.0") and is_release("0.16") and not is_release("v0.18.0") and not is_release("master")
+    avail = ["0.19.0", "0.18.2", "0.18.10", "0.18.1", "0.18.0", "0.17.6", "junk"]
+    good, line = release_line("0.18.0", "0.18.10", avail)
+    assert good == Release.of("0.18.0") and [r.short for r in line] == ["0.18.1", "0.18.2", "0.18.10"]
+    assert line[0].sha == "pypi-0.18.1" and line[0].subject == "DeepSpeed 0.18.1 (PyPI)"
+    assert [r.short for r in release_line("0.18", "0.19", avail)[1]][-1] == "0.19.0"  # 0.18 == 0.18.0
+    with pytest.raises(SpecError, match="lists no DeepSpeed release '0.18.7'"):
+        release_line("0.18.7", "0.19.0", avail)
+    with pytest.raises(SpecError, match="older release"):
+        release_line("0.19.0", "0.18.0", avail)
+
+
+def test_session_folder_names(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    assert store.session_dir("pypi-0.16.0", "pypi-0.18.0", "verdict").name == "0.16.0-0.18.0-verdict"
+    odd = store.session_dir("a" * 40, "b" * 40, "grad_norm/grad_norm_baseline")
+    assert odd.name == f"{'a' * 10}-{'b' * 10}-grad_norm_grad_norm_baseline" and odd.parent == store.root
+
+
+def test_search_path_and_estimate() -> None:
+    from dstui.bisect.search import path, tests_left
+
+    verdicts: dict[int, str] = {}
+    order = []
+    while (i := next_index(6, verdicts)) is not None:  # the e2e history: K skip, C bad, G bad, B good
+        order.append(i)
+        verdicts[i] = {3: SKIP, 2: BAD, 1: BAD, 0: GOOD}[i]
+    assert order == [3, 2, 1, 0] and path(6, verdicts) == order
+    assert path(6, {3: SKIP, 2: BAD, 5: GOOD}) == [3, 2]  # stops at the first undecided step; 5 is off the path
+    assert tests_left(conclude(6, {})) == 3 and tests_left(conclude(6, verdicts)) == 0
+    assert tests_left(conclude(1, {})) == 1
+
+
+def test_available_releases_from_a_local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release list is pip's (`pip index versions`): here a find-links folder, no network."""
+    from dstui.bisect.releases import available_releases
+
+    for v in ("0.17.9", "0.18.0", "0.18.1"):
+        with tarfile.open(tmp_path / f"deepspeed-{v}.tar.gz", "w:gz"):
+            pass
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    assert available_releases()[:3] == ["0.18.1", "0.18.0", "0.17.9"]
+
+
+def test_cli_refuses_bad_metric_combinations(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dstui import cli
+
+    repo = home / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for i in range(2):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        _git(repo, "commit", "-q", "-m", f"c{i}")
+    spec = home / "s.yaml"
+    spec.write_text(json.dumps({"name": "b", "conditions": [{"name": "z0"}, {"name": "v", "kind": "verify"},
+                                                           {"name": "sp", "sp_check": True}]}))  # fmt: skip
+    base = ["bisect", str(spec), "--repo", str(repo), "--good", "HEAD~1", "--bad", "HEAD", "--no-validate"]
+    assert cli.main([*base, "--condition", "z0", "--metric", "verdict"]) == 2
+    assert "--metric verdict needs a condition whose runs give a verdict (kind: verify, or sp_check: true)" in capsys.readouterr().err
+    assert cli.main([*base, "--condition", "v", "--metric", "verdict", "--threshold", "5%"]) == 2
+    assert "takes no --threshold" in capsys.readouterr().err
+    assert cli.main([*base, "--condition", "v", "--metric", "grad_norm"]) == 2
+    assert "--metric grad_norm needs --threshold" in capsys.readouterr().err
+    assert cli.main([*base, "--condition", "v", "--metric", "a/b/c", "--threshold", "1"]) == 2
+    assert "is neither" in capsys.readouterr().err
+    import argparse
+
+    from dstui.commands.bisect import _check_metric
+
+    def check(metric: str, settings: Settings, threshold: tuple[float, bool] | None = None) -> tuple[float, bool]:
+        return _check_metric(argparse.Namespace(metric=metric, threshold=threshold, condition="c"), settings)
+
+    assert check("verdict", Settings(sp_check=True)) == (0.0, False)  # Ulysses sp-check gives a verdict too
+    assert check("verdict", Settings(kind="verify")) == (0.0, False)
+    assert check("grad_max_abs_diff", Settings(), (1e-6, False)) == (1e-6, False)
+    assert check("iter_time", Settings(), (0.05, False)) == (0.05, True)  # iter_time: always relative
+
+
+class VerdictMeasurer:
+    """Verdicts from an oracle (PASS before ``culprit``, FAIL from it on; ``crash`` gives none)."""
+
+    def __init__(self, store: Store, shas: list[str], culprit: int, crash: set[int], good_fails: bool = False) -> None:
+        from dstui.spec.models import ExperimentSpec
+
+        self.store, self.shas, self.culprit, self.crash, self.good_fails = store, shas, culprit, crash, good_fails
+        self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "v", Path("/repo")
+        self.on_batch = self.on_build = None
+        self.measured: list[int] = []
+
+    def measure(self, rec: CommitRecord, repeats: int) -> None:
+        i = self.shas.index(rec.sha)
+        while rec.runs_done() < repeats:
+            self.measured.append(i)
+            rec.batches.append(f"b{i}")
+            if i in self.crash:
+                rec.samples.append({"batch": f"b{i}", "usable": False, "state": "failed", "reason": "crashed"})
+            else:
+                bad = i >= self.culprit or (i == 0 and self.good_fails)
+                rec.samples.append({"batch": f"b{i}", "usable": True, "verdict": "FAIL" if bad else "PASS"})
+        self.store.save(rec)
+
+
+def test_verdict_session_runs_the_good_end_only_when_the_answer_rests_on_it(tmp_path: Path) -> None:
+    from dstui.bisect.session import Bisect, Options
+    from dstui.core.errors import DstuiError
+    from dstui.revisions.history import Commit
+
+    shas = [f"{i:040x}" for i in range(8)]
+    line = [Commit(s, f"commit {i}") for i, s in enumerate(shas) if i]
+    opts = Options("verdict", 0.0, 1e-3, repeats=1, max_repeats=1, relative=False)
+    m = VerdictMeasurer(Store(tmp_path / "a"), shas, culprit=4, crash={2})
+    out = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "a" / "s", say=lambda s: None).run()  # type: ignore[arg-type]
+    assert out.first_bad == line[3] and 0 not in m.measured and 2 in m.measured
+    assert out.answer() == f"first bad commit: {shas[4][:12]} 'commit 4': verify FAIL"
+    # the first candidate is the culprit: the good end is run, once, to rule out an older bug
+    m = VerdictMeasurer(Store(tmp_path / "b"), shas, culprit=1, crash=set())
+    out = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "b" / "s", say=lambda s: None).run()  # type: ignore[arg-type]
+    assert out.first_bad == line[0] and m.measured.count(0) == 1
+    m = VerdictMeasurer(Store(tmp_path / "c"), shas, culprit=1, crash=set(), good_fails=True)
+    with pytest.raises(DstuiError, match="FAILs its check too"):
+        Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "c" / "s", say=lambda s: None).run()  # type: ignore[arg-type]
+    # the release walk's commits: the good end was shown good already, never run
+    m = VerdictMeasurer(Store(tmp_path / "d"), shas, culprit=1, crash=set(), good_fails=True)
+    out = Bisect(m, Commit(shas[0], "good"), line, opts, tmp_path / "d" / "s", say=lambda s: None,  # type: ignore[arg-type]
+                 good_known=True, context="narrowed by the release walk").run()  # fmt: skip
+    assert out.first_bad == line[0] and 0 not in m.measured
+    report = (tmp_path / "d" / "s" / "report.md").read_text()
+    assert "narrowed by the release walk" in report and "search path" in report and "good (shown before)" in report

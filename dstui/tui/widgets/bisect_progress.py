@@ -1,4 +1,4 @@
-"""A line on the runs screen for a bisect in progress: outcomes left, the commit under test, its batch.
+"""A line on the runs screen for a bisect in progress: outcomes left, tests left, the revision under test, its batch.
 
 The bisect itself runs in the CLI (`dstui bisect`, its own process); this widget
 only reads the progress file it writes (:mod:`dstui.bisect.store`). The commit's
@@ -43,25 +43,37 @@ def shown(progress: list[dict[str, Any]], now: float | None = None) -> list[dict
 
 
 def progress_text(p: dict[str, Any]) -> Text:
-    """One bisect as one or two lines (pure: easy to test)."""
+    """One bisect as one or two lines (pure: easy to test).
+
+    Running: what it walks (commits or releases), the outcomes left and about how
+    many more tests that takes (log2), the revision being built or run and its
+    batch; then the verdicts so far, in the order the search took them.
+    """
+    noun = str(p.get("noun") or "commit")
     head = Text.assemble(("bisect ", "bold"), f"{p.get('metric')} of {p.get('condition')} ", ("· ", "dim"))
     if p.get("state") != "running":
         head.append(str(p.get("answer") or p.get("state")), style="bold")
         return head
-    head.append(f"{p.get('left', '?')} outcomes left in {p.get('commits', '?')} commits ")
+    head.append(f"{p.get('left', '?')} outcomes left in {p.get('commits', '?')} {noun}s")
+    if p.get("tests_left") is not None:
+        head.append(f", about {p['tests_left']} more tests", style="dim")
     cur = p.get("current") or {}
     if cur:
-        head.append("· testing ", style="dim")
-        head.append(f"{str(cur.get('sha', ''))[:12]} {cur.get('subject', '')!r}")
-        if cur.get("batch"):
+        doing = {"building": "building env of", "running": "running"}.get(str(p.get("phase")), "testing")
+        head.append(f" · {doing} ", style="dim")
+        name = str(cur.get("name") or str(cur.get("sha", ""))[:12])
+        head.append(f"{name} {cur.get('subject', '')!r}")
+        if cur.get("index") == -1:
+            head.append(" (the good end)", style="dim")
+        if cur.get("batch") and p.get("phase") != "building":
             head.append(f" (batch {cur['batch']})", style="dim")
-    tested = p.get("tested") or []
-    if tested:
-        head.append("\n  tested: ", style="dim")
-        for i, t in enumerate(tested):
+    steps = p.get("path") or p.get("tested") or []
+    if steps:
+        head.append("\n  path: " if p.get("path") else "\n  tested: ", style="dim")
+        for i, t in enumerate(steps):
             if i:
-                head.append(", ", style="dim")
-            head.append(f"{str(t.get('sha', ''))[:8]} ")
+                head.append(" -> " if p.get("path") else ", ", style="dim")
+            head.append(f"{str(t.get('name') or str(t.get('sha', ''))[:8])} ")
             head.append(str(t.get("verdict")), style=VERDICT_STYLE.get(str(t.get("verdict")), ""))
     return head
 
