@@ -178,5 +178,10 @@ def divergence_reason(rec: dict[str, float], rtol: float, atol: float, worst: Se
         parts.append(f"grad max|d|={rec['grad_max_abs_diff']:.3e}")
     if not rec.get("param_within_tol", 1):
         parts.append(f"param max|d|={rec['param_max_abs_diff']:.3e}")
-    where = f" worst in {', '.join(w for w in worst if w)}" if any(worst) else ""
+    # worst = (the gradient's worst tensor, the parameter's): one name when they agree
+    named = [(kind, w) for kind, w in zip(("grad", "param"), worst, strict=False) if w]
+    if len({w for _, w in named}) == 1:
+        where = f" worst in {named[0][1]}"
+    else:
+        where = " worst in " + ", ".join(f"{w} ({kind})" for kind, w in named) if named else ""
     return "; ".join(parts) + f" > rtol={rtol:g} atol={atol:g}" + where
