@@ -7,8 +7,17 @@ job with one ``squeue`` per pass over the batch. A job's end comes from Slurm
 (its final state) plus ``exit.json`` written by the job's wrapper; Slurm's own
 verdicts (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, ...) become the reason.
 
+A requeued job (``scontrol requeue``, a node failure or preemption with
+requeue: the job goes back to PENDING after it ran, same job id) and a job dstui
+submits again itself after PREEMPTED / NODE_FAIL (a new job id) are the same run
+going on: the same run folder, the same MLflow run, a new attempt in its metrics
+file (:mod:`dstui.core.attempt_steps`); while it waits its reason says
+``requeued, attempt N``.
+
 Status fields it adds: ``executor`` ("slurm"), ``job_id``, ``slurm_state``,
-``nodes``, ``requeues``.
+``nodes``, ``requeue_waits`` (back in the queue after it ran), ``resubmits``
+(dstui's own submissions again); ``requeues`` and ``repeated_steps`` come from
+the metrics (:mod:`dstui.execute.ingest`).
 """
 
 from __future__ import annotations
@@ -115,6 +124,12 @@ class SlurmExecutor:
             fields["state"] = state
             if state == "queued":
                 fields["reason"] = job.describe()
+                if st.get("started") and (st.get("state") != "queued" or st.get("requeue_waits")):
+                    # it ran and is back in the queue: Slurm requeued it; it goes on as the next attempt
+                    fields.update(requeue_waits=True, reason=f"requeued, attempt {int(st.get('requeues') or 0) + 2}: {job.describe()}")
+            elif st.get("state") == "queued" and st.get("started"):
+                # a requeued job runs again: the stall clock starts afresh, the run's start stays the first
+                fields.update(requeue_waits=False, reason=None, last_step_at=time.time(), last_step_time=None, restarted=time.time())
             elif st.get("state") == "queued":
                 fields.update(started=time.time(), reason=None)
             if any(st.get(k) != v for k, v in fields.items()):
@@ -149,6 +164,21 @@ class SlurmExecutor:
         if st.get("job_id"):
             slurm_cli.cancel(st["job_id"])
 
+    def resubmit(self, rd: RunDir, verdict: dict[str, Any]) -> None:
+        """Slurm ended the job for the machine's sake (PREEMPTED, NODE_FAIL): the run goes on as its next attempt.
+
+        Not ended, not a new attempt folder, not a new MLflow run: the run is queued
+        without a job, so the supervisor's next pass submits it again (a new job id)
+        into the same folder; its new attempt is told apart in the metrics.
+        """
+        st = rd.status()
+        rd.update_status(
+            state="queued", job_id=None, slurm_state=verdict.get("slurm_state"), nodes=verdict.get("nodes"),
+            resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True,
+            reason=f"requeued, attempt {int(st.get('requeues') or 0) + 2}: {verdict.get('reason')}",
+        )  # fmt: skip
+        log.info("%s: %s", rd.name, verdict.get("reason"))
+
     def reap(self, handle: Any) -> None:
         """Nothing to collect here: the job's processes are Slurm's."""
 
@@ -175,8 +205,8 @@ class SlurmExecutor:
             return exit_info, fields
         if job.state in slurm_cli.REASONS and not (job.state == "CANCELLED" and rd.cancel_file.exists()):
             fields.update(state=job.dstui_state, reason=job.describe())
-            requeues = int(st.get("requeues") or 0)
-            if job.state in slurm_cli.REQUEUE_ON and requeues < self.opts.requeue:
+            resubmits = int(st.get("resubmits") or 0)
+            if job.state in slurm_cli.REQUEUE_ON and resubmits < self.opts.requeue:
                 fields.update(requeue=True, reason=f"{job.describe()}; submitted again")
             return exit_info, fields
         return exit_info, (fields if fields["nodes"] else None)
