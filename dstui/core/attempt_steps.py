@@ -15,8 +15,8 @@ there on). The repeats stay in the file, are counted (``repeated``), and are nev
 sent. Within an attempt nothing is left out (several records of one step all count).
 
 The supervisor (:mod:`dstui.execute.ingest`, state saved in ``ingest.json``) and every
-reader of a finished file (:func:`dstui.core.records.read_records`) apply the same
-rule, so reports read what MLflow holds.
+reader of a finished file (:func:`dstui.core.records.read_records`) and the TUI's live
+series apply the same rule, so they read what MLflow holds.
 """
 
 from __future__ import annotations
