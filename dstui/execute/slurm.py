@@ -99,8 +99,10 @@ class SlurmExecutor:
         rd.exit_file.unlink(missing_ok=True)
         env = {**os.environ, **launch.build_env(run, rd, revision=rev), **argv_values}
         job_id = slurm_cli.submit(script, env=env)
+        st = rd.status()
         rd.update_status(
-            executor="slurm", job_id=job_id, slurm_state="PENDING", reason="Slurm: PENDING", state="queued",
+            executor="slurm", job_id=job_id, slurm_state="PENDING", state="queued",
+            reason=waiting_again(st, "Slurm: PENDING") if st.get("requeue_waits") else "Slurm: PENDING",
             submitted=time.time(), argv=argv, master_port=port,
         )  # fmt: skip
         log.info("submitted %s as Slurm job %s", rd.name, job_id)
@@ -126,10 +128,11 @@ class SlurmExecutor:
                 fields["reason"] = job.describe()
                 if st.get("started") and (st.get("state") != "queued" or st.get("requeue_waits")):
                     # it ran and is back in the queue: Slurm requeued it; it goes on as the next attempt
-                    fields.update(requeue_waits=True, reason=f"requeued, attempt {int(st.get('requeues') or 0) + 2}: {job.describe()}")
+                    fields.update(requeue_waits=True, reason=waiting_again(st, job.describe()))
             elif st.get("state") == "queued" and st.get("started"):
                 # a requeued job runs again: the stall clock starts afresh, the run's start stays the first
-                fields.update(requeue_waits=False, reason=None, last_step_at=time.time(), last_step_time=None, restarted=time.time())
+                fields.update(requeue_waits=False, requeue_cause=None, reason=None, last_step_at=time.time(),
+                              last_step_time=None, restarted=time.time())  # fmt: skip
             elif st.get("state") == "queued":
                 fields.update(started=time.time(), reason=None)
             if any(st.get(k) != v for k, v in fields.items()):
@@ -171,13 +174,13 @@ class SlurmExecutor:
         without a job, so the supervisor's next pass submits it again (a new job id)
         into the same folder; its new attempt is told apart in the metrics.
         """
-        st = rd.status()
+        st = {**rd.status(), "requeue_cause": verdict.get("reason")}
         rd.update_status(
             state="queued", job_id=None, slurm_state=verdict.get("slurm_state"), nodes=verdict.get("nodes"),
-            resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True,
-            reason=f"requeued, attempt {int(st.get('requeues') or 0) + 2}: {verdict.get('reason')}",
+            resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True, requeue_cause=st["requeue_cause"],
+            reason=waiting_again(st, "submitted again"),
         )  # fmt: skip
-        log.info("%s: %s", rd.name, verdict.get("reason"))
+        log.info("%s: %s; submitted again", rd.name, verdict.get("reason"))
 
     def reap(self, handle: Any) -> None:
         """Nothing to collect here: the job's processes are Slurm's."""
@@ -207,9 +210,15 @@ class SlurmExecutor:
             fields.update(state=job.dstui_state, reason=job.describe())
             resubmits = int(st.get("resubmits") or 0)
             if job.state in slurm_cli.REQUEUE_ON and resubmits < self.opts.requeue:
-                fields.update(requeue=True, reason=f"{job.describe()}; submitted again")
+                fields["requeue"] = True  # submitted again (follow.RunFollower._check_job -> resubmit)
             return exit_info, fields
         return exit_info, (fields if fields["nodes"] else None)
+
+
+def waiting_again(st: dict[str, Any], now: str) -> str:
+    """The reason of a run back in the queue after it ran: the attempt that waits, why, and what Slurm says now."""
+    cause = st.get("requeue_cause")
+    return f"requeued, attempt {int(st.get('requeues') or 0) + 2}{f' (after {cause})' if cause else ''}: {now}"
 
 
 def _read_exit(rd: RunDir) -> dict[str, Any]:

@@ -249,3 +249,34 @@ def test_requeued_run_goes_on_in_its_folder_and_mlflow_run_each_step_once(home: 
     (only,) = client.search_runs([run.info.experiment_id], "tags.`dstui.role` = 'run'")
     assert only.info.run_id == rid  # no second MLflow run for the second attempt
     assert "attempt 2 (1x requeued, same MLflow run)" in dstui("status", b.id, check=True).stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_preempted_run_is_submitted_again_in_place(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """With `requeue: 1` (the default) a PREEMPTED job (PreemptMode=CANCEL: Slurm ends it) is submitted again
+    by dstui: a new job, the same folder and MLflow run, each step once, the run done on its second attempt."""
+    from test_reliability import jsonl_steps, spec_file, wait_for
+
+    steps = 25
+    spec = spec_file(home, "preempt-again", [{"name": "low", "args": ["--steps", str(steps), "--interval", "0.3"]}], gpus=1, steps=steps)
+    data = yaml.safe_load(spec.read_text())
+    data.update(executor="slurm", slurm={"extra_sbatch": ["--exclusive"]})
+    spec.write_text(yaml.safe_dump(data))
+    dstui("run", "--detach", str(spec), check=True)
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    rd = wait_for(lambda: (b.runs() or [None])[0], 60, what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 3, 120, what="running")
+    first_job, rid = rd.status()["job_id"], rd.status()["mlflow_run_id"]
+    env = {**os.environ, **netns_cluster.env}
+    subprocess.run(["sbatch", "-p", "urgent", "--exclusive", "-w", rd.status()["nodes"], "-o", "/dev/null", "--wrap", "sleep 3"],
+                   capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    wait_for(lambda: rd.status().get("resubmits") == 1, 90, every=0.5, what="submitted again")
+    assert rd.status()["reason"].startswith("requeued, attempt 2 (after Slurm: PREEMPTED): ")
+    wait_for(lambda: b.info().get("finalized"), 180, every=0.5, what="batch finalized")
+    st = rd.status()
+    assert (st["state"], st["mlflow_run_id"], st["requeues"]) == ("done", rid, 1), st
+    assert st["job_id"] != first_job and b.runs() == [rd]
+    hist = history(mlflow_client(), rid)
+    assert [s for s, _ in hist] == list(range(1, steps + 1))  # each step once
+    assert len(jsonl_steps(rd)) == steps + st["repeated_steps"]  # both attempts in the file
