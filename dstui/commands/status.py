@@ -117,6 +117,15 @@ def nothing_here(root: Path, fmt: str | None) -> int:
     return exit_codes.NOT_FOUND
 
 
+def requeue_note(st: dict) -> str | None:
+    """A Slurm run whose job started again: its attempt, and the repeated steps not sent (dstui.core.attempt_steps)."""
+    n = st.get("requeues")
+    if not isinstance(n, int) or n <= 0:
+        return None
+    repeated = st.get("repeated_steps") or 0
+    return f"attempt {n + 1} ({n}x requeued, same MLflow run); {repeated} repeated step record(s) not sent again"
+
+
 def time_lines(runs: list[RunDir]) -> list[str]:
     """Which GPUs each live run holds, where each finished run's time went, and the batch's step share."""
     lines = []
@@ -130,6 +139,9 @@ def time_lines(runs: list[RunDir]) -> list[str]:
         bad = bad_lines_note(st)
         if bad:
             lines.append(f"  bad   {rd.name}: {bad}")
+        requeued = requeue_note(st)
+        if requeued:
+            lines.append(f"  requeued {rd.name}: {requeued}")
         caches = phases.compile_cache_line(st.get("summary"))
         if caches:
             lines.append(f"  cache {rd.name}: {caches}")

@@ -1,7 +1,10 @@
 """The metrics record: the contract between a runner and the supervisor.
 
 A runner appends one JSON object per line to ``metrics.jsonl``: a ``header``
-record, one ``step`` record per logged optimizer step and a ``summary``.
+record, one ``step`` record per logged optimizer step and a ``summary``. A Slurm
+job's script writes an ``attempt`` record before its ranks start, so a job that
+Slurm requeues (or dstui resubmits) opens a new attempt in the same file
+(:mod:`dstui.core.attempt_steps`: each step counts once).
 Programs that only print the seed's human line (``Epoch 1, Step 10, Loss:
 ... sync: True time: ... alloc_mem: ... peak_mem: ...``) are followed too:
 :func:`parse_seed_line` turns such a line into the same step record.
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-HEADER, STEP, SUMMARY, PHASES = "header", "step", "summary", "phases"
+HEADER, STEP, SUMMARY, PHASES, ATTEMPT = "header", "step", "summary", "phases", "attempt"
 
 # Fields of a step record that are bookkeeping, not metrics.
 NON_METRIC_FIELDS = frozenset({"type", "time", "step", "epoch", "rank"})
@@ -134,11 +137,19 @@ def parse_json_record(line: str) -> dict[str, Any] | None:
         rec = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: a deeply nested value
         raise BadRecord("broken JSON") from None
-    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY, PHASES):
+    if not isinstance(rec, dict) or rec.get("type") not in (HEADER, STEP, SUMMARY, PHASES, ATTEMPT):
         raise BadRecord("not a dstui record")
     if rec["type"] == STEP and not in_int64(rec.get("step")):
         raise BadRecord("step is not a 64-bit integer")
     return _safe_numbers(rec)
+
+
+def parse_attempt_line(line: str) -> dict[str, Any] | None:
+    """The ``attempt`` record job.sh echoes into a seed-format run's output (its metrics source), else None."""
+    if not line.lstrip().startswith('{"type": "attempt"'):
+        return None
+    rec = parse_json_line(line)
+    return rec if rec is not None and rec.get("type") == ATTEMPT else None
 
 
 def parse_json_object(line: str) -> dict[str, Any] | None:
@@ -157,7 +168,7 @@ def parse_record(line: str, fmt: str) -> tuple[dict[str, Any] | None, str | None
     non-blank line that is not a record is a problem.
     """
     try:
-        rec = parse_seed_record(line) if fmt == "seed" else parse_json_record(line)
+        rec = (parse_attempt_line(line) or parse_seed_record(line)) if fmt == "seed" else parse_json_record(line)
     except BadRecord as e:
         return None, example(line, str(e))
     return rec, None
@@ -358,14 +369,19 @@ class Follower:
 
 
 def read_records(path: str | Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
-    """All records of a finished file (used by reports, import and tests)."""
-    parse = parse_json_line if fmt == "jsonl" else parse_seed_line
+    """All records of a finished file (used by reports, import and tests), as MLflow has them:
+    a later attempt's repeats of steps an earlier attempt logged are left out, and so are the
+    ``attempt`` records themselves (:class:`dstui.core.attempt_steps.AttemptSteps`)."""
+    from dstui.core.attempt_steps import AttemptSteps
+
+    parse = parse_json_line if fmt == "jsonl" else (lambda ln: parse_attempt_line(ln) or parse_seed_line(ln))
+    steps = AttemptSteps()
     out = []
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 rec = parse(line)
-                if rec is not None:
+                if rec is not None and steps.keep(rec):
                     out.append(rec)
     except FileNotFoundError:
         return []

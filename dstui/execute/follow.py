@@ -152,6 +152,9 @@ class RunFollower:
                 ex.kill(st)
             return
         exit_info, verdict = ex.outcome(rd)
+        if verdict and verdict.pop("requeue", False):  # PREEMPTED, NODE_FAIL: the same run goes on, submitted again
+            ex.resubmit(rd, verdict)
+            return
         if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
             rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
             log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
@@ -203,11 +206,3 @@ class RunFollower:
             return
         t.finalized = True
         t.save()
-        st = t.rd.status()
-        if st.get("requeue"):  # Slurm preempted it or lost a node: a fresh attempt, once by default
-            from dstui.execute.batch import reset_run
-
-            reset_run(t.rd)
-            t.rd.update_status(requeues=int(st.get("requeues") or 0) + 1)
-            self.tracked.pop(t.rd.name, None)
-            log.info("%s: submitted again after %s", t.rd.name, st.get("slurm_state"))

@@ -9,10 +9,16 @@ store (a step beyond 64 bits, NaN, a number too large for a float, a metric name
 MLflow refuses) is counted as a bad line and left out, never raised and never sent,
 so it cannot hold back the points around it. The count and the first one go to
 ``status.json`` (``bad_lines``, ``first_bad_line``) and to MLflow tags.
+
+A Slurm job started again (requeued) appends a new attempt to the same files; a
+step an earlier attempt logged is not sent again (:mod:`dstui.core.attempt_steps`).
+``status.json`` says how often (``requeues``) and how many step records were left
+out as repeats (``repeated_steps``).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import time
@@ -20,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.records import (
+    ATTEMPT,
     HEADER,
     STEP,
     SUMMARY,
@@ -57,6 +65,7 @@ class Tracked:
     last_sample: float = 0.0
     last_flush: float = 0.0
     pending: list[Point] = field(default_factory=list)
+    attempts: AttemptSteps = field(default_factory=AttemptSteps)  # saved with the offsets it belongs to
 
     def save(self) -> None:
         write_json_atomic(
@@ -71,18 +80,21 @@ class Tracked:
                 "header_done": self.header_done,
                 "finalized": self.finalized,
                 "system_step": self.system_step,
+                "attempts": self.attempts.to_json(),
             },
         )
 
     def mark(self) -> tuple:
         """Where reading stands (offsets, partial lines, counters), to go back to."""
         m, y = self.metrics, self.system
-        return (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping, self.system_step)
+        return (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping, self.system_step,
+                copy.copy(self.attempts))  # fmt: skip
 
     def restore(self, mark: tuple) -> None:
         m, y = self.metrics, self.system
         (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping,
-         self.system_step) = mark  # fmt: skip
+         self.system_step, attempts) = mark  # fmt: skip
+        self.attempts = copy.copy(attempts)
 
     def rewind(self) -> None:
         """Read the run's files again from the start (the store that held its points is gone)."""
@@ -94,6 +106,7 @@ class Tracked:
         self.system_step = 0
         self.header_done = self.finalized = False
         self.pending = []
+        self.attempts = AttemptSteps()
 
     @classmethod
     def load(cls, rd: RunDir, fmt: str) -> Tracked:
@@ -107,6 +120,7 @@ class Tracked:
             header_done=st.get("header_done", False),
             finalized=st.get("finalized", False),
             system_step=st.get("system_step", 0),
+            attempts=AttemptSteps.from_json(st.get("attempts")),
         )
 
 
@@ -129,6 +143,7 @@ def read_points(
     last: dict[str, Any] = {}
     steps_done = None
     bad_before = t.metrics.bad_lines
+    attempts_before = copy.copy(t.attempts)
     step_times: list[float] = []
     for line, _ in t.metrics.read_lines(final=final):
         rec, problem = parse_record(line, fmt)
@@ -137,8 +152,12 @@ def read_points(
             continue
         if rec is None:
             continue  # ordinary log output (seed format), a blank line
+        if rec["type"] == ATTEMPT:
+            t.attempts.keep(rec)  # a job (re)start: later steps up to the highest so far are repeats
+            continue
+        kept = t.attempts.keep(rec)
         values, dropped = split_metrics(rec)
-        if dropped:
+        if dropped and kept:
             t.metrics.bad(example(line, f"left out {', '.join(dropped[:3])} (not a finite number MLflow can store)"))
         own_ts = record_time_ms(rec)
         if rec["type"] == HEADER:
@@ -146,7 +165,8 @@ def read_points(
         elif rec["type"] == STEP:
             step = rec["step"]
             ts = own_ts or stable_ts(rd, step)
-            points.extend((key, value, ts, step) for key, value in values.items())
+            if kept:  # a repeat of an earlier attempt's step is progress of this attempt, not a point
+                points.extend((key, value, ts, step) for key, value in values.items())
             steps_done = step
             step_times.append(own_ts / 1000 if own_ts else time.time())
             last = {k: values.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
@@ -173,6 +193,8 @@ def read_points(
             fields["last_step_time"] = step_times[-1]
         if t.metrics.bad_lines != bad_before:
             fields.update(bad_lines=t.metrics.bad_lines, first_bad_line=t.metrics.first_bad)
+        if t.attempts != attempts_before:
+            fields.update(requeues=t.attempts.requeues, repeated_steps=t.attempts.repeated)
         if fields:
             rd.update_status(**fields)
     return points

@@ -6,10 +6,12 @@ attempt (``dstui.run_dir``). A child carries the run's identity as tags and its
 settings and DeepSpeed config as params (docs/ARCHITECTURE.md, "MLflow layout").
 
 Every attempt's MLflow run ends with the attempt: a run queued again (retry,
-resume, a Slurm requeue) lists its earlier attempts in ``status.json``
+resume) lists its earlier attempts in ``status.json``
 (:data:`EARLIER_ATTEMPTS`, written by :func:`dstui.execute.batch.reset_run`,
 which needs no MLflow); the supervisor ends any of them MLflow still has
 RUNNING (:meth:`MlflowRuns.close_earlier`) before the batch may be finalized.
+A Slurm job that is requeued is not such an attempt: it keeps its MLflow run
+(:mod:`dstui.execute.slurm`, :mod:`dstui.core.attempt_steps`).
 """
 
 from __future__ import annotations
@@ -192,8 +194,11 @@ class MlflowRuns(StoreConnection):
 
 
 def job_tags(st: dict[str, Any]) -> dict[str, Any]:
-    """A Slurm run's job id, Slurm's state of it and its nodes, from status.json."""
-    return {tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""}
+    """A Slurm run's job id, Slurm's state of it and its nodes, from status.json; how often it was requeued."""
+    tags = {tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""}
+    if st.get("requeues"):  # the same MLflow run across its attempts (dstui.core.attempt_steps)
+        tags.update({tag_keys.REQUEUES: st["requeues"], tag_keys.REPEATED_STEPS: st.get("repeated_steps") or 0})
+    return tags
 
 
 def source_of(settings: dict[str, Any]) -> str:

@@ -7,8 +7,17 @@ job with one ``squeue`` per pass over the batch. A job's end comes from Slurm
 (its final state) plus ``exit.json`` written by the job's wrapper; Slurm's own
 verdicts (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, ...) become the reason.
 
+A requeued job (``scontrol requeue``, a node failure or preemption with
+requeue: the job goes back to PENDING after it ran, same job id) and a job dstui
+submits again itself after PREEMPTED / NODE_FAIL (a new job id) are the same run
+going on: the same run folder, the same MLflow run, a new attempt in its metrics
+file (:mod:`dstui.core.attempt_steps`); while it waits its reason says
+``requeued, attempt N``.
+
 Status fields it adds: ``executor`` ("slurm"), ``job_id``, ``slurm_state``,
-``nodes``, ``requeues``.
+``nodes``, ``requeue_waits`` (back in the queue after it ran), ``resubmits``
+(dstui's own submissions again); ``requeues`` and ``repeated_steps`` come from
+the metrics (:mod:`dstui.execute.ingest`).
 """
 
 from __future__ import annotations
@@ -90,8 +99,10 @@ class SlurmExecutor:
         rd.exit_file.unlink(missing_ok=True)
         env = {**os.environ, **launch.build_env(run, rd, revision=rev), **argv_values}
         job_id = slurm_cli.submit(script, env=env)
+        st = rd.status()
         rd.update_status(
-            executor="slurm", job_id=job_id, slurm_state="PENDING", reason="Slurm: PENDING", state="queued",
+            executor="slurm", job_id=job_id, slurm_state="PENDING", state="queued",
+            reason=waiting_again(st, "Slurm: PENDING") if st.get("requeue_waits") else "Slurm: PENDING",
             submitted=time.time(), argv=argv, master_port=port,
         )  # fmt: skip
         log.info("submitted %s as Slurm job %s", rd.name, job_id)
@@ -115,6 +126,13 @@ class SlurmExecutor:
             fields["state"] = state
             if state == "queued":
                 fields["reason"] = job.describe()
+                if st.get("started") and (st.get("state") != "queued" or st.get("requeue_waits")):
+                    # it ran and is back in the queue: Slurm requeued it; it goes on as the next attempt
+                    fields.update(requeue_waits=True, reason=waiting_again(st, job.describe()))
+            elif st.get("state") == "queued" and st.get("started"):
+                # a requeued job runs again: the stall clock starts afresh, the run's start stays the first
+                fields.update(requeue_waits=False, requeue_cause=None, reason=None, last_step_at=time.time(),
+                              last_step_time=None, restarted=time.time())  # fmt: skip
             elif st.get("state") == "queued":
                 fields.update(started=time.time(), reason=None)
             if any(st.get(k) != v for k, v in fields.items()):
@@ -149,6 +167,21 @@ class SlurmExecutor:
         if st.get("job_id"):
             slurm_cli.cancel(st["job_id"])
 
+    def resubmit(self, rd: RunDir, verdict: dict[str, Any]) -> None:
+        """Slurm ended the job for the machine's sake (PREEMPTED, NODE_FAIL): the run goes on as its next attempt.
+
+        Not ended, not a new attempt folder, not a new MLflow run: the run is queued
+        without a job, so the supervisor's next pass submits it again (a new job id)
+        into the same folder; its new attempt is told apart in the metrics.
+        """
+        st = {**rd.status(), "requeue_cause": verdict.get("reason")}
+        rd.update_status(
+            state="queued", job_id=None, slurm_state=verdict.get("slurm_state"), nodes=verdict.get("nodes"),
+            resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True, requeue_cause=st["requeue_cause"],
+            reason=waiting_again(st, "submitted again"),
+        )  # fmt: skip
+        log.info("%s: %s; submitted again", rd.name, verdict.get("reason"))
+
     def reap(self, handle: Any) -> None:
         """Nothing to collect here: the job's processes are Slurm's."""
 
@@ -175,11 +208,17 @@ class SlurmExecutor:
             return exit_info, fields
         if job.state in slurm_cli.REASONS and not (job.state == "CANCELLED" and rd.cancel_file.exists()):
             fields.update(state=job.dstui_state, reason=job.describe())
-            requeues = int(st.get("requeues") or 0)
-            if job.state in slurm_cli.REQUEUE_ON and requeues < self.opts.requeue:
-                fields.update(requeue=True, reason=f"{job.describe()}; submitted again")
+            resubmits = int(st.get("resubmits") or 0)
+            if job.state in slurm_cli.REQUEUE_ON and resubmits < self.opts.requeue:
+                fields["requeue"] = True  # submitted again (follow.RunFollower._check_job -> resubmit)
             return exit_info, fields
         return exit_info, (fields if fields["nodes"] else None)
+
+
+def waiting_again(st: dict[str, Any], now: str) -> str:
+    """The reason of a run back in the queue after it ran: the attempt that waits, why, and what Slurm says now."""
+    cause = st.get("requeue_cause")
+    return f"requeued, attempt {int(st.get('requeues') or 0) + 2}{f' (after {cause})' if cause else ''}: {now}"
 
 
 def _read_exit(rd: RunDir) -> dict[str, Any]:

@@ -34,8 +34,9 @@ def sbatch_options(run: RunSpec, rd: RunDir, opts: SlurmOptions, *, cwd: str) ->
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={s.gpus}",
         f"--cpus-per-task={opts.cpus_per_task}",
-        # dstui resubmits PREEMPTED / NODE_FAIL runs itself (a fresh attempt, a fresh MLflow run)
-        "--no-requeue",
+        # requeue > 0: Slurm may put the job back in the queue (scontrol requeue, a node failure, preemption
+        # with PreemptMode=REQUEUE); it starts again in the same run folder and MLflow run (dstui.core.attempt_steps)
+        "--requeue" if opts.requeue else "--no-requeue",
     ]
     if opts.gpus_per_node:
         out.append(f"--gpus-per-node={opts.gpus_per_node}")
@@ -76,6 +77,23 @@ def hidden_argv(run: RunSpec, argv: list[str]) -> tuple[list[str], dict[str, str
     return out, values
 
 
+def attempt_line(run: RunSpec, rd: RunDir) -> str:
+    """The job script's line that opens an attempt in the run's metrics source, before any rank starts.
+
+    Every start of the job writes one (a requeued job starts again from the top of its
+    script), so the supervisor knows where an attempt begins even if it never saw the job
+    pending in between. A line the previous attempt's ranks left unfinished when they were
+    killed is ended first, so it stays a bad line of its own instead of swallowing this one.
+    """
+    # the shell fills in the job id, Slurm's restart count, the node and the time
+    rec = '{"type": "attempt", "job_id": "$SLURM_JOB_ID", "restarts": ${SLURM_RESTART_COUNT:-0}, "node": "$(hostname)", "time": $(date +%s)}'
+    quoted = '"' + rec.replace('"', '\\"') + '"'
+    if run.settings.metrics_format != "jsonl":  # seed format: the job's output is the metrics source
+        return f"printf '%s\\n' {quoted}"
+    m = shlex.quote(str(rd.metrics_file))
+    return f'{{ if [ -s {m} ] && [ -n "$(tail -c 1 {m})" ]; then echo; fi; printf \'%s\\n\' {quoted}; }} >> {m}'
+
+
 def job_script(
     run: RunSpec,
     rd: RunDir,
@@ -107,6 +125,9 @@ def job_script(
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"export MASTER_ADDR MASTER_PORT={port}",
         'echo "dstui: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+        "# each start of the job (a requeue starts it again) opens an attempt in the metrics: no step is sent twice",
+        attempt_line(run, rd),
+        f'[ -z "$SLURM_RESTART_COUNT" ] || rm -f {shlex.quote(str(rd.exit_file))}  # the previous attempt\'s exit status',
         "# one system sampler per node (not per rank), beside the ranks: readings into the run folder's nodes/",
         f"srun --overlap --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 {me} -m dstui.execute.node_sampler"
         f" {shlex.quote(str(rd.path))} --interval {NODE_SAMPLE_INTERVAL_S:g} >/dev/null 2>&1 &",

@@ -67,7 +67,7 @@ class SlurmOptions(StrictModel):
     mem: str | None = Field(None, description="sbatch --mem per node, e.g. '64G'.")
     extra_sbatch: list[str] = Field(default_factory=list, description="More sbatch options, one per item, e.g. '--qos=high'.")
     max_jobs: int | None = Field(None, ge=1, description="At most this many of the batch's jobs pending or running at once; None = all.")
-    requeue: int = Field(1, ge=0, description="Resubmit a run whose job was PREEMPTED or hit NODE_FAIL this many times.")
+    requeue: int = Field(1, ge=0, description="> 0: jobs are requeueable (sbatch --requeue) and a PREEMPTED / NODE_FAIL job is submitted again this many times, in the same run folder and MLflow run; 0: --no-requeue.")
 
     @field_validator("time_limit")
     @classmethod

@@ -45,6 +45,8 @@ DIVERGED = "dstui.diverged"
 SLURM_JOB = "dstui.slurm_job"
 SLURM_STATE = "dstui.slurm_state"
 NODES = "dstui.nodes"
+REQUEUES = "dstui.requeues"  # how often Slurm requeued the run's job (or dstui submitted it again)
+REPEATED_STEPS = "dstui.repeated_steps"  # step records of a later attempt not sent: that step was logged before
 
 # where and with what it ran (from the runner's header record)
 HOSTNAME = "dstui.hostname"

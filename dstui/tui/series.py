@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstui.core.records import STEP, SUMMARY, Follower, parse_json_line, parse_seed_line
+from dstui.core.attempt_steps import AttemptSteps
+from dstui.core.records import (
+    STEP,
+    SUMMARY,
+    Follower,
+    parse_attempt_line,
+    parse_json_line,
+    parse_seed_line,
+)
 from dstui.core.rundir import RunDir
 
 STEP_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak", "mem_alloc")
@@ -115,6 +123,7 @@ class RunSeries:
                 self.warmup = float(w)
             source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
             self._metrics = Follower(source)
+            self._attempts = AttemptSteps()
             self._sys = Follower(self.rd.system_file)
 
     @property
@@ -125,10 +134,10 @@ class RunSeries:
         """Parse what was appended since the last call (worker thread; touches no buffers)."""
         assert self._metrics is not None and self._sys is not None
         d = Delta()
-        parse = parse_json_line if self.fmt == "jsonl" else parse_seed_line
+        parse = parse_json_line if self.fmt == "jsonl" else (lambda ln: parse_attempt_line(ln) or parse_seed_line(ln))
         for line, _ in self._metrics.read_lines():
             rec = parse(line)
-            if rec is None:
+            if rec is None or not self._attempts.keep(rec):  # a requeued job's repeats: drawn once, as in MLflow
                 continue
             if rec.get("type") == STEP:
                 step = float(rec["step"])

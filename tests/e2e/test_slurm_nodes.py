@@ -197,3 +197,86 @@ def test_scheduler_outcomes_are_their_own_reasons(home: Path, netns_cluster: Nam
     for name, rd in runs.items():
         assert client.get_run(rd.status()["mlflow_run_id"]).data.tags["dstui.reason"] == got[name][1]
     wait_for(lambda: netns_cluster._node_idle(), 60, what="the killed node back")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_requeued_run_goes_on_in_its_folder_and_mlflow_run_each_step_once(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """`scontrol requeue` of a running job of the bundled runner: Slurm kills it and queues it again under the
+    same job id; it trains again from step 1 in the same run folder. One MLflow run holds every step once (the
+    first attempt's steps, then the second's beyond them), the metrics file keeps both attempts, the run is done."""
+    from test_reliability import wait_for
+
+    from dstui.core.records import read_records
+
+    steps = 1000  # ~10 ms a step here: seconds of training to catch it in
+    spec = nodes_spec(home, "requeue", "smoke.yaml", [{"name": "rq", "zero_stage": 1, "gpus": 1}], steps=steps, warmup_steps=1)
+    data = yaml.safe_load(spec.read_text())
+    data["slurm"] = {"mem": "6000M"}  # one rank, one CPU: more than DefMemPerCPU, for a first build of DeepSpeed's CPU comm op
+    spec.write_text(yaml.safe_dump(data))
+    dstui("run", "--detach", str(spec), check=True)
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    rd = wait_for(lambda: (b.runs() or [None])[0], 60, what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 3, 300, every=0.1, what="steps logged")
+    job, rid = rd.status()["job_id"], rd.status()["mlflow_run_id"]
+    env = {**os.environ, **netns_cluster.env}
+    subprocess.run(["scontrol", "suspend", job], check=True, env=env)  # held mid-training (fails if it ended)
+    first_steps = wait_for(lambda: rd.status().get("steps_done"), 30, what="steps read")
+    assert 3 <= first_steps < steps
+    subprocess.run(["scontrol", "requeue", job], check=True, env=env)
+    # back in the queue: the same run, its next attempt waiting (Slurm holds a requeued job ~2 minutes)
+    wait_for(lambda: (rd.status().get("reason") or "").startswith("requeued, attempt 2: Slurm: PENDING"), 60, what="requeued")
+    assert rd.state == "queued" and rd.status()["job_id"] == job
+    assert "requeued, attempt 2" in dstui("status", b.id, "-v", check=True).stdout
+    # Slurm holds a job requeued while suspended, and lets a requeued job start only ~2 minutes later
+    subprocess.run(["scontrol", "release", job], check=True, env=env)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=env)
+    wait_for(lambda: b.info().get("finalized"), 400, every=0.5, what="batch finalized")
+    st = rd.status()
+    assert (st["state"], st["slurm_state"], st["job_id"], st["mlflow_run_id"]) == ("done", "COMPLETED", job, rid), st
+    assert st["requeues"] == 1 and st["repeated_steps"] >= first_steps
+    assert b.runs() == [rd] and not (rd.path / "attempts").exists()  # the same folder, no new attempt folder
+    client = mlflow_client()
+    hist = history(client, rid)
+    assert [s for s, _ in hist] == list(range(1, steps + 1))  # each step exactly once, none lost
+    assert hist == sorted((r["step"], r["loss"]) for r in read_records(rd.metrics_file) if r["type"] == "step")
+    records = [json.loads(line) for line in rd.metrics_file.read_text().splitlines()]
+    assert [r["restarts"] for r in records if r["type"] == "attempt"] == [0, 1]  # both attempts kept in the file
+    assert sum(r["type"] == "step" for r in records) == steps + st["repeated_steps"]
+    run = client.get_run(rid)
+    assert run.info.status == "FINISHED"
+    assert (run.data.tags["dstui.requeues"], run.data.tags["dstui.status"]) == ("1", "done")
+    (only,) = client.search_runs([run.info.experiment_id], "tags.`dstui.role` = 'run'")
+    assert only.info.run_id == rid  # no second MLflow run for the second attempt
+    assert "attempt 2 (1x requeued, same MLflow run)" in dstui("status", b.id, check=True).stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_preempted_run_is_submitted_again_in_place(home: Path, netns_cluster: NamespaceCluster) -> None:
+    """With `requeue: 1` (the default) a PREEMPTED job (PreemptMode=CANCEL: Slurm ends it) is submitted again
+    by dstui: a new job, the same folder and MLflow run, each step once, the run done on its second attempt."""
+    from test_reliability import jsonl_steps, spec_file, wait_for
+
+    steps = 25
+    spec = spec_file(home, "preempt-again", [{"name": "low", "args": ["--steps", str(steps), "--interval", "0.3"]}], gpus=1, steps=steps)
+    data = yaml.safe_load(spec.read_text())
+    data.update(executor="slurm", slurm={"extra_sbatch": ["--exclusive"]})
+    spec.write_text(yaml.safe_dump(data))
+    dstui("run", "--detach", str(spec), check=True)
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    rd = wait_for(lambda: (b.runs() or [None])[0], 60, what="run folder")
+    wait_for(lambda: (rd.status().get("steps_done") or 0) >= 3, 120, what="running")
+    first_job, rid = rd.status()["job_id"], rd.status()["mlflow_run_id"]
+    env = {**os.environ, **netns_cluster.env}
+    subprocess.run(["sbatch", "-p", "urgent", "--exclusive", "-w", rd.status()["nodes"], "-o", "/dev/null", "--wrap", "sleep 3"],
+                   capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    wait_for(lambda: rd.status().get("resubmits") == 1, 90, every=0.5, what="submitted again")
+    assert rd.status()["reason"].startswith("requeued, attempt 2 (after Slurm: PREEMPTED): ")
+    wait_for(lambda: b.info().get("finalized"), 180, every=0.5, what="batch finalized")
+    st = rd.status()
+    assert (st["state"], st["mlflow_run_id"], st["requeues"]) == ("done", rid, 1), st
+    assert st["job_id"] != first_job and b.runs() == [rd]
+    hist = history(mlflow_client(), rid)
+    assert [s for s, _ in hist] == list(range(1, steps + 1))  # each step once
+    assert len(jsonl_steps(rd)) == steps + st["repeated_steps"]  # both attempts in the file
