@@ -52,6 +52,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--torch-adam", action="store_true", help="torch's AdamW as client optimizer (CPU)")
     p.add_argument("--marks", required=True, help="write the marks here (JSON)")
+    p.add_argument("--runner-inputs", action="store_true",
+                   help="feed the model as dstui's runner does: labels a copy, explicit position ids")  # fmt: skip
     a = p.parse_args()
 
     import random
@@ -90,9 +92,15 @@ def main() -> int:
     marks["engine_ready"] = time.time()
 
     losses = []
+    pos = torch.arange(a.seq_length).unsqueeze(0).expand(a.micro_batch, -1).contiguous()
     for step in range(a.steps):
         batch = ids[step].to(device, non_blocking=True)
-        loss = engine(input_ids=batch, labels=batch).loss
+        if a.runner_inputs:
+            extra = {"labels": ids[step].clone().to(device, non_blocking=True),
+                     "position_ids": pos.to(device, non_blocking=True)}  # fmt: skip
+        else:
+            extra = {"labels": batch}
+        loss = engine(input_ids=batch, **extra).loss
         engine.backward(loss)
         engine.step()
         accel.synchronize()

@@ -104,12 +104,14 @@ def segments(marks: dict[str, float]) -> dict[str, float | None]:
     return {name: (marks[b] - marks[a]) if a in marks and b in marks else None for name, a, b in SEGMENTS}
 
 
-def run_bare(a: argparse.Namespace, work: Path, env: dict[str, str], ds_file: Path, n: int) -> dict[str, Any]:
-    marks_file = work / f"bare-{n}.json"
+def run_bare(a: argparse.Namespace, work: Path, env: dict[str, str], ds_file: Path, n: int,
+             runner_inputs: bool = False) -> dict[str, Any]:  # fmt: skip
+    marks_file = work / f"bare-{n}{'-ri' if runner_inputs else ''}.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "gpu" / "bare_ds.py"),
            "--model-config", str(model_config_file(a.model)), "--ds-config", str(ds_file),
            "--seq-length", str(a.seq_length), "--micro-batch", str(a.micro_batch), "--steps", str(a.steps),
-           "--seed", str(a.seed), "--marks", str(marks_file), *(["--torch-adam"] if a.torch_adam else [])]  # fmt: skip
+           "--seed", str(a.seed), "--marks", str(marks_file), *(["--torch-adam"] if a.torch_adam else []),
+           *(["--runner-inputs"] if runner_inputs else [])]  # fmt: skip
     rank_env = {**env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
     t0 = time.time()
@@ -231,6 +233,9 @@ def main() -> int:
     p.add_argument("--before-tree", type=Path, default=None,
                    help="a third contender, interleaved with the others: `dstui run` from this older source tree "
                         "(dstui/, runners/, configs/, pyproject.toml of the commit before the change)")  # fmt: skip
+    p.add_argument("--bare-runner-inputs", action="store_true",
+                   help="a third contender: the bare script fed as dstui's runner feeds its model "
+                        "(labels a copy, explicit position ids)")  # fmt: skip
     a = p.parse_args()
 
     work = a.work or Path(tempfile.mkdtemp(prefix="bare-vs-dstui-"))
@@ -265,6 +270,8 @@ def main() -> int:
         "bare": lambda n: run_bare(a, work, env, ds_file, n),
         "dstui": lambda n: run_dstui(a, spec, tree_env(a.dstui_tree), work / f"trace-dstui-{n}.jsonl"),
     }
+    if a.bare_runner_inputs:  # is the rank's first-step gap in what it feeds the model?
+        contenders["bare_ri"] = lambda n: run_bare(a, work, env, ds_file, n, runner_inputs=True)
     if a.before_tree:
         contenders["dstui_before"] = lambda n: run_dstui(a, spec, tree_env(a.before_tree), work / f"trace-before-{n}.jsonl")
     if a.warmup:
@@ -311,6 +318,9 @@ def main() -> int:
         ratio = mean(d, "launch_to_first_step") / mean(b, "launch_to_first_step")
         rank_ratio = (mean(d, "rank_launch_to_first_step") or float("nan")) / mean(b, "launch_to_first_step")
         summary[who] = {"ratio_first_step": ratio, "ratio_first_step_from_rank_launch": rank_ratio}
+        if mean(d, "outside_run") is None:  # another bare variant: no command around its rank
+            print(f"{who}/bare launch->first step: {ratio:.2f}", file=sys.stderr)
+            continue
         print(f"{who}/bare launch->first step: {ratio:.2f} (from the command), {rank_ratio:.2f} (from the rank "
               f"launch); outside the run {mean(d, 'outside_run'):.2f} s (before the rank launch "
               f"{mean(d, 'before_rank_launch'):.2f} s, after the reap {mean(d, 'after_reap'):.2f} s)",
