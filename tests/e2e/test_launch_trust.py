@@ -121,7 +121,18 @@ BUILDS_AN_OP = """
             import os, subprocess, sys
             op = os.path.join(os.getcwd(), "fake_shm_op")
             os.makedirs(op, exist_ok=True)
-            open(os.path.join(op, "build.ninja"), "w").write("rule slow\\n  command = sleep 4\\nbuild out: slow\\n")
+            # the build lasts until dstui has named it in the run's status, then 3 s more (so that
+            # `dstui run`, polling, prints it), at most 90 s: a busy machine cannot outrun the check
+            wait = os.path.join(op, "wait.py")
+            open(wait, "w").write(
+                "import os, time\\n"
+                "st = os.path.join(os.environ['DSTUI_RUN_DIR'], 'status.json')\\n"
+                "end = time.time() + 90\\n"
+                "while time.time() < end and 'building op' not in open(st).read():\\n"
+                "    time.sleep(0.1)\\n"
+                "time.sleep(3)\\n")
+            open(os.path.join(op, "build.ninja"), "w").write(
+                f"rule slow\\n  command = {{sys.executable}} {{wait}}\\nbuild out: slow\\n")
             subprocess.run([{ninja!r}], cwd=op, check=True)
             print("Epoch 1, Step 1, Loss: 2.0", flush=True)
             raise SystemExit("mytrainer: error: the data ran out")
