@@ -9,7 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,45 @@ def fuzz_examples(full: int) -> int:
     if os.environ.get("FUZZ_N"):
         return int(os.environ["FUZZ_N"])
     return max(25, full // 4) if os.environ.get("DSTUI_TEST_FAST_LOOP") else full
+
+
+@contextlib.contextmanager
+def sink_store(root: Path, empty_db: Path, name: str) -> Iterator[dict]:
+    """A real SQLite MLflow store under ``root`` (a copy of the session's empty one), a batch folder
+    and the supervisor's MLflow sink on it, with DSTUI_HOME and the tracking URI set meanwhile: what
+    the ingestion tests feed runs' output through. Yields root, uri, batch, sink and a client."""
+    from dstui.core.rundir import BatchDir, write_json_atomic
+    from dstui.execute.sink import MlflowSink
+
+    (root / "mlruns").mkdir()
+    shutil.copy(empty_db, root / "mlruns" / "mlflow.db")
+    uri = f"sqlite:///{root}/mlruns/mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DSTUI_HOME", str(root))
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        batch = BatchDir(root / "runs" / f"{name}-b")
+        batch.path.mkdir(parents=True)
+        write_json_atomic(batch.batch_file, {"experiment": name, "runs": [], "created": time.time()})
+        sink = MlflowSink(batch, uri, flush_interval_s=0.0)
+        assert sink.client() is not None
+        from mlflow import MlflowClient
+
+        yield {"root": root, "uri": uri, "batch": batch, "sink": sink, "client": MlflowClient(uri)}
+
+
+TEST_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+}  # fmt: skip
+
+
+def git_at(repo: Path, *args: str, date: int | None = None) -> str:
+    """git in ``repo`` as a fixed test author; ``date`` (hours after a fixed instant) makes the shas
+    the same in every session, so histories built under the pytest cache stay valid."""
+    env = {**os.environ, **TEST_GIT_ENV}
+    if date is not None:
+        env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"{1700000000 + date * 3600} +0000"
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout.strip()

@@ -10,15 +10,9 @@
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
-PY=${PYTHON:-python3}
-OUT=${OUT:-$REPO/gpu-out}
-WORK=${DSTUI_GPU_WORK:-/tmp/dstui-gpu}
-mkdir -p "$OUT" "$WORK"
+. "$REPO/benchmarks/gpu/device_env.sh"
 PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions CUDA_VISIBLE_DEVICES=0
-export PYTHONPATH=${DSTUI_GPU_SITE:-/tmp/site}:$REPO
+export CUDA_VISIBLE_DEVICES=0
 $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/tools/py_spy*.whl 2>&1 | tail -1
 /tmp/pyspy/bin/py-spy record --subprocesses --rate 100 --format raw -o "$OUT/spy.txt" -- \
     $PY benchmarks/gpu/bare_vs_dstui.py --rounds 1 --warmup --timeout 200 --work "$WORK/b2" ${BARE_ARGS:-} \

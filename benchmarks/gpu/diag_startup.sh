@@ -12,17 +12,11 @@
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
-PY=${PYTHON:-python3}
-OUT=${OUT:-$REPO/gpu-out}
-WORK=${DSTUI_GPU_WORK:-/tmp/dstui-gpu}
-SITE=${DSTUI_GPU_SITE:-/tmp/site}
-mkdir -p "$OUT" "$WORK"
+. "$REPO/benchmarks/gpu/device_env.sh"
 PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
 tail -3 "$OUT/diag-setup.txt"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions DSTUI_HOME=$WORK/diag-home CUDA_VISIBLE_DEVICES=0
-export PYTHONPATH=$SITE:$REPO PYTHONPYCACHEPREFIX=$WORK/pycache
+export DSTUI_HOME=$WORK/diag-home CUDA_VISIBLE_DEVICES=0 PYTHONPYCACHEPREFIX=$WORK/pycache
+unset PYTHONDONTWRITEBYTECODE  # the image sets it: with a cache prefix nothing would be cached
 mkdir -p "$DSTUI_HOME"
 D=$WORK/diag
 mkdir -p "$D"

@@ -37,26 +37,15 @@ set -u -o pipefail
 PHASE=${1:-all}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
-PY=${PYTHON:-python3}
-OUT=${OUT:-$REPO/gpu-out}
-WORK=${DSTUI_GPU_WORK:-/tmp/dstui-gpu}
-SITE=${DSTUI_GPU_SITE:-/tmp/site}
-mkdir -p "$OUT" "$WORK"
+# shellcheck source=benchmarks/gpu/device_env.sh
+. "$REPO/benchmarks/gpu/device_env.sh"
 # Overridable so the script can be tried on a CPU box with a tiny model first.
 VALIDATION_SPEC=${VALIDATION_SPEC:-configs/experiments/gpu_validation.yaml}
 MFU_SPEC=${MFU_SPEC:-benchmarks/gpu/mfu.yaml}
 WATCH_SPEC=${WATCH_SPEC:-benchmarks/gpu/watch.yaml}
 BENCH_ARGS=${BENCH_ARGS:---model llama-1b --seq-length 2048 --micro-batch 8}
 
-# NVLink multicast stays off on shared hosts (the lent machines' rule; harmless elsewhere).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The image sets 9.0a, which DeepSpeed's JIT op builder cannot parse ("invalid literal for int()").
-export TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
-export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions   # JIT ops built once, shared by every run
 export DSTUI_HOME=$WORK/home
-export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$DSTUI_HOME"
 T0=$(date +%s)
 # Everything must be back under $OUT before the device command's 10-minute limit: phases shrink

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import mlflow_client
+from helpers import git_at, mlflow_client
 
 # one xdist worker runs the module in order: one home and env cache; later tests reuse the first's results
 pytestmark = pytest.mark.xdist_group("bisect")
@@ -92,21 +92,7 @@ DeepSpeedZeroOptimizer.__init__ = _dstui_crash
 SUBJECT_G = "zero: scale reduced gradients by 2 in ZeRO-1/2"
 SUBJECT_C = "engine: take optimizer steps at 10x the learning rate"
 SUBJECT_K = "zero: an optimizer that crashes at start-up"
-GIT_ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
-}  # fmt: skip
-
-
-def git(repo: Path, *args: str, date: int | None = None) -> str:
-    env = dict(GIT_ENV)
-    if date is not None:  # fixed dates: the same shas in every session
-        env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"{1700000000 + date * 3600} +0000"
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args],
-        capture_output=True, text=True, check=True, env=env,
-    ).stdout.strip()
+git = git_at  # the fixed-author, fixed-date git of tests/helpers.py
 
 
 def _sdists(cache: Path) -> dict[str, Path]:

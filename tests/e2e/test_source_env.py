@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SPECS, dstui
+from helpers import SPECS, dstui, git_at
 
 from dstui.core.errors import SpecError
 from dstui.revisions import envs as R
@@ -37,24 +36,10 @@ from dstui.spec.models import Revision
 pytestmark = pytest.mark.xdist_group("source-env")
 
 RELEASE = "0.18.0"
-GIT_ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
-}  # fmt: skip
 # step fields that do not depend on wall-clock or memory: these must be bit-identical
 EXACT = ("loss", "loss_baseline", "loss_diff", "grad_norm", "grad_norm_baseline", "grad_max_abs_diff",
          "param_max_abs_diff", "within_tol", "lr")  # fmt: skip
-
-
-def git(repo: Path, *args: str, date: int | None = None) -> str:
-    env = dict(GIT_ENV)
-    if date is not None:  # fixed dates: the same shas in every session
-        env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"{1700000000 + date * 3600} +0000"
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args],
-        capture_output=True, text=True, check=True, env=env,
-    ).stdout.strip()
+git = git_at  # the fixed-author, fixed-date git of tests/helpers.py
 
 
 def _commit(repo: Path, subject: str, n: int) -> str:

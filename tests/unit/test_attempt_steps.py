@@ -11,23 +11,22 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import sink_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.records import read_records, seed_line
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.execute import ingest
 from dstui.execute.follow import RunFollower
 from dstui.execute.ingest import Tracked
-from dstui.execute.sink import MlflowSink
 from dstui.execute.slurm_script import attempt_line, job_script
 from dstui.spec.models import RunSpec, Settings, SlurmOptions
 
@@ -138,21 +137,8 @@ def test_a_run_without_attempt_records_is_read_as_before() -> None:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, empty_db: Path) -> Iterator[dict]:
-    root = tmp_path_factory.mktemp("requeue")
-    (root / "mlruns").mkdir()
-    shutil.copy(empty_db, root / "mlruns" / "mlflow.db")
-    uri = f"sqlite:///{root}/mlruns/mlflow.db"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DSTUI_HOME", str(root))
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        batch = BatchDir(root / "runs" / "rq-b")
-        batch.path.mkdir(parents=True)
-        write_json_atomic(batch.batch_file, {"experiment": "rq", "runs": [], "created": time.time()})
-        sink = MlflowSink(batch, uri, flush_interval_s=0.0)
-        assert sink.client() is not None
-        from mlflow import MlflowClient
-
-        yield {"batch": batch, "sink": sink, "client": MlflowClient(uri)}
+    with sink_store(tmp_path_factory.mktemp("requeue"), empty_db, "rq") as store_:
+        yield store_
 
 
 _names = itertools.count()

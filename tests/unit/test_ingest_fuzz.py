@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import fuzz_examples
+from helpers import fuzz_examples, sink_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstui.core.records import parse_seed_line, seed_line
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.execute import ingest
 from dstui.execute.follow import RunFollower
 from dstui.execute.ingest import Tracked
-from dstui.execute.sink import MlflowSink
 from dstui.importer.parse import parse_log
 from dstui.importer.seedlogs import import_dir
 
@@ -40,23 +38,10 @@ _steps = itertools.count(1)  # step numbers never repeat across examples: each e
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, empty_db: Path) -> Iterator[dict]:
     """One real MLflow store for the module, a batch folder, and one MLflow child run the examples share."""
-    root = tmp_path_factory.mktemp("fuzz")
-    (root / "mlruns").mkdir()
-    shutil.copy(empty_db, root / "mlruns" / "mlflow.db")
-    uri = f"sqlite:///{root}/mlruns/mlflow.db"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DSTUI_HOME", str(root))
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        batch = BatchDir(root / "runs" / "fuzz-b")
-        batch.path.mkdir(parents=True)
-        write_json_atomic(batch.batch_file, {"experiment": "fuzz", "runs": [], "created": time.time()})
-        sink = MlflowSink(batch, uri, flush_interval_s=0.0)
-        from mlflow import MlflowClient
-
-        client = MlflowClient(uri)
-        assert sink.client() is not None
+    with sink_store(tmp_path_factory.mktemp("fuzz"), empty_db, "fuzz") as store_:
+        client, sink = store_["client"], store_["sink"]
         run_id = client.create_run(sink.experiment_id, run_name="shared", tags={"dstui.role": "run"}).info.run_id
-        yield {"root": root, "uri": uri, "batch": batch, "sink": sink, "client": client, "run_id": run_id}
+        yield {**store_, "run_id": run_id}
 
 
 # ---- what a run writes ----
