@@ -88,12 +88,14 @@ def runner_error(log_tail: str) -> str | None:
     """
     lines = [line.strip() for line in log_tail.splitlines()]
     usages = [m["rest"] for m in map(_USAGE.match, lines) if m]
+    last = next((line for line in reversed(lines) if line), None)
     for line in reversed(lines):
         m = _ARGPARSE_ERROR.match(line)
         if not m:
             continue
         prog = m["prog"]
-        if prog.endswith(".py") or any(u == prog or u.startswith(prog + " ") for u in usages):
+        # the program's own last words (`sys.exit("mytrainer: error: ...")` prints them last) count too
+        if prog.endswith(".py") or line is last or any(u == prog or u.startswith(prog + " ") for u in usages):
             name = prog.rsplit("/", 1)[-1] if prog.endswith(".py") else prog
             return f"{name}: error: {m['msg']}"
     return None

@@ -121,14 +121,14 @@ BUILDS_AN_OP = """
             import os, subprocess, sys
             op = os.path.join(os.getcwd(), "fake_shm_op")
             os.makedirs(op, exist_ok=True)
-            # the build lasts until dstui has named it in the run's status, then 3 s more (so that
+            # the build lasts until dstui has named it as the run's phase, then 3 s more (so that
             # `dstui run`, polling, prints it), at most 90 s: a busy machine cannot outrun the check
             wait = os.path.join(op, "wait.py")
             open(wait, "w").write(
-                "import os, time\\n"
+                "import json, os, time\\n"
                 "st = os.path.join(os.environ['DSTUI_RUN_DIR'], 'status.json')\\n"
                 "end = time.time() + 90\\n"
-                "while time.time() < end and 'building op' not in open(st).read():\\n"
+                "while time.time() < end and 'building op' not in (json.load(open(st)).get('phase') or ''):\\n"
                 "    time.sleep(0.1)\\n"
                 "time.sleep(3)\\n")
             open(os.path.join(op, "build.ninja"), "w").write(
@@ -146,7 +146,7 @@ def test_an_op_build_is_named_while_it_builds_and_a_failure_is_said_at_once(home
     proc = dstui("run", str(_spec(home, "builds", BUILDS_AN_OP.format(ninja=ninja))), timeout=300)
     out = proc.stdout
     assert "building op fake_shm_op" in out, out
-    assert "! FAILED r-r0: " in out, out
+    assert "! FAILED r-r0: mytrainer: error: the data ran out" in out, out
     assert proc.returncode == 1
     (b,) = list_batches(home / "runs")
     assert all(rd.state in FINAL_STATES for rd in b.runs())

@@ -225,7 +225,9 @@ def test_library_warnings_go_to_the_log(home, capsys) -> None:
     ds.addHandler(handler)
     try:
         ds.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
-        warnings.warn("torch says: TypedStorage is deprecated", UserWarning, stacklevel=1)
+        with warnings.catch_warnings():  # an earlier test's import (transformers) may have filtered this text out
+            warnings.simplefilter("always")
+            warnings.warn("torch says: TypedStorage is deprecated", UserWarning, stacklevel=1)
     finally:
         ds.removeHandler(handler)
     out, err = capsys.readouterr()

@@ -159,8 +159,13 @@ def test_the_bundled_runners_refusal_by_its_absolute_path_is_the_reason() -> Non
     assert failures.classify(tail, 2) == "train.py: error: argument --seed: invalid int value: 'x'"
 
 
-def test_an_error_line_without_usage_or_py_name_is_not_taken_for_argparse() -> None:
-    assert failures.classify("gcc: error: unrecognized option\n", 1) == "exit code 1"
+def test_an_error_line_without_usage_or_py_name_is_the_reason_only_as_the_last_words() -> None:
+    # somewhere in the output (a compiler the program ran, say), not the program's own refusal
+    assert failures.classify("gcc: error: unrecognized option\nbuilding without it\n", 1) == "exit code 1"
+    # the last line before the exit: the program's own words, e.g. sys.exit("mytrainer: error: ...")
+    tail, code = _stderr_of("import sys; print('Epoch 1, Step 1, Loss: 2.0'); sys.exit('mytrainer: error: the data ran out')")
+    assert code == 1
+    assert failures.classify(tail, code) == "mytrainer: error: the data ran out"
 
 
 def test_exception_lines_are_the_reason_kept_whole() -> None:
