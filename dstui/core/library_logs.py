@@ -76,5 +76,9 @@ def route(*, verbose: bool = False) -> Path:
             logger.removeFilter(_installed)
         logger.addFilter(divert)
     _installed = divert
-    logging.captureWarnings(True)  # warnings.warn -> the py.warnings logger, diverted above
+    # warnings.warn -> the py.warnings logger, diverted above. Off first: captureWarnings(True) does
+    # nothing when it was on already, even if a `warnings.catch_warnings()` block has since put the
+    # old showwarning back (seen in the test suite: a second route() in one process logged nothing)
+    logging.captureWarnings(False)
+    logging.captureWarnings(True)
     return path

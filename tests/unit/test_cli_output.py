@@ -219,6 +219,8 @@ def test_library_warnings_go_to_the_log(home, capsys) -> None:
 
     from dstui.core import library_logs
 
+    with warnings.catch_warnings():  # routed once already, inside a block that puts the old showwarning
+        library_logs.route()  # back on exit (pytest's per-test one, a library's)
     path = library_logs.route()
     ds = logging.getLogger("DeepSpeed")
     handler = logging.StreamHandler(sys.stdout)
