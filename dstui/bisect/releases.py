@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions.history import Commit
-from dstui.revisions.plan import _git
+from dstui.revisions.plan import run_git
 
 PYPI_PREFIX = "pypi-"
 _VERSION = re.compile(r"\d+(\.\d+)+([a-zA-Z0-9.+!-]*)")
@@ -55,9 +55,9 @@ def is_release_key(key: str) -> bool:
 
 def available_releases() -> list[str]:
     """Every DeepSpeed version the configured package index lists (newest first, as pip prints them)."""
-    from dstui.revisions.plan import _BaseEnv, _pypi_versions
+    from dstui.revisions.plan import BaseEnv, pypi_versions
 
-    found = _pypi_versions(_BaseEnv.current())
+    found = pypi_versions(BaseEnv.current())
     if not found:
         raise DstuiError("cannot list DeepSpeed releases: `pip index versions deepspeed` gave no answer "
                          "(offline? no index configured?); give --repo and git refs instead")  # fmt: skip
@@ -93,7 +93,7 @@ def release_line(good: str, bad: str, available: list[str]) -> tuple[Release, li
 def release_tag(repo: Path, version: str) -> str:
     """The tag of a release in a DeepSpeed clone: ``v<version>`` (DeepSpeed's own) or ``<version>``."""
     for tag in (f"v{version}", version):
-        out = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/tags/{tag}^{{commit}}",
+        out = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/tags/{tag}^{{commit}}",
                    check=False)  # fmt: skip
         if out.returncode == 0 and out.stdout.strip():
             return tag

@@ -25,8 +25,8 @@ from typing import Any
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions import source_env
 from dstui.revisions.plan import (
+    BaseEnv,
     _bad,
-    _BaseEnv,
     _nearby,
     _pip_env,
     _Plan,
@@ -96,7 +96,7 @@ def _usable(plan: _Plan) -> bool:
     )
 
 
-def decide_install(plan: _Plan, root: Path, base: _BaseEnv) -> None:
+def decide_install(plan: _Plan, root: Path, base: BaseEnv) -> None:
     """Source-on-path or pip build (``plan.choice``); a source env gets its own key (``src-...``).
 
     A cached env of this commit is reused whichever way it was built (auto):
@@ -121,7 +121,7 @@ def decide_install(plan: _Plan, root: Path, base: _BaseEnv) -> None:
         plan.key, plan.env_dir = src.key, src.env_dir
 
 
-def _materialise(plan: _Plan, base: _BaseEnv, progress: Progress) -> ResolvedRevision:
+def _materialise(plan: _Plan, base: BaseEnv, progress: Progress) -> ResolvedRevision:
     if plan.kind == "installed":
         return _resolve_installed(plan.rev, base)
     assert plan.env_dir is not None
@@ -171,7 +171,7 @@ def _as_pip(plan: _Plan, reason: str) -> _Plan:
     )
 
 
-def _resolve_installed(rev: Revision, base: _BaseEnv) -> ResolvedRevision:
+def _resolve_installed(rev: Revision, base: BaseEnv) -> ResolvedRevision:
     from importlib import metadata
 
     try:
@@ -206,7 +206,7 @@ def _locked(lock_path: Path, say: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build(plan: _Plan, base: _BaseEnv, say: Callable[[str], None]) -> None:
+def _build(plan: _Plan, base: BaseEnv, say: Callable[[str], None]) -> None:
     assert plan.env_dir is not None
     env_dir = plan.env_dir
     log_path = _sibling(env_dir, ".build.log")
@@ -316,7 +316,7 @@ def _overlay_worktree(tree: Path, dest: Path) -> None:
             d.unlink()
 
 
-def _link_base(env_dir: Path, base: _BaseEnv) -> None:
+def _link_base(env_dir: Path, base: BaseEnv) -> None:
     """Let the env see the base's packages, after its own site-packages."""
     sps = list(env_dir.glob("lib/python*/site-packages"))
     if len(sps) != 1:

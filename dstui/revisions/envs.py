@@ -45,7 +45,7 @@ from pathlib import Path
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions.build import _materialise, _sibling, _usable, decide_install
-from dstui.revisions.plan import _BaseEnv, _check_pypi_versions, _Plan, _plan
+from dstui.revisions.plan import BaseEnv, _check_pypi_versions, _Plan, _plan
 from dstui.revisions.resolved import (
     DIFF_NAME,
     ENV_FORMAT,
@@ -64,7 +64,7 @@ from dstui.spec.models import Revision
 __all__ = [
     "DIFF_NAME", "ENV_FORMAT", "MARKER", "PTH_NAME", "Progress", "ResolvedRevision", "RevisionBuildError",
     "InstallChoice", "check_reported_version", "install_choice", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
-    "_BaseEnv", "_plan", "_sibling",
+    "BaseEnv", "_plan", "_sibling",
 ]
 
 
@@ -89,7 +89,7 @@ def resolve_all(
     if dups:
         raise SpecError(f"revision names must be unique (repeated: {', '.join(dups)})", field="revisions")
     root = (cache_dir or paths.cache_dir()) / "envs"
-    base = _BaseEnv.current()
+    base = BaseEnv.current()
     plans: list[_Plan] = []
     errors: list[DstuiError] = []
     for rev in revs:
@@ -120,7 +120,7 @@ def resolve_all(
 
 def install_choice(rev: Revision, *, cache_dir: Path | None = None) -> InstallChoice | None:
     """How resolving ``rev`` now would get its env (source on path or pip) and why; None for ``installed``."""
-    root, base = (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current()
+    root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
     plan = _plan(rev, root, base)
     decide_install(plan, root, base)
     return plan.choice
@@ -130,7 +130,7 @@ def is_cached(rev: Revision, *, cache_dir: Path | None = None) -> bool:
     """Whether the revision's env is built and usable (so resolving it builds nothing)."""
     if rev.installed:
         return True
-    root, base = (cache_dir or paths.cache_dir()) / "envs", _BaseEnv.current()
+    root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
     plan = _plan(rev, root, base)
     decide_install(plan, root, base)
     return _usable(plan)

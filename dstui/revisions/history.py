@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dstui.core.errors import SpecError
-from dstui.revisions.plan import _git
+from dstui.revisions.plan import run_git
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Commit:
 
 def resolve_ref(repo: Path, ref: str, *, field: str) -> str:
     """Full sha of ``ref``; a one-line error naming the option when it is unknown."""
-    out = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
+    out = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
     if out.returncode != 0 or not out.stdout.strip():
         raise SpecError(f"unknown git ref '{ref}' in {repo}", field=field)
     return out.stdout.strip()
@@ -38,20 +38,20 @@ def resolve_ref(repo: Path, ref: str, *, field: str) -> str:
 def first_parent_line(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Commit]]:
     """The good commit and the first-parent commits after it up to and including bad, oldest first."""
     path = Path(repo).expanduser().resolve()
-    if not path.is_dir() or _git(path, "rev-parse", "--git-dir", check=False).returncode != 0:
+    if not path.is_dir() or run_git(path, "rev-parse", "--git-dir", check=False).returncode != 0:
         raise SpecError(f"{path} is not a git repository", field="--repo")
     good_sha = resolve_ref(path, good, field="--good")
     bad_sha = resolve_ref(path, bad, field="--bad")
     if good_sha == bad_sha:
         raise SpecError(f"--good and --bad are the same commit ({good_sha[:12]})", field="--bad")
-    if _git(path, "merge-base", "--is-ancestor", good_sha, bad_sha, check=False).returncode != 0:
+    if run_git(path, "merge-base", "--is-ancestor", good_sha, bad_sha, check=False).returncode != 0:
         raise SpecError(f"--good {good} ({good_sha[:12]}) is not an ancestor of --bad {bad}", field="--good")
-    log = _git(path, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}").stdout
+    log = run_git(path, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}").stdout
     line = [Commit(*row.split("\0", 1)) for row in log.splitlines() if row]
-    parent = _git(path, "rev-parse", f"{line[0].sha}^1", check=False).stdout.strip() if line else ""
+    parent = run_git(path, "rev-parse", f"{line[0].sha}^1", check=False).stdout.strip() if line else ""
     if not line or line[-1].sha != bad_sha or parent != good_sha:
         raise SpecError(
             f"--good {good} is not on the first-parent line of --bad {bad} (inside a merged branch?)", field="--good"
         )
-    subject = _git(path, "log", "-1", "--format=%s", good_sha).stdout.strip()
+    subject = run_git(path, "log", "-1", "--format=%s", good_sha).stdout.strip()
     return Commit(good_sha, subject), line

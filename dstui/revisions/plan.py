@@ -41,7 +41,7 @@ RECIPE_PATHS = (
 
 
 @dataclass(frozen=True)
-class _BaseEnv:
+class BaseEnv:
     """The environment dstui runs in: its interpreter and the site folders it sees."""
 
     python: str
@@ -50,7 +50,7 @@ class _BaseEnv:
     has_setuptools: bool = True
 
     @classmethod
-    def current(cls) -> _BaseEnv:
+    def current(cls) -> BaseEnv:
         wanted = set(site.getsitepackages())
         if site.ENABLE_USER_SITE and site.getusersitepackages():
             wanted.add(site.getusersitepackages())
@@ -98,7 +98,7 @@ class _Plan:
         return self.rev.name
 
 
-def _plan(rev: Revision, root: Path, base: _BaseEnv) -> _Plan:
+def _plan(rev: Revision, root: Path, base: BaseEnv) -> _Plan:
     if rev.installed:
         return _Plan(rev, "installed", "installed")
     if rev.pypi is not None:
@@ -118,16 +118,16 @@ def _bad(rev: Revision, field: str, message: str) -> SpecError:
     return SpecError(f"revision '{rev.name}': {message}", field=f"revisions.{rev.name}.{field}")
 
 
-def _plan_git(rev: Revision, base: _BaseEnv) -> _Plan:
+def _plan_git(rev: Revision, base: BaseEnv) -> _Plan:
     repo = Path(rev.git or "").expanduser().resolve()
     if not repo.is_dir():
         raise _bad(rev, "git", f"no such folder {repo}")
-    if _git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
+    if run_git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
         raise _bad(rev, "git", f"{repo} is not a git repository")
     ref = rev.ref or ""
-    out = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
+    out = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
     if out.returncode != 0 or not out.stdout.strip():
-        known = _git(
+        known = run_git(
             repo, "for-each-ref", "--count=8", "--sort=-committerdate",
             "--format=%(refname:short)", "refs/heads", "refs/tags", check=False,
         ).stdout.split()
@@ -135,23 +135,23 @@ def _plan_git(rev: Revision, base: _BaseEnv) -> _Plan:
         raise _bad(rev, "ref", f"unknown git ref '{ref}' in {repo}{hint}")
     sha = out.stdout.strip()
     for needed in ("setup.py", "deepspeed/__init__.py"):
-        if _git(repo, "cat-file", "-e", f"{sha}:{needed}", check=False).returncode != 0:
+        if run_git(repo, "cat-file", "-e", f"{sha}:{needed}", check=False).returncode != 0:
             raise _bad(rev, "ref", f"'{ref}' ({sha[:12]}) in {repo} is not a DeepSpeed tree (no {needed})")
     return _Plan(
         rev, "git", ref, key=f"git-{sha[:16]}-{base.fingerprint}", sha=sha, source=repo, recipe=recipe(repo, sha)
     )
 
 
-def _plan_path(rev: Revision, base: _BaseEnv) -> _Plan:
+def _plan_path(rev: Revision, base: BaseEnv) -> _Plan:
     tree = Path(rev.path or "").expanduser().resolve()
     if not tree.is_dir():
         raise _bad(rev, "path", f"no such folder {tree}")
     missing = [n for n in ("setup.py", "deepspeed/__init__.py") if not (tree / n).is_file()]
     if missing:
         raise _bad(rev, "path", f"{tree} is not a DeepSpeed tree (no {' or '.join(missing)})")
-    top = _git(tree, "rev-parse", "--show-toplevel", check=False)
+    top = run_git(tree, "rev-parse", "--show-toplevel", check=False)
     if top.returncode == 0 and Path(top.stdout.strip()).resolve() == tree:
-        head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
+        head = run_git(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
         if head.returncode == 0:
             sha = head.stdout.strip()
             diff = _worktree_diff(tree)
@@ -164,7 +164,7 @@ def _plan_path(rev: Revision, base: _BaseEnv) -> _Plan:
 
 def recipe(repo: Path, sha: str) -> dict[str, str]:
     """Git object ids of the RECIPE_PATHS at ``sha`` ('-' where absent): equal ids = equal content."""
-    out = _git(repo, "ls-tree", sha, "--", *RECIPE_PATHS).stdout
+    out = run_git(repo, "ls-tree", sha, "--", *RECIPE_PATHS).stdout
     found = {}
     for line in out.splitlines():
         meta, _, path = line.partition("\t")
@@ -172,7 +172,7 @@ def recipe(repo: Path, sha: str) -> dict[str, str]:
     return {p: found.get(p, "-") for p in RECIPE_PATHS}
 
 
-def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a read-only git command in ``repo``.
 
     GIT_OPTIONAL_LOCKS=0 stops commands like diff/status from refreshing (i.e.
@@ -193,8 +193,8 @@ def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProc
 
 def _worktree_files(tree: Path) -> tuple[list[str], list[str]]:
     """Tracked files that differ from HEAD, and untracked files that are not ignored."""
-    changed = _git(tree, "diff", "HEAD", "--name-only", "--no-renames", "-z").stdout.split("\0")
-    untracked = _git(tree, "ls-files", "--others", "--exclude-standard", "-z").stdout.split("\0")
+    changed = run_git(tree, "diff", "HEAD", "--name-only", "--no-renames", "-z").stdout.split("\0")
+    untracked = run_git(tree, "ls-files", "--others", "--exclude-standard", "-z").stdout.split("\0")
     return [c for c in changed if c], [u for u in untracked if u]
 
 
@@ -241,7 +241,7 @@ def _tree_hash(tree: Path) -> str:
 # -- PyPI ------------------------------------------------------------------------------
 
 
-def _check_pypi_versions(plans: list[_Plan], base: _BaseEnv) -> None:
+def _check_pypi_versions(plans: list[_Plan], base: BaseEnv) -> None:
     """Fail fast on a PyPI version that does not exist (one ``pip index`` call).
 
     If the index cannot be queried (offline, a pip without ``index``) the
@@ -249,7 +249,7 @@ def _check_pypi_versions(plans: list[_Plan], base: _BaseEnv) -> None:
     """
     if not plans:
         return
-    available = _pypi_versions(base)
+    available = pypi_versions(base)
     if available is None:
         return
     for p in plans:
@@ -257,7 +257,7 @@ def _check_pypi_versions(plans: list[_Plan], base: _BaseEnv) -> None:
             raise _bad(p.rev, "pypi", f"PyPI has no DeepSpeed release '{p.requested}'{_nearby(p.requested, available)}")
 
 
-def _pypi_versions(base: _BaseEnv) -> list[str] | None:
+def pypi_versions(base: BaseEnv) -> list[str] | None:
     try:
         proc = subprocess.run(
             [base.python, "-m", "pip", "index", "versions", "deepspeed", "--disable-pip-version-check"],

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import DstuiError
-from dstui.revisions.plan import RECIPE_PATHS, _bad, _BaseEnv, _Plan
+from dstui.revisions.plan import RECIPE_PATHS, BaseEnv, _bad, _Plan
 from dstui.revisions.resolved import MARKER
 
 #: ``pip`` forces pip builds for every git revision (e.g. for one `dstui bisect`), ``source`` asks for source envs.
@@ -67,7 +67,7 @@ def requested_install(plan: _Plan) -> str:
     return env or plan.rev.install
 
 
-def choose(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
+def choose(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
     """Source-on-path when it is known to equal a pip build of this commit, else pip (with the reason)."""
     wanted = requested_install(plan)
     by = f"{OVERRIDE_ENV}={wanted}" if os.environ.get(OVERRIDE_ENV) else f"install: {wanted}"
@@ -79,7 +79,7 @@ def choose(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) -> 
     return choice
 
 
-def _eligible(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
+def _eligible(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
     if plan.kind != "git" or plan.sha is None or plan.source is None:
         return InstallChoice("pip", f"a {plan.kind} revision is pip-built (only git commits are placed on the path)")
     # DS_BUILD_<OP>=1 (or DS_BUILD_OPS=1) prebuilds ops at install, DS_BUILD_STRING changes the version; =0 is the default
@@ -112,7 +112,7 @@ def _eligible(plan: _Plan, root: Path, base: _BaseEnv, *, pip_env_cached: bool) 
     return InstallChoice("pip", "no pip-built environment of this base to compare with yet: this build is the reference")
 
 
-def _pip_references(root: Path, base: _BaseEnv) -> list[tuple[Path, dict[str, Any]]]:
+def _pip_references(root: Path, base: BaseEnv) -> list[tuple[Path, dict[str, Any]]]:
     """Pip-built git envs of this base environment, newest first."""
     out = []
     for marker_path in root.glob(f"git-*-{base.fingerprint}/{MARKER}"):

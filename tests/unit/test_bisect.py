@@ -120,7 +120,7 @@ def test_store_round_trip_and_progress(tmp_path: Path) -> None:
     assert isinstance(CommitRecord("x").run_samples(), list)
 
 
-def _git(repo: Path, *args: str) -> str:
+def run_git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@x"}  # fmt: skip
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env).stdout
@@ -133,17 +133,17 @@ def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixt
 
     repo = home / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
+    run_git(repo, "init", "-q", "-b", "main")
     for i in range(4):
         (repo / "f").write_text(str(i))
-        _git(repo, "add", "f")
-        _git(repo, "commit", "-q", "-m", f"c{i}")
-    _git(repo, "checkout", "-q", "-b", "side", "HEAD~2")
+        run_git(repo, "add", "f")
+        run_git(repo, "commit", "-q", "-m", f"c{i}")
+    run_git(repo, "checkout", "-q", "-b", "side", "HEAD~2")
     (repo / "g").write_text("side")
-    _git(repo, "add", "g")
-    _git(repo, "commit", "-q", "-m", "side work")
-    _git(repo, "checkout", "-q", "main")
-    _git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    run_git(repo, "add", "g")
+    run_git(repo, "commit", "-q", "-m", "side work")
+    run_git(repo, "checkout", "-q", "main")
+    run_git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
     good, line = first_parent_line(repo, "HEAD~3", "HEAD")
     assert good.subject == "c1" and [c.subject for c in line] == ["c2", "c3", "merge side"]
     with pytest.raises(SpecError, match="unknown git ref 'nope'"):
@@ -345,11 +345,11 @@ def test_cli_refuses_bad_metric_combinations(home: Path, capsys: pytest.CaptureF
 
     repo = home / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
+    run_git(repo, "init", "-q", "-b", "main")
     for i in range(2):
         (repo / "f").write_text(str(i))
-        _git(repo, "add", "f")
-        _git(repo, "commit", "-q", "-m", f"c{i}")
+        run_git(repo, "add", "f")
+        run_git(repo, "commit", "-q", "-m", f"c{i}")
     spec = home / "s.yaml"
     spec.write_text(json.dumps({"name": "b", "conditions": [{"name": "z0"}, {"name": "v", "kind": "verify"},
                                                            {"name": "sp", "sp_check": True}]}))  # fmt: skip

@@ -307,7 +307,7 @@ def test_path_uses_working_tree_with_diff(cache: Path, ds_repo: Path) -> None:
     extra = ds_repo / "deepspeed" / "dstui_untracked.py"
     extra.write_text("UNTRACKED = 2\n")
     try:
-        plan = R._plan(Revision(name="mywork", path=str(ds_repo)), cache / "envs", R._BaseEnv.current())
+        plan = R._plan(Revision(name="mywork", path=str(ds_repo)), cache / "envs", R.BaseEnv.current())
         assert plan.env_dir != Path(r.env_dir or "")
     finally:
         extra.write_text("UNTRACKED = True\n")
@@ -521,7 +521,7 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
     (tree / "deepspeed").mkdir(parents=True)
     (tree / "setup.py").write_text("")
     (tree / "deepspeed" / "__init__.py").write_text("x = 1\n")
-    base = R._BaseEnv.current()
+    base = R.BaseEnv.current()
     p1 = R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base)
     assert p1.key.startswith("tree-") and p1.sha is None and p1.kind == "path"
     (tree / "deepspeed" / "__pycache__").mkdir()
@@ -545,7 +545,7 @@ def test_install_choice_without_a_reference_and_overrides(tmp_path: Path, monkey
     (repo / "deepspeed" / "x.py").write_text("")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "two")
-    base = R._BaseEnv.current()
+    base = R.BaseEnv.current()
     one, two = (R._plan(Revision(name="g", git=str(repo), ref=r), tmp_path / "envs", base) for r in ("main~1", "main"))
     assert one.recipe == two.recipe and one.recipe["setup.py"] != "-" and one.recipe["requirements"] == "-"
     choice = R.install_choice(Revision(name="g", git=str(repo), ref="main"), cache_dir=tmp_path)
