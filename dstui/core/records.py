@@ -28,6 +28,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -150,6 +151,14 @@ def parse_attempt_line(line: str) -> dict[str, Any] | None:
         return None
     rec = parse_json_line(line)
     return rec if rec is not None and rec.get("type") == ATTEMPT else None
+
+
+def line_parser(fmt: str) -> Callable[[str], dict[str, Any] | None]:
+    """The lenient per-line parser of a run's metrics source: JSONL records, or the seed's human
+    lines with the ``attempt`` records a Slurm job writes into that output."""
+    if fmt == "jsonl":
+        return parse_json_line
+    return lambda line: parse_attempt_line(line) or parse_seed_line(line)
 
 
 def parse_json_object(line: str) -> dict[str, Any] | None:
@@ -374,7 +383,7 @@ def read_records(path: str | Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
     ``attempt`` records themselves (:class:`dstui.core.attempt_steps.AttemptSteps`)."""
     from dstui.core.attempt_steps import AttemptSteps
 
-    parse = parse_json_line if fmt == "jsonl" else (lambda ln: parse_attempt_line(ln) or parse_seed_line(ln))
+    parse = line_parser(fmt)
     steps = AttemptSteps()
     out = []
     try:

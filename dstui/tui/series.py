@@ -15,14 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.core.attempt_steps import AttemptSteps
-from dstui.core.records import (
-    STEP,
-    SUMMARY,
-    Follower,
-    parse_attempt_line,
-    parse_json_line,
-    parse_seed_line,
-)
+from dstui.core.records import STEP, SUMMARY, Follower, line_parser
 from dstui.core.rundir import RunDir
 
 STEP_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak", "mem_alloc")
@@ -134,7 +127,7 @@ class RunSeries:
         """Parse what was appended since the last call (worker thread; touches no buffers)."""
         assert self._metrics is not None and self._sys is not None
         d = Delta()
-        parse = parse_json_line if self.fmt == "jsonl" else (lambda ln: parse_attempt_line(ln) or parse_seed_line(ln))
+        parse = line_parser(self.fmt)
         for line, _ in self._metrics.read_lines():
             rec = parse(line)
             if rec is None or not self._attempts.keep(rec):  # a requeued job's repeats: drawn once, as in MLflow
