@@ -152,10 +152,9 @@ def read_points(
             continue
         if rec is None:
             continue  # ordinary log output (seed format), a blank line
+        kept = t.attempts.keep(rec)  # False for a repeat of an earlier attempt's step
         if rec["type"] == ATTEMPT:
-            t.attempts.keep(rec)  # a job (re)start: later steps up to the highest so far are repeats
-            continue
-        kept = t.attempts.keep(rec)
+            continue  # a job (re)start: later steps up to the highest so far are repeats
         values, dropped = split_metrics(rec)
         if dropped and kept:
             t.metrics.bad(example(line, f"left out {', '.join(dropped[:3])} (not a finite number MLflow can store)"))
