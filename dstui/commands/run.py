@@ -278,7 +278,6 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | 
     last_print = 0.0
     ended_at: float | None = None
     takeovers = 0
-    all_steps_seen: dict[str, float] = {}  # run -> when this loop first saw all its steps done
     try:
         while True:
             runs = b.runs()
@@ -286,9 +285,10 @@ def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | 
             finishing = False
             for rd in runs:
                 st = rd.status()
-                if all_steps_done(st):
-                    all_steps_seen.setdefault(rd.name, now)  # its last step is logged: teardown and exit next
-                finishing |= supervisor.is_finishing(st) or now - all_steps_seen.get(rd.name, 0.0) < FAST_FOR_S
+                # its last step is logged (status.json's last_step_at says when): teardown and exit next
+                finishing |= supervisor.is_finishing(st) or (
+                    all_steps_done(st) and now - float(st.get("last_step_at") or 0.0) < FAST_FOR_S
+                )
                 key = (st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase"))
                 step_due = st.get("state") == "running" and now - last_print > 5
                 if seen.get(rd.name) != key or step_due:
