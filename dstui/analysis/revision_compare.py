@@ -26,7 +26,7 @@ Definitions (the command prints them too, so nobody has to guess):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     return p if math.isfinite(p) else None
 
 
-def mean_curve(curves: Sequence[dict[int, float]]) -> dict[int, float]:
+def mean_curve(curves: Sequence[Mapping[int, float]]) -> dict[int, float]:
     """Per-step mean over the repeats that logged that step (NaN stays NaN: it must show)."""
     acc: dict[int, list[float]] = {}
     for c in curves:

@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dstui.analysis.revision_compare import Comparison, RunSample, compare
+from dstui.analysis.revision_compare import Comparison, RunSample, compare, mean_curve
 from dstui.bisect.search import BAD, GOOD, SKIP
 
 UNDECIDED = "undecided"
@@ -177,21 +177,12 @@ class Threshold:
         return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
 
 
-def mean_curve(series: Sequence[Mapping[int, float]]) -> dict[int, float]:
-    """Per step, the mean over the runs that recorded that step."""
-    steps: dict[int, list[float]] = {}
-    for s in series:
-        for k, v in s.items():
-            steps.setdefault(k, []).append(v)
-    return {k: math.fsum(v) / len(v) for k, v in sorted(steps.items())}
-
-
 def metric_decision(name: str, base: Sequence[Mapping[int, float]], runs: Sequence[Mapping[int, float]],
                     threshold: Threshold) -> Decision:  # fmt: skip
     """The largest per-step |difference| of the mean curves against the threshold (NaN on one side: infinite)."""
     if not runs:
         return Decision(SKIP, f"no run recorded {name}")
-    b, c = mean_curve(base), mean_curve(runs)
+    b, c = mean_curve(base), mean_curve(runs)  # dstui compare's per-step mean over repeats
     common = sorted(set(b) & set(c))
     if not common:
         return Decision(SKIP, f"no {name} at a step the good commit has")
