@@ -42,7 +42,7 @@ def _path(out: Outcome) -> str:
 
 def markdown(b: Bisect, out: Outcome) -> str:
     o, noun = b.o, b.noun
-    threshold = f"{o.threshold * 100:g}%" if o.relative else f"{o.threshold:g}"
+    threshold = o.limit.text()
     what = "releases from the package index" if noun == "release" else "first-parent commits"
     limits = {"verdict": "", "loss": f"loss tolerance {o.loss_tol:g}; "}.get(o.metric, f"threshold {threshold}; ")
     if o.needs_base:

@@ -57,6 +57,11 @@ class Options:
     relative: bool = True  # a recorded metric's threshold: relative (5%) or absolute (0.01)
 
     @property
+    def limit(self) -> Threshold:
+        """The threshold as a recorded metric's decision reads it (and the report shows it)."""
+        return Threshold(self.threshold, self.relative)
+
+    @property
     def needs_base(self) -> bool:
         """A verdict is absolute; every other metric is judged against the good end's runs."""
         return self.metric != VERDICT
@@ -146,7 +151,7 @@ class Bisect:
             if not any(s.get("usable") for s in rec.samples):
                 return Decision(SKIP, "no run finished (crashed)")
             return metric_decision(self.o.metric, self.m.series(self.base, self.o.metric),
-                                   self.m.series(rec, self.o.metric), Threshold(self.o.threshold, self.o.relative))  # fmt: skip
+                                   self.m.series(rec, self.o.metric), self.o.limit)  # fmt: skip
         d = decide(self.o.metric, self.base.run_samples(), rec.run_samples(),
                    threshold=self.o.threshold, loss_tol=self.o.loss_tol)  # fmt: skip
         if d.verdict == UNDECIDED:
