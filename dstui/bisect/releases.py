@@ -15,13 +15,13 @@ or ``<version>``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dstui.core.errors import DstuiError, SpecError
-from dstui.revisions.history import Commit
-from dstui.revisions.plan import run_git
+from dstui.revisions.history import Commit, resolve_ref
 
 PYPI_PREFIX = "pypi-"
 _VERSION = re.compile(r"\d+(\.\d+)+([a-zA-Z0-9.+!-]*)")
@@ -93,9 +93,8 @@ def release_line(good: str, bad: str, available: list[str]) -> tuple[Release, li
 def release_tag(repo: Path, version: str) -> str:
     """The tag of a release in a DeepSpeed clone: ``v<version>`` (DeepSpeed's own) or ``<version>``."""
     for tag in (f"v{version}", version):
-        out = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/tags/{tag}^{{commit}}",
-                   check=False)  # fmt: skip
-        if out.returncode == 0 and out.stdout.strip():
+        with contextlib.suppress(SpecError):  # not this spelling of the tag: try the next
+            resolve_ref(repo, f"refs/tags/{tag}", field="--repo")
             return tag
     raise SpecError(f"{repo} has no tag v{version} (or {version}) for release {version}: "
                     "`git fetch --tags` in the clone, or bisect commits with git refs", field="--repo")  # fmt: skip

@@ -425,3 +425,21 @@ def test_verdict_session_runs_the_good_end_only_when_the_answer_rests_on_it(tmp_
     assert out.first_bad == line[0] and 0 not in m.measured
     report = (tmp_path / "d" / "s" / "report.md").read_text()
     assert "narrowed by the release walk" in report and "search path" in report and "good (shown before)" in report
+
+
+def test_a_release_tag_is_found_as_v_version_or_version_and_named_when_missing(tmp_path: Path) -> None:
+    from helpers import git_at
+
+    from dstui.bisect.releases import release_tag
+
+    git_at(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("x")
+    git_at(tmp_path, "add", "f")
+    git_at(tmp_path, "commit", "-q", "-m", "one", date=1)
+    git_at(tmp_path, "tag", "v0.18.1")
+    git_at(tmp_path, "tag", "0.18.2")
+    git_at(tmp_path, "branch", "v0.18.3")  # a branch of that name is not a release tag
+    assert release_tag(tmp_path, "0.18.1") == "v0.18.1"
+    assert release_tag(tmp_path, "0.18.2") == "0.18.2"
+    with pytest.raises(SpecError, match="no tag v0.18.3 \\(or 0.18.3\\) for release 0.18.3"):
+        release_tag(tmp_path, "0.18.3")
