@@ -223,23 +223,18 @@ def _build(plan: _Plan, base: BaseEnv, say: Callable[[str], None]) -> None:
             log.write(f"# dstui build of revision '{plan.name}' ({plan.kind} {plan.requested}) -> {env_dir}\n")
             log.write(f"# install: {choice.method} ({choice.reason})\n")
             log.flush()
-            if choice.method == "source":
-                say("creating the environment")
-                _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
-                _link_base(env_dir, base)
+            source = choice.method == "source"
+            target = None if source else _prepare_source(plan, staging, log, say)
+            say("creating the environment")
+            _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
+            _link_base(env_dir, base)
+            if source:
 
                 def run(cmd: list[str], capture: bool = False) -> str:
                     return _run_logged(cmd, log, capture=capture)
 
                 source_env.build(plan, choice, env_dir, run, say)
-                say("checking the environment imports its own deepspeed and the base torch")
-                version = _verify(plan, env_dir, log)
-                source_env.probe(plan, env_dir)
             else:
-                target = _prepare_source(plan, staging, log, say)
-                say("creating the environment")
-                _run_logged([base.python, "-m", "venv", "--without-pip", str(env_dir)], log)
-                _link_base(env_dir, base)
                 if plan.diff is not None:
                     (env_dir / DIFF_NAME).write_bytes(plan.diff)
                 say(f"installing DeepSpeed from {target} (pip --no-deps, DS_BUILD_OPS=0)")
@@ -250,10 +245,12 @@ def _build(plan: _Plan, base: BaseEnv, say: Callable[[str], None]) -> None:
                     # Build against the base's torch/setuptools: no download of a build env,
                     # and setup.py records the real torch version in deepspeed's install info.
                     pip.append("--no-build-isolation")
-                pip += ["--no-input", "--disable-pip-version-check", target]
+                pip += ["--no-input", "--disable-pip-version-check", str(target)]
                 _run_logged(pip, log, cwd=staging, say=say)
-                say("checking the environment imports its own deepspeed and the base torch")
-                version = _verify(plan, env_dir, log)
+            say("checking the environment imports its own deepspeed and the base torch")
+            version = _verify(plan, env_dir, log)
+            if source:
+                source_env.probe(plan, env_dir)
         marker = {
             "format": ENV_FORMAT, "name": plan.name, "kind": plan.kind, "requested": plan.requested,
             "version": version, "sha": plan.sha, "base_python": base.python,
