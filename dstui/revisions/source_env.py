@@ -92,16 +92,17 @@ def _eligible(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -
         return InstallChoice("pip", "a pip-built environment of this commit is cached")
     mine = plan.recipe or {}
     refs = _pip_references(root, base)
-    same = [r for r in refs if r[1].get("recipe") == mine]
-    for env_dir, marker in same:
+    unusable: list[tuple[Path, str]] = []  # references with this recipe that cannot be copied from, and why
+    for env_dir, marker in (r for r in refs if r[1].get("recipe") == mine):
         problem = _reference_problem(env_dir, marker)
         if problem is None:
             what = "setup.py, requirements, op_builder, ..."  # RECIPE_PATHS; the marker's `recipe` has them all
             return InstallChoice(
                 "source", f"install recipe ({what}) identical to pip-built {str(marker.get('sha'))[:12]}", str(env_dir)
             )
-    if same:
-        return InstallChoice("pip", f"the pip-built reference {same[0][0].name} cannot serve: {_reference_problem(*same[0])}")
+        unusable.append((env_dir, problem))
+    if unusable:
+        return InstallChoice("pip", f"the pip-built reference {unusable[0][0].name} cannot serve: {unusable[0][1]}")
     if refs:
         env_dir, marker = refs[0]
         theirs = marker.get("recipe") or {}
