@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import git_at
 
 from dstui.analysis.revision_compare import RunSample
 from dstui.bisect import decide as D
@@ -120,10 +119,15 @@ def test_store_round_trip_and_progress(tmp_path: Path) -> None:
     assert isinstance(CommitRecord("x").run_samples(), list)
 
 
-def run_git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@x"}  # fmt: skip
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env).stdout
+def linear_repo(repo: Path, commits: int) -> Path:
+    """A git repository on branch main with ``commits`` commits of one file (c0, c1, ...)."""
+    repo.mkdir()
+    git_at(repo, "init", "-q", "-b", "main")
+    for i in range(commits):
+        (repo / "f").write_text(str(i))
+        git_at(repo, "add", "f")
+        git_at(repo, "commit", "-q", "-m", f"c{i}")
+    return repo
 
 
 def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,19 +135,13 @@ def test_first_parent_line_and_cli_errors(home: Path, capsys: pytest.CaptureFixt
     from dstui.core.errors import SpecError
     from dstui.revisions.history import first_parent_line
 
-    repo = home / "repo"
-    repo.mkdir()
-    run_git(repo, "init", "-q", "-b", "main")
-    for i in range(4):
-        (repo / "f").write_text(str(i))
-        run_git(repo, "add", "f")
-        run_git(repo, "commit", "-q", "-m", f"c{i}")
-    run_git(repo, "checkout", "-q", "-b", "side", "HEAD~2")
+    repo = linear_repo(home / "repo", 4)
+    git_at(repo, "checkout", "-q", "-b", "side", "HEAD~2")
     (repo / "g").write_text("side")
-    run_git(repo, "add", "g")
-    run_git(repo, "commit", "-q", "-m", "side work")
-    run_git(repo, "checkout", "-q", "main")
-    run_git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    git_at(repo, "add", "g")
+    git_at(repo, "commit", "-q", "-m", "side work")
+    git_at(repo, "checkout", "-q", "main")
+    git_at(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
     good, line = first_parent_line(repo, "HEAD~3", "HEAD")
     assert good.subject == "c1" and [c.subject for c in line] == ["c2", "c3", "merge side"]
     with pytest.raises(SpecError, match="unknown git ref 'nope'"):
@@ -343,13 +341,7 @@ def test_available_releases_from_a_local_index(tmp_path: Path, monkeypatch: pyte
 def test_cli_refuses_bad_metric_combinations(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from dstui import cli
 
-    repo = home / "repo"
-    repo.mkdir()
-    run_git(repo, "init", "-q", "-b", "main")
-    for i in range(2):
-        (repo / "f").write_text(str(i))
-        run_git(repo, "add", "f")
-        run_git(repo, "commit", "-q", "-m", f"c{i}")
+    repo = linear_repo(home / "repo", 2)
     spec = home / "s.yaml"
     spec.write_text(json.dumps({"name": "b", "conditions": [{"name": "z0"}, {"name": "v", "kind": "verify"},
                                                            {"name": "sp", "sp_check": True}]}))  # fmt: skip
@@ -428,8 +420,6 @@ def test_verdict_session_runs_the_good_end_only_when_the_answer_rests_on_it(tmp_
 
 
 def test_a_release_tag_is_found_as_v_version_or_version_and_named_when_missing(tmp_path: Path) -> None:
-    from helpers import git_at
-
     from dstui.bisect.releases import release_tag
 
     git_at(tmp_path, "init", "-q")
