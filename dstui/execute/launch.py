@@ -21,7 +21,7 @@ from pathlib import Path
 from dstui.core import names, paths, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import PRIVATE_SPEC_FILE, RunDir, read_json, write_json_atomic
-from dstui.execute import bytecode
+from dstui.execute import bytecode, cwd_link
 from dstui.spec import flags
 from dstui.spec.models import RunSpec, Settings
 
@@ -332,6 +332,8 @@ def start(
     argv = real_argv(argv, env)
     rd.cmd_file.write_text(shlex.join(shown_argv) + "\n")
     rd.exit_file.unlink(missing_ok=True)
+    if cwd is None:  # a bundled runner in its run folder, named by a path the GPU kernel cache knows again
+        env.update(cwd_link.env_for(rd.path, gpu_slice))
     if run.settings.kind == "command" and gpu_slice is not None and "CUDA_VISIBLE_DEVICES" not in run.settings.env:
         # a program of its own sees only the GPUs the supervisor gave it (ranks get theirs from ranks.py)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_slice)
