@@ -104,9 +104,18 @@ def segments(marks: dict[str, float]) -> dict[str, float | None]:
     return {name: (marks[b] - marks[a]) if a in marks and b in marks else None for name, a, b in SEGMENTS}
 
 
+def probed(env: dict[str, str], probe: Path | None, who: str, n: int) -> dict[str, str]:
+    """``env`` with the first-step probe on (benchmarks/gpu/probe), writing under ``probe/who-n``."""
+    if probe is None:
+        return env
+    folder = REPO / "benchmarks" / "gpu" / "probe"
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != folder]
+    return {**env, "DSTUI_STEP1_PROBE": str(probe / f"{who}-{n}"), "PYTHONPATH": os.pathsep.join([str(folder), *path])}
+
+
 def run_bare(a: argparse.Namespace, work: Path, env: dict[str, str], ds_file: Path, n: int,
-             runner_inputs: bool = False) -> dict[str, Any]:  # fmt: skip
-    marks_file = work / f"bare-{n}{'-ri' if runner_inputs else ''}.json"
+             runner_inputs: bool = False, tag: str = "") -> dict[str, Any]:  # fmt: skip
+    marks_file = work / f"bare{tag}-{n}{'-ri' if runner_inputs else ''}.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "gpu" / "bare_ds.py"),
            "--model-config", str(model_config_file(a.model)), "--ds-config", str(ds_file),
            "--seq-length", str(a.seq_length), "--micro-batch", str(a.micro_batch), "--steps", str(a.steps),
@@ -138,6 +147,60 @@ def trace_marks(path: Path, t0: float) -> dict[str, float]:
     for rec in startup_trace.read(path):
         out.setdefault(f"{rec.get('who')}:{rec['mark']}", rec["t"] - t0)
     return out
+
+
+def rank_env_of_dstui(probe: Path, base: dict[str, str]) -> dict[str, str]:
+    """The environment the newest probed dstui rank had (the probe's dump), secrets from ``base``.
+
+    For the contender ``bare_denv``: the bare script in dstui's rank environment
+    tells the environment's share of a gap from the runner's own.
+    """
+    dumps = sorted(probe.glob("dstui-*/probe-*.json"), key=lambda f: f.stat().st_mtime)
+    if not dumps:
+        raise SystemExit(f"--probe: no probed dstui rank under {probe} yet (the warm-up writes one)")
+    env = json.loads(dumps[-1].read_text())["env"]
+    return {k: base.get(k, "") if v == "<hidden>" else v for k, v in env.items() if not k.startswith("DSTUI_")}
+
+
+def last_dstui_rank_cmd(home: Path) -> list[str]:
+    """``PYTHON RUNNER ARGS`` of the newest dstui run (cmd.txt, after dstui's rank starter's ``--``)."""
+    import shlex
+
+    from dstui.core.rundir import list_batches
+
+    batch = max(list_batches(home / "runs"), key=lambda b: b.path.stat().st_mtime)
+    (rd,) = batch.runs()
+    cmd = shlex.split((rd.path / "cmd.txt").read_text())
+    return cmd[cmd.index("--") + 1 :] if "--" in cmd else cmd
+
+
+def run_runner_by_hand(a: argparse.Namespace, work: Path, env: dict[str, str], n: int) -> dict[str, Any]:
+    """dstui's runner with the newest run's arguments, started as the bare script is (its environment, no dstui)."""
+    from dstui.core.records import read_records
+
+    python, script, *rest = last_dstui_rank_cmd(Path(env["DSTUI_HOME"]))
+    metrics = work / f"hand-{n}.jsonl"
+    metrics.unlink(missing_ok=True)
+    at = rest.index("--metrics-file")
+    rest[at + 1] = str(metrics)
+    rank_env = {**env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    t0 = time.time()
+    proc = subprocess.run([python, script, "--local_rank=0", *rest], env=rank_env, capture_output=True, text=True,
+                          cwd=work, timeout=a.timeout)  # fmt: skip
+    t1 = time.time()
+    recs = list(read_records(metrics)) if metrics.is_file() else []
+    marks = next((r for r in recs if r.get("type") == "phases"), None)
+    if proc.returncode != 0 or marks is None:
+        raise SystemExit(f"runner by hand failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    marks = {k: v for k, v in marks.items() if isinstance(v, (int, float)) and k != "time"}
+    return {
+        "launch_to_first_step": marks["first_step_done"] - t0,
+        "launch_to_exit": t1 - t0,
+        "launch": marks["process_start"] - t0,
+        "segments": segments(marks),
+        "losses": [r["loss"] for r in recs if r.get("type") == "step" and isinstance(r.get("loss"), (int, float))],
+    }
 
 
 def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str], trace: Path) -> dict[str, Any]:
@@ -236,6 +299,13 @@ def main() -> int:
     p.add_argument("--bare-runner-inputs", action="store_true",
                    help="a third contender: the bare script fed as dstui's runner feeds its model "
                         "(labels a copy, explicit position ids)")  # fmt: skip
+    p.add_argument("--probe", type=Path, default=None,
+                   help="probe every rank's first step (benchmarks/gpu/probe: pending GPU work, forward/backward/"
+                        "step, torch.profiler tables, switches, environment) into this folder, and add two "
+                        "contenders: bare_denv (the bare script in dstui's rank environment) and hand (dstui's "
+                        "runner started as the bare script is)")  # fmt: skip
+    p.add_argument("--skip", action="append", default=[], metavar="WHO",
+                   help="leave out a contender other than bare and dstui (e.g. bare_denv); repeatable")  # fmt: skip
     a = p.parse_args()
 
     work = a.work or Path(tempfile.mkdtemp(prefix="bare-vs-dstui-"))
@@ -266,16 +336,28 @@ def main() -> int:
         return out
 
     # who -> how to run it once; "dstui_before": the same `dstui run` from an older source tree
+    pr = a.probe.resolve() if a.probe else None
     contenders = {
-        "bare": lambda n: run_bare(a, work, env, ds_file, n),
-        "dstui": lambda n: run_dstui(a, spec, tree_env(a.dstui_tree), work / f"trace-dstui-{n}.jsonl"),
+        "bare": lambda n: run_bare(a, work, probed(env, pr, "bare", n), ds_file, n),
+        "dstui": lambda n: run_dstui(a, spec, probed(tree_env(a.dstui_tree), pr, "dstui", n),
+                                     work / f"trace-dstui-{n}.jsonl"),  # fmt: skip
     }
+    if pr:  # is a first-step gap in the rank's environment or in the runner?
+        contenders["bare_denv"] = lambda n: run_bare(
+            a, work, probed(rank_env_of_dstui(pr, env), pr, "bare_denv", n), ds_file, n, tag="-denv"
+        )
+        contenders["hand"] = lambda n: run_runner_by_hand(a, work, probed(env, pr, "hand", n), n)
     if a.bare_runner_inputs:  # is the rank's first-step gap in what it feeds the model?
         contenders["bare_ri"] = lambda n: run_bare(a, work, env, ds_file, n, runner_inputs=True)
     if a.before_tree:
         contenders["dstui_before"] = lambda n: run_dstui(a, spec, tree_env(a.before_tree), work / f"trace-before-{n}.jsonl")
+    for who in a.skip:
+        if who not in ("bare", "dstui"):
+            contenders.pop(who, None)
     if a.warmup:
         for who, go in contenders.items():
+            if who in ("bare_denv", "hand"):  # the caches the others warmed are theirs too
+                continue
             say(f"warm-up {who}: {go(0)['launch_to_exit']:.1f} s")
     rows: dict[str, list[dict[str, Any]]] = {who: [] for who in contenders}
     names = list(contenders)

@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""What one process's first cuDNN attention call costs, and on what it depends (issue 31).
+
+On the lent H100 (torch 2.11, cuDNN 9, CUDA 13) the first ``scaled_dot_product_attention``
+forward+backward in a process runs NVRTC to build cuDNN's fused attention kernels, and the
+result is kept in the CUDA JIT cache (~/.nv/ComputeCache) for later processes. This prints, as
+one JSON line: the working directory, the first and the second call's time (synchronized), and
+how many files the JIT cache held before and after. benchmarks/gpu/diag_cwd.sh starts it in
+chosen folders, with chosen arguments and environments, to see what a later process must share
+with an earlier one to find its kernels in the cache.
+
+    python benchmarks/gpu/sdpa_first_call.py [ANY EXTRA ARGUMENTS ARE IGNORED]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def jit_cache_files() -> int:
+    root = os.environ.get("CUDA_CACHE_PATH") or os.path.expanduser("~/.nv/ComputeCache")
+    return sum(len(names) for _, _, names in os.walk(root))
+
+
+def main() -> int:
+    import torch
+
+    before = jit_cache_files()
+    times = []
+    for _ in range(2):
+        q, k, v = (torch.randn(4, 32, 2048, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        torch.cuda.synchronize()
+        times.append(round(time.perf_counter() - t, 3))
+    print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv[1:], "first_s": times[0], "second_s": times[1],
+                      "jit_cache_files": [before, jit_cache_files()]}), flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
