@@ -14,3 +14,16 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFOR
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
 export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions   # JIT ops built once, shared by every run
 export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
+
+# The diagnosis scripts' start (diag_*.sh): the wheels installed and FusedAdam built by
+# validate.sh's setup, or the script stops showing setup's last lines; then everything on GPU 0.
+diag_setup() {
+    PREBUILD_OPS=FusedAdamBuilder bash "$REPO/benchmarks/gpu/validate.sh" setup >"$OUT/diag-setup.txt" 2>&1 \
+        || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
+    export CUDA_VISIBLE_DEVICES=0
+}
+# py-spy from the wheel that travels in .whl/tools; its binary is then $PYSPY.
+PYSPY=/tmp/pyspy/bin/py-spy
+install_pyspy() {
+    $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy "$REPO"/.whl/tools/py_spy*.whl 2>&1 | tail -1
+}

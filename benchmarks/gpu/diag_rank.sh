@@ -11,10 +11,9 @@ set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 . "$REPO/benchmarks/gpu/device_env.sh"
-PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
-export CUDA_VISIBLE_DEVICES=0
-$PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/tools/py_spy*.whl 2>&1 | tail -1
-/tmp/pyspy/bin/py-spy record --subprocesses --rate 100 --format raw -o "$OUT/spy.txt" -- \
+diag_setup
+install_pyspy
+$PYSPY record --subprocesses --rate 100 --format raw -o "$OUT/spy.txt" -- \
     $PY benchmarks/gpu/bare_vs_dstui.py --rounds 1 --warmup --timeout 200 --work "$WORK/b2" ${BARE_ARGS:-} \
     >"$OUT/b2.json" 2>"$OUT/b2.err"
 echo "py-spy exited $?"

@@ -13,7 +13,7 @@ set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 . "$REPO/benchmarks/gpu/device_env.sh"
-PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
+diag_setup
 tail -3 "$OUT/diag-setup.txt"
 export DSTUI_HOME=$WORK/diag-home CUDA_VISIBLE_DEVICES=0 PYTHONPYCACHEPREFIX=$WORK/pycache
 unset PYTHONDONTWRITEBYTECODE  # the image sets it: with a cache prefix nothing would be cached
@@ -58,9 +58,9 @@ import pstats, sys
 p = pstats.Stats(sys.argv[1]); p.sort_stats("cumulative").print_stats(60); p.sort_stats("tottime").print_stats(25)
 EOF
 # (b) py-spy over the CLI and its subprocesses
-$PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/tools/py_spy*.whl 2>&1 | tail -1
+install_pyspy
 s=$EPOCHREALTIME
-/tmp/pyspy/bin/py-spy record --subprocesses --idle --rate 50 --format raw -o "$D/pyspy.txt" -- \
+$PYSPY record --subprocesses --idle --rate 50 --format raw -o "$D/pyspy.txt" -- \
     $PY -m dstui run "$SPEC" --quiet >"$D/pyspy.log" 2>&1
 echo "[diag] $(since "$s") s: dstui run under py-spy (rc $?; start $s)"
 tail -3 "$D/pyspy.log"

@@ -13,8 +13,7 @@ set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 . "$REPO/benchmarks/gpu/device_env.sh"
-PREBUILD_OPS=FusedAdamBuilder bash benchmarks/gpu/validate.sh setup >"$OUT/diag-setup.txt" 2>&1 || { tail -30 "$OUT/diag-setup.txt"; exit 1; }
-export CUDA_VISIBLE_DEVICES=0
+diag_setup
 P=$WORK/step1/probe
 rm -rf "$WORK/step1"
 DSTUI_STEP1_PROBE_SDPA=1 timeout 330 $PY benchmarks/gpu/bare_vs_dstui.py --rounds 2 --warmup --timeout 200 \
@@ -23,8 +22,8 @@ echo "probed harness exited $?"
 $PY benchmarks/gpu/probe_summary.py "$P" --tables >"$OUT/probe_summary.txt" 2>&1
 tar -C "$P" -czf "$OUT/probe.tgz" .
 head -12 "$OUT/probe_summary.txt"
-$PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/tools/py_spy*.whl 2>&1 | tail -1
-timeout -s INT 150 /tmp/pyspy/bin/py-spy record --native --subprocesses --rate 50 --format raw -o "$OUT/spy-native.txt" -- \
+install_pyspy
+timeout -s INT 150 $PYSPY record --native --subprocesses --rate 50 --format raw -o "$OUT/spy-native.txt" -- \
     $PY benchmarks/gpu/bare_vs_dstui.py --rounds 1 --timeout 120 --work "$WORK/step1" \
     >"$OUT/spy-run.json" 2>"$OUT/spy-run.err"
 echo "py-spy exited $?"
