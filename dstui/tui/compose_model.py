@@ -264,6 +264,7 @@ def set_top(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 # -- revisions ------------------------------------------------------------------------
 
 REVISION_SOURCES = ("pypi", "git", "path", "installed")
+REVISION_INSTALLS = ("auto", "pip", "source")  # the spec's Revision.install, default first
 
 
 def revision_source(rev: dict[str, Any]) -> tuple[str, str, str]:
@@ -274,24 +275,37 @@ def revision_source(rev: dict[str, Any]) -> tuple[str, str, str]:
     return "installed", "", ""
 
 
+def revision_install(rev: dict[str, Any]) -> str:
+    """How a revision's env is built (``install``: auto, pip or source); ``auto`` when the spec does not say."""
+    return str(rev.get("install") or REVISION_INSTALLS[0])
+
+
 def revision_text(rev: dict[str, Any]) -> str:
-    """One line: ``stable: pypi=0.18.0``, ``main: git=~/ds@master``, ``base: installed``."""
+    """One line: ``stable: pypi=0.18.0``, ``main: git=~/ds@master (install: pip)``, ``base: installed``."""
     kind, value, ref = revision_source(rev)
     src = "installed" if kind == "installed" else f"{kind}={value}"
-    return f"{rev.get('name')}: {src}" + (f"@{ref}" if ref else "")
+    install = revision_install(rev)
+    return f"{rev.get('name')}: {src}" + (f"@{ref}" if ref else "") + (f" (install: {install})" if install != "auto" else "")
 
 
-def make_revision(name: str, kind: str, value: str, ref: str = "") -> dict[str, Any]:
-    """A revision mapping from the editor's fields, checked by the spec's own model (ValueError if wrong)."""
+def make_revision(name: str, kind: str, value: str, ref: str = "", install: str = "auto") -> dict[str, Any]:
+    """A revision mapping from the editor's fields, checked by the spec's own model (ValueError if wrong).
+
+    Every field of the spec's revision has one here: an edit saved from the
+    editor keeps what the spec said (``install`` was once dropped by an edit).
+    """
     from pydantic import ValidationError
 
     from dstui.spec.models import Revision
 
     name, kind, value, ref = name.strip(), kind.strip().lower(), value.strip(), ref.strip()
+    install = install.strip().lower() or REVISION_INSTALLS[0]
     if not name:
         raise ValueError("a revision needs a name")
     if kind not in REVISION_SOURCES:
         raise ValueError(f"source must be one of {', '.join(REVISION_SOURCES)} (got '{kind}')")
+    if install not in REVISION_INSTALLS:
+        raise ValueError(f"install must be one of {', '.join(REVISION_INSTALLS)} (got '{install}')")
     rev: dict[str, Any] = {"name": name}
     if kind == "installed":
         rev["installed"] = True
@@ -301,6 +315,8 @@ def make_revision(name: str, kind: str, value: str, ref: str = "") -> dict[str, 
         rev[kind] = value
         if ref:
             rev["ref"] = ref
+    if install != REVISION_INSTALLS[0]:  # 'auto' is the default: a spec that never said it stays so
+        rev["install"] = install
     try:
         Revision.model_validate(rev)
     except ValidationError as e:

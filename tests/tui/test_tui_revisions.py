@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import yaml
+from helpers import git_at
 from test_tui_compose import listed
 from textual.widgets import DataTable, Input, Static
 from tui_helpers import REPO
@@ -90,6 +91,68 @@ async def test_add_edit_remove_revisions(tui_env):
     assert listed(out) == ui
 
 
+async def test_an_edit_keeps_the_revisions_install_and_the_editor_sets_one(tui_env):
+    """`install` (how a git revision's env is built) has its field: an edit of another field keeps it."""
+    repo = tui_env / "ds"
+    repo.mkdir()
+    git_at(repo, "init", "-q")
+    for n, tag in ((0, "v1"), (1, "v2")):
+        (repo / "setup.py").write_text(f"# {tag}\n")
+        git_at(repo, "add", "-A")
+        git_at(repo, "commit", "-qm", tag, date=n)
+        git_at(repo, "tag", tag)
+    spec = tui_env / "revs.yaml"
+    spec.write_text(
+        (REPO / "configs/experiments/smoke.yaml").read_text()
+        + f"revisions:\n  - {{name: main, git: {repo}, ref: v1, install: source}}\n"
+    )
+    app = DstuiApp(spec_path=spec, supervise=False)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await pilot.press("1")
+        compose = app.screen
+        await pilot.press("ctrl+e")
+        await pilot.pause()
+        editor = app.screen
+        assert isinstance(editor, RevisionEditor)
+        assert editor.query_one("#rev-install", Input).value == "auto"  # a new revision's default
+        table = editor.query_one("#rev-table", DataTable)
+        assert table.get_row_at(0)[-1] == "source"
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert editor.query_one("#rev-install", Input).value == "source"
+        await _type(pilot, editor, "ref", "v2")
+        await pilot.click("#rev-save")
+        await pilot.pause()
+        assert editor.data["revisions"][0] == {"name": "main", "git": str(repo), "ref": "v2", "install": "source"}
+        # a second git revision built by pip; an install the spec does not know is refused
+        for install in ("conda", "pip"):
+            for field, text in (("name", "pipped"), ("source", "git"), ("value", str(repo)), ("ref", "v1"),
+                                ("install", install)):  # fmt: skip
+                editor.query_one(f"#rev-{field}", Input).value = text  # typing is the test above's
+            editor.query_one("#rev-install", Input).focus()
+            await pilot.press("enter")  # Enter in a field saves (the toast of the last save may cover the button)
+            await pilot.pause()
+            if install == "conda":
+                error = str(editor.query_one("#rev-error", Static).render())
+                assert "install must be one of auto, pip, source (got 'conda')" in error
+                assert len(editor.data["revisions"]) == 1
+        assert editor.data["revisions"][1]["install"] == "pip"
+        await pilot.press("escape")
+        await pilot.pause()
+        shown = str(compose.query_one("#revisions", Static).render())
+        assert "main: git=" in shown and "@v2 (install: source)" in shown and "@v1 (install: pip)" in shown
+        out = tui_env / "saved.yaml"
+        compose.query_one("#path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        ui = [(r.name, r.key) for r in compose.runs]
+    saved = yaml.safe_load(out.read_text())
+    assert [(r["name"], r.get("install")) for r in saved["revisions"]] == [("main", "source"), ("pipped", "pip")]
+    assert listed(out) == ui
+
+
 def test_revision_model_helpers() -> None:
     data = {"name": "x"}
     data = cm.put_revision(data, cm.make_revision("main", "git", "~/ds", "master"))
@@ -98,4 +161,6 @@ def test_revision_model_helpers() -> None:
         cm.put_revision(data, cm.make_revision("main", "pypi", "0.18.0"))
     with pytest.raises(ValueError, match="source must be one of"):
         cm.make_revision("x", "svn", "u")
+    assert cm.make_revision("p", "pypi", "0.18.0", install=" ") == {"name": "p", "pypi": "0.18.0"}  # auto: unsaid
+    assert cm.revision_install({"name": "p", "pypi": "0.18.0"}) == "auto"
     assert "revisions" not in cm.remove_revision(data, 0)  # back to the installed DeepSpeed

@@ -32,7 +32,7 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
     ]
     DEFAULT_CSS = """
     RevisionEditor { align: center middle; }
-    #rev-dialog { width: 90; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
+    #rev-dialog { width: 90; max-width: 100%; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
     #rev-table { height: auto; max-height: 10; }
     .rev-row { height: 1; margin: 0 0 1 0; }
     .rev-row Label { width: 10; }
@@ -56,6 +56,7 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
                 ("source", "source", "pypi | git | path | installed"),
                 ("value", "value", "version (pypi) or folder (git, path)"),
                 ("ref", "ref", "branch, tag or commit (git only)"),
+                ("install", "install", "auto | pip | source (git only: how its env is built)"),
             ):
                 yield Horizontal(Label(label), Input(id=f"rev-{key}", placeholder=hint, compact=True), classes="rev-row")
             yield Static(id="rev-error")
@@ -66,7 +67,7 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
                 yield Button("done", id="rev-done")
 
     def on_mount(self) -> None:
-        self.query_one("#rev-table", DataTable).add_columns("name", "source", "value", "ref")
+        self.query_one("#rev-table", DataTable).add_columns("name", "source", "value", "ref", "install")
         self._fill()
         self.action_new()
 
@@ -77,12 +78,12 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
         table = self.query_one("#rev-table", DataTable)
         table.clear()
         for r in self._revs():
-            table.add_row(str(r.get("name")), *cm.revision_source(r))
+            table.add_row(str(r.get("name")), *cm.revision_source(r), cm.revision_install(r))
         if not self._revs():
-            table.add_row("(none)", "installed", "", "")
+            table.add_row("(none)", "installed", "", "", "")
 
-    def _set_fields(self, name: str, source: str, value: str, ref: str) -> None:
-        for key, val in (("name", name), ("source", source), ("value", value), ("ref", ref)):
+    def _set_fields(self, name: str, source: str, value: str, ref: str, install: str = "auto") -> None:
+        for key, val in (("name", name), ("source", source), ("value", value), ("ref", ref), ("install", install)):
             self.query_one(f"#rev-{key}", Input).value = val
         mode = "new revision" if self.editing is None else f"editing '{name}'"
         self.query_one("#rev-mode", Static).update(Text(mode, style="dim"))
@@ -94,7 +95,7 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
         if event.cursor_row < len(revs):
             self.editing = event.cursor_row
             rev = revs[event.cursor_row]
-            self._set_fields(str(rev.get("name")), *cm.revision_source(rev))
+            self._set_fields(str(rev.get("name")), *cm.revision_source(rev), cm.revision_install(rev))
 
     def action_new(self) -> None:
         self.editing = None
@@ -107,9 +108,9 @@ class RevisionEditor(ModalScreen[dict[str, Any]]):
     @on(Button.Pressed, "#rev-save")
     @on(Input.Submitted, ".rev-row Input")
     def save_revision(self) -> None:
-        fields = {k: self.query_one(f"#rev-{k}", Input).value for k in ("name", "source", "value", "ref")}
+        fields = {k: self.query_one(f"#rev-{k}", Input).value for k in ("name", "source", "value", "ref", "install")}
         try:
-            rev = cm.make_revision(fields["name"], fields["source"], fields["value"], fields["ref"])
+            rev = cm.make_revision(fields["name"], fields["source"], fields["value"], fields["ref"], fields["install"])
             self.data = cm.put_revision(self.data, rev, self.editing)
         except ValueError as e:
             self.query_one("#rev-error", Static).update(f"revision not saved: {e}")
