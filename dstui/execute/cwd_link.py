@@ -17,7 +17,7 @@ the user's folder cannot shadow the revision's. Only ``PWD`` changes: it names
 ``<cache>/cwd/<slot>``, a link re-pointed at the run's folder before the
 start. The slot is the run's GPU slice: runs on the same GPUs never overlap
 (:mod:`dstui.execute.gpu_ledger`), so a link changes only after the run using
-it has ended. Should it change early anyway, ``PWD`` no longer names the
+it has ended (:func:`slot_name` says when runs share one). Should it change early anyway, ``PWD`` no longer names the
 process's folder and glibc falls back to the physical path: a cache miss,
 never a wrong folder.
 """
@@ -37,7 +37,13 @@ def links_dir() -> Path:
 
 
 def slot_name(gpu_slice: Sequence[int] | None) -> str:
-    """``gpus-0-1`` for a slice; ``all`` for a run that DeepSpeed places (one at a time on the box)."""
+    """``gpus-0-1`` for a slice; ``all`` for a run without one.
+
+    On a GPU box a run without a slice has the box to itself (DeepSpeed places
+    it). CPU runs started side by side (``--parallel N``) share ``all``; a link
+    re-pointed under one of them costs it a cache miss, of kernels a CPU run
+    does not compile.
+    """
     return "gpus-" + "-".join(str(g) for g in gpu_slice) if gpu_slice else "all"
 
 
