@@ -25,6 +25,14 @@ async def _type(pilot, screen, field: str, text: str) -> None:  # noqa: ANN001
     await pilot.press(*text)
 
 
+async def _save_as(pilot, compose, out) -> list[tuple[str, str]]:  # noqa: ANN001
+    """Save the composed spec to ``out`` (Ctrl+S with the path field set); the runs the screen shows."""
+    compose.query_one("#path", Input).value = str(out)
+    await pilot.press("ctrl+s")
+    await pilot.pause()
+    return [(r.name, r.key) for r in compose.runs]
+
+
 async def test_add_edit_remove_revisions(tui_env):
     spec = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
@@ -82,10 +90,7 @@ async def test_add_edit_remove_revisions(tui_env):
         assert len(compose.runs) == 8  # 4 conditions x 2 revisions
         assert "stable: pypi=0.17.1" in str(compose.query_one("#revisions", Static).render())
         out = tui_env / "revs.yaml"
-        compose.query_one("#path", Input).value = str(out)
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        ui = [(r.name, r.key) for r in compose.runs]
+        ui = await _save_as(pilot, compose, out)
     saved = yaml.safe_load(out.read_text())
     assert saved["revisions"] == [{"name": "stable", "pypi": "0.17.1"}, {"name": "base", "installed": True}]
     assert listed(out) == ui
@@ -144,10 +149,7 @@ async def test_an_edit_keeps_the_revisions_install_and_the_editor_sets_one(tui_e
         shown = str(compose.query_one("#revisions", Static).render())
         assert "main: git=" in shown and "@v2 (install: source)" in shown and "@v1 (install: pip)" in shown
         out = tui_env / "saved.yaml"
-        compose.query_one("#path", Input).value = str(out)
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        ui = [(r.name, r.key) for r in compose.runs]
+        ui = await _save_as(pilot, compose, out)
     saved = yaml.safe_load(out.read_text())
     assert [(r["name"], r.get("install")) for r in saved["revisions"]] == [("main", "source"), ("pipped", "pip")]
     assert listed(out) == ui
