@@ -28,13 +28,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 from dstui.revisions import envs as R
 from dstui.spec.models import Revision
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import deepspeed_sdists  # noqa: E402 - tests/: the sdist-as-clone helper the tests use
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.com",
            "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@example.com"}  # fmt: skip
@@ -50,17 +52,7 @@ def make_repo(work: Path, release: str) -> tuple[Path, str, str]:
     repo = work / f"repo-{release}"
     if (repo / ".git").exists():
         return repo, git(repo, "rev-parse", "HEAD~1"), git(repo, "rev-parse", "HEAD")
-    sdists = work / "sdists"
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    f"deepspeed=={release}", "-d", str(sdists), "-q"], check=True)  # fmt: skip
-    repo.mkdir(parents=True)
-    with tarfile.open(sdists / f"deepspeed-{release}.tar.gz") as tar:
-        for m in tar.getmembers():
-            m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
-        tar.extractall(repo, members=[m for m in tar.getmembers() if m.name], filter="data")
-    shutil.rmtree(repo / "deepspeed.egg-info", ignore_errors=True)
-    for name in ("PKG-INFO", "build.txt"):
-        (repo / name).unlink(missing_ok=True)
+    deepspeed_sdists.unpack_as_clone(deepspeed_sdists.download(release, work / "sdists"), repo)
     git(repo, "init", "-q", "-b", "master")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", f"DeepSpeed {release}")

@@ -40,6 +40,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import deepspeed_sdists
 import pytest
 import yaml
 from helpers import git_at, mlflow_client
@@ -96,28 +97,7 @@ git = git_at  # the fixed-author, fixed-date git of tests/helpers.py
 
 
 def _sdists(cache: Path) -> dict[str, Path]:
-    cache.mkdir(parents=True, exist_ok=True)
-    for v in RELEASES:
-        if not list(cache.glob(f"deepspeed-{v}.tar.gz")):
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                 f"deepspeed=={v}", "-d", str(cache), "-q"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-    return {v: cache / f"deepspeed-{v}.tar.gz" for v in RELEASES}
-
-
-def _release_tree(repo: Path, sdist: Path) -> None:
-    for p in repo.iterdir():
-        if p.name != ".git":
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    with tarfile.open(sdist) as tar:
-        for m in tar.getmembers():
-            m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
-        tar.extractall(repo, members=[m for m in tar.getmembers() if m.name], filter="data")
-    shutil.rmtree(repo / "deepspeed.egg-info", ignore_errors=True)
-    for name in ("PKG-INFO", "build.txt"):
-        (repo / name).unlink(missing_ok=True)
+    return {v: deepspeed_sdists.download(v, cache) for v in RELEASES}
 
 
 def _commit(repo: Path, subject: str, n: int) -> str:
@@ -146,10 +126,10 @@ def history(request: pytest.FixtureRequest) -> dict[str, str]:
         tars = _sdists(root / "sdists")
         git(repo, "init", "-q", "-b", "master")
         shas = {}
-        _release_tree(repo, tars["0.18.0"])
+        deepspeed_sdists.unpack_as_clone(tars["0.18.0"], repo)
         shas["A"] = _commit(repo, "DeepSpeed 0.18.0", 1)
         git(repo, "tag", "v0.18.0")
-        _release_tree(repo, tars["0.18.1"])
+        deepspeed_sdists.unpack_as_clone(tars["0.18.1"], repo)
         shas["B"] = _commit(repo, "DeepSpeed 0.18.1", 2)
         git(repo, "tag", "v0.18.1")
         _append(repo, ZERO12, GRAD_BUG)
@@ -160,7 +140,7 @@ def history(request: pytest.FixtureRequest) -> dict[str, str]:
         shas["K"] = _commit(repo, SUBJECT_K, 5)
         (repo / "setup.py").write_text("raise SystemExit('DSTUI-BISECT-BROKEN: this commit cannot build')\n")
         shas["X"] = _commit(repo, "setup: a commit that does not build", 6)
-        _release_tree(repo, tars["0.18.2"])
+        deepspeed_sdists.unpack_as_clone(tars["0.18.2"], repo)
         _append(repo, ZERO12, GRAD_BUG)
         _append(repo, ENGINE, LR_BUG)
         shas["D"] = _commit(repo, "DeepSpeed 0.18.2", 7)

@@ -20,10 +20,9 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
+import deepspeed_sdists
 import pytest
 import yaml
 from helpers import SPECS, dstui, git_at
@@ -56,19 +55,7 @@ def history(request: pytest.FixtureRequest) -> dict:
     if not done.exists():
         shutil.rmtree(repo, ignore_errors=True)
         repo.mkdir()
-        sdists = root / "sdists"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"deepspeed=={RELEASE}", "-d", str(sdists), "-q"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        with tarfile.open(sdists / f"deepspeed-{RELEASE}.tar.gz") as tar:
-            for m in tar.getmembers():
-                m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
-            tar.extractall(repo, members=[m for m in tar.getmembers() if m.name], filter="data")
-        shutil.rmtree(repo / "deepspeed.egg-info", ignore_errors=True)
-        for name in ("PKG-INFO", "build.txt"):  # a clone has neither
-            (repo / name).unlink(missing_ok=True)
+        deepspeed_sdists.unpack_as_clone(deepspeed_sdists.download(RELEASE, root / "sdists"), repo)
         git(repo, "init", "-q", "-b", "master")
         shas = {"A": _commit(repo, f"DeepSpeed {RELEASE}", 1)}
         (repo / "deepspeed" / "dstui_probe.py").write_text("COMMIT = 'B'\n")
