@@ -174,10 +174,22 @@ def last_dstui_rank_cmd(home: Path) -> list[str]:
     return cmd[cmd.index("--") + 1 :] if "--" in cmd else cmd
 
 
-def run_runner_by_hand(a: argparse.Namespace, work: Path, env: dict[str, str], n: int) -> dict[str, Any]:
-    """dstui's runner with the newest run's arguments, started as the bare script is (its environment, no dstui)."""
+def runner_marks(metrics: Path) -> tuple[dict[str, float], list[float]]:
+    """(phase marks, step losses) of dstui's runner from its metrics file; no marks if it wrote none."""
     from dstui.core.records import read_records
 
+    marks: dict[str, float] = {}
+    losses: list[float] = []
+    for rec in read_records(metrics) if metrics.is_file() else []:
+        if rec.get("type") == "phases":
+            marks = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and k != "time"}
+        elif rec.get("type") == "step" and isinstance(rec.get("loss"), (int, float)):
+            losses.append(rec["loss"])
+    return marks, losses
+
+
+def run_runner_by_hand(a: argparse.Namespace, work: Path, env: dict[str, str], n: int) -> dict[str, Any]:
+    """dstui's runner with the newest run's arguments, started as the bare script is (its environment, no dstui)."""
     python, script, *rest = last_dstui_rank_cmd(Path(env["DSTUI_HOME"]))
     metrics = work / f"hand-{n}.jsonl"
     metrics.unlink(missing_ok=True)
@@ -189,22 +201,19 @@ def run_runner_by_hand(a: argparse.Namespace, work: Path, env: dict[str, str], n
     proc = subprocess.run([python, script, "--local_rank=0", *rest], env=rank_env, capture_output=True, text=True,
                           cwd=work, timeout=a.timeout)  # fmt: skip
     t1 = time.time()
-    recs = list(read_records(metrics)) if metrics.is_file() else []
-    marks = next((r for r in recs if r.get("type") == "phases"), None)
-    if proc.returncode != 0 or marks is None:
+    marks, losses = runner_marks(metrics)
+    if proc.returncode != 0 or not marks:
         raise SystemExit(f"runner by hand failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    marks = {k: v for k, v in marks.items() if isinstance(v, (int, float)) and k != "time"}
     return {
         "launch_to_first_step": marks["first_step_done"] - t0,
         "launch_to_exit": t1 - t0,
         "launch": marks["process_start"] - t0,
         "segments": segments(marks),
-        "losses": [r["loss"] for r in recs if r.get("type") == "step" and isinstance(r.get("loss"), (int, float))],
+        "losses": losses,
     }
 
 
 def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str], trace: Path) -> dict[str, Any]:
-    from dstui.core.records import read_records
     from dstui.core.rundir import list_batches, read_json
 
     home = Path(env["DSTUI_HOME"])
@@ -221,13 +230,7 @@ def run_dstui(a: argparse.Namespace, spec: Path, env: dict[str, str], trace: Pat
         raise SystemExit(f"dstui run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     (batch,) = [b for b in list_batches(home / "runs") if b.path not in before]
     (rd,) = batch.runs()
-    marks: dict[str, float] = {}
-    losses = []
-    for rec in read_records(rd.metrics_file):
-        if rec.get("type") == "phases":
-            marks = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and k != "time"}
-        elif rec.get("type") == "step" and isinstance(rec.get("loss"), (int, float)):
-            losses.append(rec["loss"])
+    marks, losses = runner_marks(rd.metrics_file)
     st = rd.status()
     cmd_file = rd.path / "cmd.txt"
     runner = cmd_file.read_text(errors="replace").split("train.py")[0].split()[-1] if cmd_file.is_file() else None
