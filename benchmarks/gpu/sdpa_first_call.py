@@ -14,31 +14,47 @@ with an earlier one to find its kernels in the cache.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 
 
-def jit_cache_files() -> int:
+def jit_cache() -> dict[str, object]:
+    """The CUDA driver's JIT cache (kept across processes): its folder, files and bytes."""
     root = os.environ.get("CUDA_CACHE_PATH") or os.path.expanduser("~/.nv/ComputeCache")
-    return sum(len(names) for _, _, names in os.walk(root))
+    files = size = 0
+    for folder, _dirs, names in os.walk(root):
+        for n in names:
+            files += 1
+            with contextlib.suppress(OSError):
+                size += os.path.getsize(os.path.join(folder, n))
+    return {"path": root, "files": files, "bytes": size}
+
+
+def first_calls(device: str = "cuda") -> tuple[float, float]:
+    """Seconds of one SDPA forward+backward of fixed (llama-1b) shapes, twice: the first call's set-up, then none."""
+    import torch
+
+    times = []
+    for _ in range(2):
+        q, k, v = (torch.randn(4, 32, 2048, 64, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(round(time.perf_counter() - t, 3))
+    return times[0], times[1]
 
 
 def main() -> int:
-    import torch
-
-    before = jit_cache_files()
-    times = []
-    for _ in range(2):
-        q, k, v = (torch.randn(4, 32, 2048, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-        torch.cuda.synchronize()
-        times.append(round(time.perf_counter() - t, 3))
-    print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv[1:], "first_s": times[0], "second_s": times[1],
-                      "jit_cache_files": [before, jit_cache_files()]}), flush=True)  # fmt: skip
+    before = jit_cache()["files"]
+    first, second = first_calls()
+    print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv[1:], "first_s": first, "second_s": second,
+                      "jit_cache_files": [before, jit_cache()["files"]]}), flush=True)  # fmt: skip
     return 0
 
 

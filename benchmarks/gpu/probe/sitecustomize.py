@@ -26,7 +26,6 @@ Any other ``sitecustomize`` further along ``sys.path`` still runs.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -49,16 +48,13 @@ def _chain_other_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-def _jit_cache() -> dict[str, object]:
-    """The CUDA driver's JIT cache (PTX compiled for this GPU, kept across processes): files and bytes."""
-    root = os.environ.get("CUDA_CACHE_PATH") or os.path.expanduser("~/.nv/ComputeCache")
-    files = size = 0
-    for folder, _dirs, names in os.walk(root):
-        for n in names:
-            files += 1
-            with contextlib.suppress(OSError):
-                size += os.path.getsize(os.path.join(folder, n))
-    return {"path": root, "files": files, "bytes": size}
+def _first_call_tools():  # noqa: ANN202 - a module
+    """benchmarks/gpu/sdpa_first_call.py (its JIT-cache reading and its SDPA calls), loaded by its file."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdpa_first_call.py")
+    spec = importlib.util.spec_from_file_location("dstui_sdpa_first_call", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _process() -> dict[str, object]:
@@ -72,22 +68,6 @@ def _process() -> dict[str, object]:
             )
     except OSError:
         pass
-    return out
-
-
-def _sdpa_alone() -> dict[str, float]:
-    """A cuDNN-eligible SDPA forward+backward of fixed shapes, twice: the first call's set-up cost alone."""
-    import torch
-
-    out = {}
-    for name in ("sdpa_first_s", "sdpa_second_s"):
-        q, k, v = (torch.randn(4, 32, 2048, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y.sum().backward()
-        torch.cuda.synchronize()
-        out[name] = time.perf_counter() - t
     return out
 
 
@@ -146,10 +126,11 @@ class _Probe:
                 probe.rec["t_first_forward"] = time.time()
                 probe.rec["torch_before"] = _torch_switches()
                 probe.rec["pending_s"] = probe.sync()
-                probe.rec["jit_cache_before"] = _jit_cache()
+                tools = _first_call_tools()
+                probe.rec["jit_cache_before"] = tools.jit_cache()
                 probe.rec["process"] = _process()
                 if os.environ.get("DSTUI_STEP1_PROBE_SDPA") == "1":
-                    probe.rec.update(_sdpa_alone())
+                    probe.rec["sdpa_first_s"], probe.rec["sdpa_second_s"] = tools.first_calls()
                 import torch
 
                 try:
@@ -186,7 +167,7 @@ class _Probe:
         except Exception as e:  # noqa: BLE001 - a probe must not stop the run
             self.rec["profile_error"] = repr(e)
         self.rec["torch_after"] = _torch_switches()
-        self.rec["jit_cache_after"] = _jit_cache()
+        self.rec["jit_cache_after"] = _first_call_tools().jit_cache()
         self.rec["env"] = _env()
         os.makedirs(_OUT, exist_ok=True)
         with open(os.path.join(_OUT, f"probe-{os.getpid()}.json"), "w") as fh:
