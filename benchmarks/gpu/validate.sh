@@ -19,6 +19,8 @@
 #   benchmarks/gpu/validate.sh turnaround  # issue 12 on 1 GPU: launch -> first step old vs new path
 #                                      # (benchmarks/turnaround.py, interleaved), then a DeepCompile
 #                                      # condition twice: first compile vs a repeat from the cache
+#   benchmarks/gpu/validate.sh folders     # issue 31.3 on 1 GPU: config-only model folders (Qwen2-0.5B,
+#                                      # GPT-2 medium shapes) x ZeRO 1, 3; an empty tokenizer refused
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
@@ -244,6 +246,24 @@ phase_bare() {  # ~5 min on 1 GPU (llama-1b): issue 31's start-up goals, bare sc
     ls -la "$OUT"
 }
 
+phase_folders() {  # ~3 min on 1 GPU: issue 31.3, local model folders as users make them (model_folders.py)
+    local b
+    $PY benchmarks/gpu/model_folders.py prepare "$WORK"
+    say "a folder whose tokenizer yields no token: refused before launch"
+    $PY -m dstui run "$WORK/folders-refused.yaml" >"$OUT/folders-refused.txt" 2>&1
+    echo "exit $?" >>"$OUT/folders-refused.txt"
+    cat "$OUT/folders-refused.txt"
+    say "config-only folders (Qwen2-0.5B and GPT-2 medium shapes) x ZeRO 1, 3 through dstui run"
+    timeout "$(( $(left) - 30 ))" $PY -m dstui run "$WORK/folders.yaml" >"$OUT/folders-run.txt" 2>&1
+    echo "exit $?" >>"$OUT/folders-run.txt"
+    tail -15 "$OUT/folders-run.txt"
+    b=$(ls -dt "$DSTUI_HOME"/runs/folders-2* 2>/dev/null | head -1)
+    [ -n "$b" ] || { say "no batch laid out"; return 0; }
+    cancel_leftovers "$b"
+    $PY benchmarks/gpu/model_folders.py summarize "$b" | tee "$OUT/folders-summary.txt"
+    tar -C "$WORK" -czf "$OUT/folders-data.tgz" "home/runs/$(basename "$b")" 2>/dev/null || true
+}
+
 phase_forecast() {  # ~7 min on 1 GPU: the held-out memory-forecast grid (issue 14), then the check
     local spec=${FORECAST_SPEC:-benchmarks/gpu/forecast_holdout1.yaml} name fb gib
     name=$(spec_name "$spec")
@@ -319,7 +339,7 @@ PYEOF
 
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
-case $PHASE in bare) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
+case $PHASE in bare|folders) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
@@ -331,6 +351,7 @@ case $PHASE in
     watch) phase_watch ;;
     turnaround) phase_turnaround ;;
     bare) phase_bare ;;
+    folders) phase_folders ;;
     forecast) phase_forecast ;;
     profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
