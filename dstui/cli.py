@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("dstui.commands.run", "validate a spec, launch its runs, follow them, track in MLflow"),
     "status": ("dstui.commands.status", "show batches and runs from their folders"),
     "cancel": ("dstui.commands.cancel", "cancel runs or whole batches (kills their process groups)"),
-    "retry": ("dstui.commands.retry", "queue failed or killed runs again (a batch's: retry BATCH --failed)"),
+    "retry": ("dstui.commands.retry", "queue failed, killed or skipped runs again (a batch's: retry BATCH --failed; done ones: --force)"),
     "report": ("dstui.commands.report", "export a markdown report with charts from MLflow"),
     "import": ("dstui.commands.import_", "import seed-format logs into MLflow"),
     "compare": ("dstui.commands.compare", "compare DeepSpeed revisions against a baseline"),

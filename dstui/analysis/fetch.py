@@ -66,8 +66,30 @@ def fetch_runs(
         what = f"batch '{batch}'" if batch else f"experiment '{experiment}'"
         raise ReportError(f"no dstui runs in {what} (child runs tagged dstui.role=run)")
     data = [run_from_mlflow(r) for r in runs]
+    if not run_ids:  # runs picked by id are the user's choice, earlier attempts included
+        data = newest_attempts(data)
     data.sort(key=lambda r: (r.batch, _order_of(r), r.start_time or 0, r.run_name))
     return exp, data
+
+
+def newest_attempts(runs: list[RunData]) -> list[RunData]:
+    """Each run folder's newest attempt only; runs without the folder tag (imported, hand-made) all stay.
+
+    A run queued again (retry, resume) gets a new MLflow child per attempt and
+    the earlier ones stay for the record. Counted together they would make one
+    run two repeats of its condition, and put a failure beside its own fix.
+    """
+    newest: dict[str, tuple[int, RunData]] = {}
+    kept: list[RunData] = []
+    for run in runs:
+        folder, sep, attempt = run.tags.get(tag_keys.RUN_DIR, "").rpartition("#")
+        if not (sep and folder and attempt.isdigit()):
+            kept.append(run)
+            continue
+        n = int(attempt)
+        if folder not in newest or n > newest[folder][0]:
+            newest[folder] = (n, run)
+    return kept + [run for _, run in newest.values()]
 
 
 def _order_of(run: RunData) -> int:

@@ -20,6 +20,7 @@ from dstui.core.errors import DstuiError, LockHeld, SpecError
 from dstui.core.rundir import (
     FINAL_STATES,
     PRIVATE_SPEC_FILE,
+    RETRIABLE_STATES,
     BatchDir,
     RunDir,
     list_batches,
@@ -266,10 +267,20 @@ def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
     shutil.rmtree(rd.path)
 
 
-def retry(rd: RunDir, *, kick_supervisor: bool = True) -> None:
-    """Queue a finished run again; ``kick_supervisor=False`` when the caller kicks once for many runs."""
+def retry(rd: RunDir, *, kick_supervisor: bool = True, force: bool = False) -> None:
+    """Queue a finished run again; ``kick_supervisor=False`` when the caller kicks once for many runs.
+
+    A done run is refused unless ``force``: queuing a good measurement again by
+    a slip of the finger would cost a run's time, and its result is replaced
+    in reports by the new attempt's (:func:`dstui.analysis.fetch.newest_attempts`).
+    """
     if rd.state not in FINAL_STATES:
         raise DstuiError(f"run {rd.name} is {rd.state}; only finished runs can be retried")
+    if rd.state not in RETRIABLE_STATES and not force:
+        raise DstuiError(
+            f"run {rd.name} is {rd.state}; retry queues failed, killed or skipped runs "
+            "(--force runs a done one again: reports then count its new attempt, not both)"
+        )
     if not rd.spec_file.exists():  # settled after a cut-short creation (dstui.execute.creation)
         spec = rd.batch.info().get("spec_path") or "SPEC"
         raise DstuiError(f"run {rd.name} was never created; `dstui run {spec} --resume {rd.batch.id}` creates it")

@@ -184,7 +184,9 @@ def test_resume_keeps_done_and_reruns_failed_then_retry(home: Path) -> None:
     assert flaky.state == "done" and flaky.status()["attempt"] == 2
     assert (flaky.path / "attempts" / "1" / "stdout.log").exists()  # first attempt kept
     # retry one run explicitly
-    out = dstui("retry", f"{b.id}/good-r0", check=True).stdout
+    refused = dstui("retry", f"{b.id}/good-r0")  # a done run is not queued again by a slip of the finger
+    assert refused.returncode == 2 and "--force" in refused.stderr and good.status()["started"] == good_started
+    out = dstui("retry", f"{b.id}/good-r0", "--force", check=True).stdout
     assert "queued again" in out
     wait_for(lambda: good.state == "done" and good.status().get("attempt") == 2 and finalized(b), what="retry done")
     client = mlflow_client()

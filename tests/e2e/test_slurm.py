@@ -145,7 +145,7 @@ def test_supervisor_kill9_takeover_every_step_once_then_retry(home: Path, slurm_
         assert [s for s, _ in hist] == list(range(1, steps + 1))  # none lost, none twice
     assert first.status()["job_id"] != second.status()["job_id"]
     old_job = second.status()["job_id"]
-    dstui("retry", f"{b.id}/{second.name}", check=True)
+    dstui("retry", f"{b.id}/{second.name}", "--force", check=True)
     wait_for(lambda: second.state == "done" and finalized(b), 120, what="retried run done")
     assert second.status()["job_id"] != old_job and second.status()["attempt"] == 2
 

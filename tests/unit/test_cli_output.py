@@ -189,6 +189,17 @@ def test_retry_of_a_whole_batch_needs_failed(batches, capsys) -> None:
     assert code == exit_codes.NOT_FOUND and "no failed or killed runs" in err
 
 
+def test_retry_of_a_done_run_needs_force_and_touches_nothing_without(batches, capsys) -> None:
+    """All or nothing: a done run among failed ones refuses the lot (exit 2, the way out named)."""
+    _, new = batches
+    before = {rd.name: rd.status() for rd in new.runs()}
+    code, out, err = cli_run(capsys, "retry", f"{new.id}/a-r0", f"{new.id}/z2-r0")
+    assert code == exit_codes.BAD_INPUT and out == ""
+    assert f"{new.id}/a-r0: is done" in err and "--force" in err and "z2-r0" not in err
+    assert {rd.name: rd.status() for rd in new.runs()} == before
+    assert not any((rd.path / "attempts").exists() for rd in new.runs())
+
+
 def test_exit_codes_in_every_help(capsys) -> None:
     for argv in (["--help"], ["status", "--help"], ["run", "--help"], ["cancel", "--help"], ["list", "--help"]):
         with pytest.raises(SystemExit):
