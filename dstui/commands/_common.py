@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
 
-__all__ = ["add_run_refs", "eta", "find_runs", "fmt_bytes", "fmt_num", "runs_table", "table"]
+__all__ = ["add_run_refs", "eta", "find_runs", "fitted_table", "fmt_bytes", "fmt_num", "runs_table", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -16,6 +18,48 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     for row in rows:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     return "\n".join(lines)
+
+
+def fitted_table(rows: list[list[str]], header: list[str], width: int, *, drop_first: Sequence[str] = ()) -> str:
+    """:func:`table` within ``width`` columns, saying what it moved or left out; never a line the terminal wraps.
+
+    A wrapped table puts half a value on the next line, where it reads as
+    another row's. So, while the table is too wide: columns with one value for
+    every row move to one line under it ("the same for every run: dtype bf16,
+    ..."), then the columns of ``drop_first`` go, in that order, each named in
+    a note (``--json`` has everything).
+    """
+    header, rows = list(header), [list(r) for r in rows]
+
+    def wide() -> bool:
+        return max(len(line) for line in table(rows, header).split("\n")) > width
+
+    def take(i: int) -> None:
+        del header[i]
+        for r in rows:
+            del r[i]
+
+    same: list[str] = []
+    if wide() and len(rows) > 1:
+        for name in [h for h in header if h not in ("#", "run")]:
+            i = header.index(name)
+            if len({r[i] for r in rows}) == 1:
+                same.append(f"{name} {rows[0][i]}")
+                take(i)
+    left_out = []
+    for name in drop_first:
+        if not wide():
+            break
+        if name in header:
+            take(header.index(name))
+            left_out.append(name)
+    out = [table(rows, header)]
+    if same:
+        out.append(textwrap.fill("the same for every run: " + ", ".join(same), width=width, subsequent_indent="  "))
+    if left_out:
+        out.append(textwrap.fill(f"left out to fit {width} columns: {', '.join(left_out)} (--json has every field)",
+                                 width=width, subsequent_indent="  "))  # fmt: skip
+    return "\n".join(out)
 
 
 def runs_table(b: BatchDir, *, width: int | None = None, verbose: bool = False) -> str:

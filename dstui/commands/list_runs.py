@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import textwrap
 from pathlib import Path
 
 from dstui.analysis import forecast
-from dstui.commands._common import table
+from dstui.commands._common import fitted_table
 from dstui.commands._machine import emit
 from dstui.commands._records import plan_record
+from dstui.commands._tables import terminal_width
 from dstui.core.rundir import RunDir
-from dstui.execute import batch, launch, sysmetrics
+from dstui.execute import batch, feasibility, launch, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,8 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
     forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
+    # the same check `dstui run` refuses with: a list that says "valid" must also say what cannot run here
+    machine = feasibility.this_machine()
+    infeasible = feasibility.problems(p.runs, machine, forecasts=forecasts, capacity=capacity, executor=p.spec.executor)
     if args.json:
-        return print_json(p, forecasts, capacity, commands=args.commands, validated=not args.no_validate)
+        return print_json(p, forecasts, capacity, commands=args.commands, validated=not args.no_validate,
+                          infeasible=infeasible)  # fmt: skip
     rows = []
     for r in p.runs:
         s = r.settings
@@ -52,9 +58,20 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     header = ["#", "run", "revision", "kind", "model", "zero", "offload", "compile", "dtype",
               "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "key"]  # fmt: skip
-    print(table(rows, header))
-    print(f"\n{len(p.runs)} runs ({p.spec.name}); validated: {not args.no_validate}")
-    print(forecast.capacity_note(capacity))
+    # the key goes first at 80 columns (it names the run's cache entry, not what it runs), then the
+    # settings a glance needs least
+    width = terminal_width()
+    print(fitted_table(rows, header, width, drop_first=("key", "revision", "kind", "ga", "steps", "offload")))
+    checked = "the spec and each run's ds_config" if not args.no_validate else "the spec (ds_configs not: --no-validate)"
+    print(f"\n{len(p.runs)} runs ({p.spec.name}); {checked} valid")
+    if infeasible:
+        print(textwrap.fill(f"{len(infeasible)} cannot work on this machine ({machine.describe()}); `dstui run` "
+                            "refuses them (--force launches anyway):", width=width))  # fmt: skip
+        for problem in infeasible:
+            print(textwrap.fill(problem.line(), width=width, initial_indent="  ", subsequent_indent="      "))
+    elif p.spec.executor == "local":
+        print(f"all can work on this machine ({machine.describe()})")
+    print(textwrap.fill(forecast.capacity_note(capacity), width=width))
     if args.commands:
         for r in p.runs:
             rd = RunDir(Path("runs/<batch>") / r.name)
@@ -62,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_json(p: batch.Plan, forecasts: dict, capacity: int | None, *, commands: bool, validated: bool) -> int:
+def print_json(
+    p: batch.Plan, forecasts: dict, capacity: int | None, *, commands: bool, validated: bool,
+    infeasible: list[feasibility.Infeasible],
+) -> int:  # fmt: skip
     """`--json`: the plan as one document; every run ``planned`` at step 0 (see _records.plan_record)."""
     runs = []
     for r in p.runs:
         argv = launch.build_argv(r, RunDir(Path("runs/<batch>") / r.name)) if commands else None
         runs.append(plan_record(r, forecasts.get(r.name), capacity, command=argv))
     emit({"experiment": p.spec.name, "spec": str(p.spec_path), "validated": validated,
-          "gpu_memory": capacity, "runs": runs})  # fmt: skip
+          "gpu_memory": capacity, "runs": runs,
+          "cannot_work_here": [{"run": f.run, "field": f.field, "value": f.value, "reason": f.reason} for f in infeasible]})  # fmt: skip
     return 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import textwrap
 import time
 from pathlib import Path
 
 from dstui.commands import _machine
 from dstui.commands._common import batch_notes, runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
+from dstui.commands._tables import terminal_width
 from dstui.core import exit_codes, paths, phases
 from dstui.core.errors import DstuiError, NotFound
 from dstui.core.records import bad_lines_note
@@ -80,12 +82,13 @@ def run(args: argparse.Namespace) -> int:
                 _machine.emit(doc, one_line=True)
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.get("created", 0)))
-        print(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}")
+        width = terminal_width()  # notes wrapped here: a line the terminal wraps loses its indent
+        print(fill(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}", width))
         for line in notes:
-            print(f"  ! {line}")
-        print(runs_table(b, verbose=getattr(args, "verbose", False)))
+            print(fill(f"  ! {line}", width))
+        print(runs_table(b, verbose=getattr(args, "verbose", False), width=width))
         for line in time_lines(b.runs()):
-            print(line)
+            print(fill(line, width))
         print()
         docs.append(batch_record(b))
     code = exit_code_of([r for d in docs for r in d["runs"]])
@@ -124,6 +127,12 @@ def requeue_note(st: dict) -> str | None:
         return None
     repeated = st.get("repeated_steps") or 0
     return f"attempt {n + 1} ({n}x requeued, same MLflow run); {repeated} repeated step record(s) not sent again"
+
+
+def fill(line: str, width: int) -> str:
+    """One note within ``width``: continued lines indented under its text, words never split at hyphens."""
+    indent = " " * (len(line) - len(line.lstrip()) + 6)
+    return textwrap.fill(line, width=width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=True)
 
 
 def time_lines(runs: list[RunDir]) -> list[str]:

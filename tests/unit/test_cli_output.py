@@ -12,6 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import fuzz_examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dstui import cli
 from dstui.commands._select import select_runs
@@ -248,3 +251,47 @@ def test_library_warnings_go_to_the_log(home, capsys) -> None:
     assert path == home / "logs" / "libraries.log"
     text = path.read_text()
     assert "DeepSpeed WARNING Setting accelerator to CPU" in text and "TypedStorage is deprecated" in text
+
+
+def test_list_fits_80_columns_and_names_what_cannot_work_here(home, capsys, monkeypatch) -> None:
+    """A wrapped table puts half a value on the next line; "valid" must not read as "can run here"."""
+    from dstui.execute import feasibility
+
+    monkeypatch.setenv("COLUMNS", "80")
+    spec = Path(__file__).resolve().parents[2] / "configs" / "experiments" / "zero_stages.yaml"
+    code, out, _ = cli_run(capsys, "list", str(spec), "--no-history")
+    assert code == exit_codes.OK
+    assert max(map(len, out.splitlines())) <= 80, out
+    assert "the same for every run: revision installed, kind train, model llama-125m" in re.sub(r"\s+", " ", out)
+    assert "validated: True" not in out and "the spec and each run's ds_config valid" in out
+    for name in ("z1-r0", "z1-dc-r0", "z3-dc-r0"):  # every run still has its row
+        assert re.search(rf"^\d+\s+{re.escape(name)}\s", out, re.M), out
+    if not feasibility.this_machine().gpus:  # DeepCompile needs a GPU: dstui run refuses these three
+        assert "3 cannot work on this machine" in out
+        assert re.findall(r"^  run (\S+): deepcompile=true", out, re.M) == ["z1-dc-r0", "z2-dc-r0", "z3-dc-r0"]
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(
+    rows=st.integers(1, 6).flatmap(lambda n: st.lists(
+        st.lists(st.text(alphabet="abcxyz019.-", min_size=1, max_size=14), min_size=n, max_size=n),
+        min_size=1, max_size=6)),
+    width=st.integers(30, 140),
+)  # fmt: skip
+def test_fitted_table_keeps_every_value_or_names_where_it_went(rows: list[list[str]], width: int) -> None:
+    from dstui.commands._common import fitted_table, table
+
+    header = ["#", "run", *(f"c{i}" for i in range(len(rows[0]) - 2))][: len(rows[0])]
+    droppable = header[2:]
+    out = fitted_table(rows, header, width, drop_first=droppable)
+    shown_header = out.split("\n")[0].split()
+    for i, name in enumerate(header):
+        same = len({r[i] for r in rows}) == 1
+        if name in shown_header:
+            continue
+        # a column not in the table is either one value for all (given once) or named as left out
+        flat = re.sub(r"\s+", " ", out)
+        assert (same and f"{name} {rows[0][i]}" in flat) or (name in flat.split("left out to fit")[-1]), (name, out)
+    if max(map(len, table([r[:2] for r in rows], header[:2]).split("\n"))) <= width:
+        # what must stay (# and run) fits: then so does everything printed
+        assert max(map(len, out.split("\n"))) <= width, out
