@@ -310,7 +310,8 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
         writer.write(
             SUMMARY, steps=args.steps, warmup_steps=0,
             iter_time_mean=statistics.fmean(iter_times), iter_time_std=statistics.pstdev(iter_times),
-            tokens_per_s_mean=statistics.fmean(tokens_per_step / t for t in iter_times if t > 0),
+            # total tokens / total time, as train.py's summary and the report (not a mean of per-step rates)
+            tokens_per_s_mean=tokens_per_step / statistics.fmean(iter_times) if statistics.fmean(iter_times) > 0 else 0.0,
             compile_time=iter_times[0] if args.compile else 0.0, mem_peak_max=mem_peak_max,
             final_loss=final_loss, verdict=verdict, first_diverging_step=first_step,
             reason=first_reason or None,

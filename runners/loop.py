@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import common
@@ -22,6 +23,32 @@ def _grad_norm(engine: Any) -> float | None:
         return float(norm) if norm is not None and math.isfinite(float(norm)) else None
     except (TypeError, ValueError, RuntimeError):
         return None
+
+
+def timing_summary(
+    times: list[float], warmup: int, tokens_per_step: float, tflops_of: Callable[[float], float], peak: float | None
+) -> dict[str, float]:
+    """The summary record's timing figures over the steps after warm-up (every step if all are warm-up).
+
+    Rates are total work / total time (tokens per step / mean step time), as
+    the report computes them (dstui.analysis.stats.rate_mean): the mean of
+    per-step rates would overstate throughput whenever step times vary, and
+    the record, MLflow's ``summary.*`` metrics and the report would disagree.
+    """
+    timed = times[warmup:] or times
+    later = times[1:]
+    mean_time = statistics.fmean(timed)
+    out = {
+        "iter_time_mean": mean_time,
+        "iter_time_std": statistics.stdev(timed) if len(timed) > 1 else 0.0,
+        "tokens_per_s_mean": tokens_per_step / mean_time,
+        "tflops_per_gpu_mean": tflops_of(mean_time),
+        # The first step pays for compilation, autotuning and allocator warm-up.
+        "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+    }
+    if peak:
+        out["mfu_mean"] = out["tflops_per_gpu_mean"] / peak
+    return out
 
 
 def train(
@@ -97,25 +124,15 @@ def train(
     if writer is not None:
         # Statistics over every step after warm-up, logged or not: the timing
         # sync happens on every step, so unlogged steps are measured too.
-        timed = times[args.warmup_steps :] or times
-        later = times[1:]
-        tflops = [tr.tflops_per_gpu(t) for t in timed]
         summary: dict[str, Any] = {
             "steps": args.steps,
             "warmup_steps": args.warmup_steps,
-            "iter_time_mean": statistics.fmean(timed),
-            "iter_time_std": statistics.stdev(timed) if len(timed) > 1 else 0.0,
-            "tokens_per_s_mean": statistics.fmean(tr.tokens_per_step / t for t in timed),
-            "tflops_per_gpu_mean": statistics.fmean(tflops),
-            # The first step pays for compilation, autotuning and allocator warm-up.
-            "compile_time": max(0.0, times[0] - statistics.median(later)) if later else 0.0,
+            **timing_summary(times, args.warmup_steps, tr.tokens_per_step, tr.tflops_per_gpu, tr.peak),
             "step_time_sum": sum(times),  # for the run's step share (dstui.core.phases)
             "mem_peak_max": max(mem_peak_max, tr.memory()[1]),
             "final_loss": losses[-1] if losses else None,
             "status": "ok",
         }
-        if tr.peak:
-            summary["mfu_mean"] = statistics.fmean(tflops) / tr.peak
         summary.update(common.compile_cache_counts())
         writer.write(SUMMARY, **summary)
     destroy = getattr(tr.engine, "destroy", None)

@@ -15,6 +15,10 @@ Definitions (the report repeats them so a reader does not have to guess):
 * a condition's iteration time is the mean over the post-warm-up iterations
   of all its usable repeats, its error bar the sample standard deviation
   (n-1) of those same iterations;
+* throughput (tokens/s), TFLOP/s and MFU are total work / total time over
+  those same iterations: the harmonic mean of the per-step rates (tokens per
+  step / mean iteration time when every step does the same work), never the
+  arithmetic mean of rates, which overstates them when step times vary;
 * an iteration is an *outlier* when it takes more than ``OUTLIER_FACTOR``
   times the median post-warm-up iteration of its run;
 * loss parity compares per-step mean losses (mean over repeats) on the steps

@@ -64,6 +64,43 @@ def _finite(values: Any) -> Any:
     return values[np.isfinite(values)]
 
 
+def _positive(values: Any) -> Any:
+    import numpy as np
+
+    return values[np.isfinite(values) & (values > 0)]
+
+
+def rate_mean(rates: Any) -> float:
+    """The rate over the whole span: the harmonic mean of per-step rates.
+
+    A per-step rate (tokens/s, TFLOP/s, MFU) is work / that step's time, so
+    total work / total time is n / sum(1 / rate) when every step does the
+    same work (tokens per step / mean iteration time). The arithmetic mean
+    of rates weighs a fast step as much as a slow one that took far longer,
+    and overstates throughput whenever step times vary (one 20 ms step among
+    260 ms ones nearly doubled it).
+    """
+    vals = _positive(rates)
+    return float(len(vals) / (1.0 / vals).sum())
+
+
+def pooled_rate(pairs: Iterable[tuple[float | None, float | int | None]]) -> float | None:
+    """The rate of (rate, steps) pairs taken together, as if their steps were one span.
+
+    Each repeat's rate stands for ``steps`` steps of total time steps / rate
+    (per unit of work), so pooling is a harmonic mean weighted by steps: the
+    condition's rate then agrees with its pooled mean iteration time.
+    """
+    n = inv = 0.0
+    for rate, steps in pairs:
+        if rate is None or not math.isfinite(rate) or rate <= 0:
+            continue
+        w = float(steps) if steps else 1.0
+        n += w
+        inv += w / rate
+    return n / inv if inv > 0 else None
+
+
 def compute_run_stats(run: RunData) -> dict[str, Any]:
     """Summary figures of one run from its history (see the module docstring)."""
     import numpy as np
@@ -110,17 +147,18 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
         st["outlier_steps"] = []
         st["outlier_values"] = []
     tps = post("tokens_per_s")
-    if tps is not None and len(_finite(tps)):
-        st["tokens_per_s_mean"] = float(_finite(tps).mean())
+    if tps is not None and len(_positive(tps)):
+        st["tokens_per_s_mean"], st["tokens_per_s_points"] = rate_mean(tps), int(len(_positive(tps)))
     elif st.get("iter_time_mean"):
         tok = tokens_per_step(run)
         if tok:
             st["tokens_per_s_mean"] = tok / st["iter_time_mean"]
+            st["tokens_per_s_points"] = st["iter_points"] or 1
             st["tokens_per_s_derived"] = True
     for key in ("mfu", "tflops_per_gpu"):
         vals = post(key)
-        if vals is not None and len(_finite(vals)):
-            st[f"{key}_mean"] = float(_finite(vals).mean())
+        if vals is not None and len(_positive(vals)):
+            st[f"{key}_mean"], st[f"{key}_points"] = rate_mean(vals), int(len(_positive(vals)))
         elif f"summary.{key}_mean" in run.metrics:
             st[f"{key}_mean"] = float(run.metrics[f"summary.{key}_mean"])
     for key in ("mem_peak", "mem_alloc"):
@@ -270,10 +308,10 @@ def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
         run_means = [r.stats["iter_time_mean"] for r in usable if r.stats.get("iter_time_mean") is not None]
         if len(run_means) > 1:
             cs.iter_time_repeat_std = float(np.std(run_means, ddof=1))
-        cs.tokens_per_s_mean = _mean(r.stats.get("tokens_per_s_mean") for r in usable)
+        cs.tokens_per_s_mean = pooled_rate((r.stats.get("tokens_per_s_mean"), r.stats.get("tokens_per_s_points")) for r in usable)
         cs.tokens_per_s_derived = any(r.stats.get("tokens_per_s_derived") for r in usable)
-        cs.mfu_mean = _mean(r.stats.get("mfu_mean") for r in usable)
-        cs.tflops_per_gpu_mean = _mean(r.stats.get("tflops_per_gpu_mean") for r in usable)
+        cs.mfu_mean = pooled_rate((r.stats.get("mfu_mean"), r.stats.get("mfu_points")) for r in usable)
+        cs.tflops_per_gpu_mean = pooled_rate((r.stats.get("tflops_per_gpu_mean"), r.stats.get("tflops_per_gpu_points")) for r in usable)
         cs.mem_peak_max = _mean(r.stats.get("mem_peak_max") for r in usable)
         cs.final_loss = _mean(r.stats.get("final_loss") for r in usable)
         best = [r.stats["min_loss"] for r in usable if r.stats.get("min_loss") is not None]

@@ -22,6 +22,7 @@ from dstui.analysis.revision_compare import (
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.formatting import fmt_bytes, fmt_interval
+from dstui.report.found import NothingFound
 
 __all__ = ["RunSample", "format_table", "load_samples", "run"]
 
@@ -50,19 +51,20 @@ def load_samples(experiment: str, batch: str | None, baseline: str) -> tuple[str
 def load_batch(experiment: str, batch: str | None, baseline: str) -> tuple[str, list[RunSample], tuple[float, str]]:
     """Batch id, per-run samples and the default loss tolerance with how it was derived."""
     from dstui.analysis import runs as analysis
+    from dstui.report import found
     from dstui.tracking import client as tracking
 
     uri = paths.tracking_uri()
     client = tracking.client(uri)
-    _, runs = analysis.fetch_runs(client, experiment, batch=batch)
+    _, runs = found.fetch_runs(client, experiment, batch=batch)  # none there: NotFound, exit 3
     if batch is None:
         with_base = [r for r in runs if r.revision == baseline]
         if not with_base:
-            raise DstuiError(_no_baseline(baseline, runs))
+            raise NothingFound(_no_baseline(baseline, runs))
         batch = max(with_base, key=lambda r: r.start_time or 0).batch
         runs = [r for r in runs if r.batch == batch]
     if not any(r.revision == baseline for r in runs):
-        raise DstuiError(_no_baseline(baseline, runs))
+        raise NothingFound(_no_baseline(baseline, runs))
     analysis.fetch_histories(client, uri, runs)
     for r in runs:
         r.stats = analysis.compute_run_stats(r)

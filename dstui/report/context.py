@@ -17,6 +17,7 @@ from dstui.analysis.parity import FP32_TOLERANCE, default_tolerance
 from dstui.analysis.revision_compare import Comparison, compare, samples_from_runs
 from dstui.analysis.runs import ConditionStats, Parity, RunData
 from dstui.report import charts
+from dstui.report.found import NothingFound
 from dstui.tracking import tags as tag_keys
 
 DEFAULT_TOLERANCE = FP32_TOLERANCE
@@ -64,13 +65,18 @@ class ReportContext:
         self.forecast_missing = ""  # the module a forecast needed but could not import
         self.speed_basis: speed.Basis = "time"  # per-step time, or tokens/s where tokens per step differ
         self.speed_ratios: dict[str, speed.SpeedRatio] = {}  # label -> speed vs the baseline, with its interval
-        self.description = ""  # the spec's description (MLflow note of the runs or the experiment): untrusted text
+        self.description = ""  # the spec's description (the batch parent's or experiment's MLflow note): untrusted text
+        self.parents: dict[str, Any] = {}  # batch id -> its parent (batch) MLflow run, where there is one
+        self.ds_configs: dict[str, dict[str, Any] | None] = {}  # run id -> the ds_config.json it ran with
 
     def compute(self, baseline: str | None) -> None:
         self.conds = an.condition_stats(self.runs)
         trained = [c for c in self.conds if c.kind != "verify"]
         self.verify_runs = [r for r in self.runs if r.kind == "verify"]
-        self.baseline = an.choose_baseline(trained, baseline) if trained else None
+        try:
+            self.baseline = an.choose_baseline(trained, baseline) if trained else None
+        except an.ReportError as e:  # a --baseline that names no condition: nothing found (exit 3)
+            raise NothingFound(str(e)) from None
         # verify-only experiments still get loss / time / memory sections from their step metrics
         self.train = trained or list(self.conds)
         if self.tolerance_basis != "given":
@@ -84,7 +90,7 @@ class ReportContext:
             for p in self.parity:  # speed against the baseline, in the report's speed unit
                 sr = self.speed_ratios.get(p.label)
                 p.speedup = sr.ratio if sr is not None else None
-        self.description = _description(self.runs, self.exp)
+        self.description = _description(self.parents, self.exp)
         self.checks = [check_of(r) for r in self.verify_runs]
         self.sp_checks = sp_check_runs(self.runs)
         self._compare_revisions(trained)
@@ -126,10 +132,29 @@ class ReportContext:
 NOTE_TAG = "mlflow.note.content"
 
 
-def _description(runs: list[RunData], exp: Any) -> str:
-    """The spec's description as MLflow holds it: the runs' note, else the experiment's ('' if none)."""
-    notes = an.distinct_tag(runs, NOTE_TAG)
-    if notes:
-        return notes[0]
+def _description(parents: dict[str, Any], exp: Any) -> str:
+    """The spec's description: the batch parent run's note, else the experiment's ('' if none).
+
+    Never a child run's note: that one says which run of which batch it is
+    (``Run `z0-r0` of batch ...``), not what the experiment is about. With
+    several batches whose descriptions differ, the experiment's note (the
+    newest spec's) speaks for them.
+    """
+    found = list(dict.fromkeys(d for d in (parent_description(p) for p in parents.values()) if d))
+    if len(found) == 1:
+        return found[0]
     tags = getattr(exp, "tags", None) or {}
-    return str(tags.get(NOTE_TAG, "")) if isinstance(tags, dict) else ""
+    return str(tags.get(NOTE_TAG, "")).strip() if isinstance(tags, dict) else ""
+
+
+def parent_description(parent: Any) -> str:
+    """The spec's description out of a batch parent's note (the text before dstui's own "Batch `ID` of spec" line).
+
+    A note without that line was written or edited by a person in MLflow's
+    UI: all of it is the description.
+    """
+    tags = getattr(getattr(parent, "data", None), "tags", None) or {}
+    note = str(tags.get(NOTE_TAG, ""))
+    marker = f"Batch `{tags.get(tag_keys.BATCH, '')}` of spec"
+    at = note.find(marker)
+    return (note[:at] if at >= 0 else note).strip()

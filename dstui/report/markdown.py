@@ -20,6 +20,7 @@ runs are never dropped: they appear in every table with their reason.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from dstui.analysis import runs as an
 from dstui.analysis.fetch import read_artifact
 from dstui.analysis.runs import Progress, RunData
 from dstui.analysis.system import fetch_system
+from dstui.core.errors import DstuiError
 from dstui.report import files as report_files
-from dstui.report import mdformat
+from dstui.report import found, mdformat
 from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
 from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
@@ -63,11 +65,11 @@ def export_report(
 
     uri = tracking_uri or paths.tracking_uri()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_folder(out)
     client = tracking.client(uri)
 
     step(0.0, "searching runs")
-    exp, data = an.fetch_runs(client, experiment, batch=batch, run_ids=runs)
+    exp, data = found.fetch_runs(client, experiment, batch=batch, run_ids=runs)
     step(0.1, f"reading metric histories of {len(data)} runs")
     method = an.fetch_histories(client, uri, data, progress=progress)
     step(0.6, "computing statistics")
@@ -76,30 +78,69 @@ def export_report(
         r.stats = an.compute_run_stats(r)
     fetch_system(client, data)
     ctx = ReportContext(experiment, exp, batch, uri, tolerance, method, data)
+    for b in [batch] if batch else ctx.batches:
+        parent = an.find_batch_parent(client, exp.experiment_id, b)
+        if parent is not None:
+            ctx.parents[b] = parent
     ctx.compute(baseline)
-
-    step(0.7, "drawing charts")
-    draw(ctx, out)
-    step(0.85, "writing report")
     ctx.commands = _commands(data)
-    report_files.write_runs_csv(out / "runs.csv", data)
-    report_files.write_conditions_csv(out / "conditions.csv", ctx.conds, ctx.parity)
-    if ctx.grid:
-        report_files.write_grid_csv(out / "grid_iter_time.csv", ctx.grid["iter_time"])
-        report_files.write_grid_csv(out / "grid_mem.csv", ctx.grid["mem"])
+    ctx.ds_configs = {r.run_id: ds_config_of(r) for r in data}
+
     parent = None
     parent_batch = batch or (ctx.batches[0] if len(ctx.batches) == 1 else None)
     if log_artifact and parent_batch:
-        parent = an.find_batch_parent(client, exp.experiment_id, parent_batch)
+        parent = ctx.parents.get(parent_batch)
         ctx.parent_run_id = parent.info.run_id if parent is not None else None
-    report_files.write_json(out / "data.json", ctx)
-    report = out / "report.md"
-    report.write_text(render(ctx), encoding="utf-8")
+    created = _make_folder(out)  # only now: a report that fails before this leaves no folder behind
+    try:
+        step(0.7, "drawing charts")
+        draw(ctx, out)
+        step(0.85, "writing report")
+        report_files.write_runs_csv(out / "runs.csv", data)
+        report_files.write_conditions_csv(out / "conditions.csv", ctx.conds, ctx.parity)
+        if ctx.grid:
+            report_files.write_grid_csv(out / "grid_iter_time.csv", ctx.grid["iter_time"])
+            report_files.write_grid_csv(out / "grid_mem.csv", ctx.grid["mem"])
+        report_files.write_json(out / "data.json", ctx)
+        report = out / "report.md"
+        report.write_text(render(ctx), encoding="utf-8")
+    except BaseException as e:
+        if created is not None:  # what this call created, and only that
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, a read-only folder: one line, not a traceback
+            raise DstuiError(f"cannot write the report into '{out}': {e.strerror or e}") from None
+        raise
     if parent is not None:
         step(0.95, "logging the report to MLflow")
         tracking.log_report(client, parent.info.run_id, out)  # + report.md MLflow can preview
     step(1.0, f"report written to {report}")
     return report
+
+
+def _check_folder(out: Path) -> None:
+    """Refuse an output path that cannot become a folder, before any work (one line, exit 2)."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "it" if p == out else f"'{p}'"
+                raise DstuiError(f"cannot write the report into '{out}': {where} is a file, not a folder")
+            return
+
+
+def _make_folder(out: Path) -> Path | None:
+    """Create ``out`` (and missing parents); return the topmost folder created, None if it existed."""
+    top = None
+    for p in (out, *out.parents):
+        if p.exists():
+            break
+        top = p
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        raise DstuiError(f"cannot create the report folder '{out}': {e.strerror or e}") from None
+    return top
 
 
 def render(ctx: ReportContext) -> str:

@@ -61,8 +61,9 @@ def log_run(
     history: dict[str, list[tuple[int, float]]] | None = None,
     tags: dict[str, str] | None = None,
     metrics: dict[str, float] | None = None,
+    ds_config: dict[str, Any] | None = None,
 ) -> str:
-    """A child run laid out as the supervisor writes it."""
+    """A child run laid out as the supervisor writes it (``ds_config``: its top-level ds_config.json artifact)."""
     from mlflow.entities import Metric, Param
 
     name = f"{condition}-r{repeat}" if revision == "installed" else f"{condition}-{revision}-r{repeat}"
@@ -96,6 +97,12 @@ def log_run(
     ms += [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
     for i in range(0, len(ms), 1000):
         client.log_batch(rid, metrics=ms[i : i + 1000])
+    if ds_config is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "ds_config.json").write_text(json.dumps(ds_config))
+            client.log_artifact(rid, str(Path(tmp) / "ds_config.json"))
     client.set_terminated(rid, {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED"}.get(status, "FINISHED"))
     return rid
 
@@ -142,7 +149,8 @@ def build_comparison(store: tuple[Any, str, str]) -> dict[str, Any]:
                 "mem_peak": mem(peak),
                 "tokens_per_s": [(s, 2 * 64 * 2 / v) for s, v in times(t, seed)],
             }
-            rid = log_run(client, exp_id, parent, condition=cond, repeat=repeat, params={"zero_stage": stage}, history=hist)
+            rid = log_run(client, exp_id, parent, condition=cond, repeat=repeat, params={"zero_stage": stage}, history=hist,
+                          ds_config={"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": 2})
             inputs["runs"][rid] = (cond, repeat, hist)
     inputs["oom"] = log_run(
         client, exp_id, parent, condition="z0-mb64", status="failed", reason="CUDA out of memory",

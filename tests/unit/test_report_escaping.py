@@ -75,6 +75,7 @@ def build_hostile(store: tuple[Any, str, str]) -> None:  # noqa: F811
     client, exp_id, _ = store
     parent = make_parent(client, exp_id, BATCH)
     note = {"mlflow.note.content": f"Description with {XSS}\n\n# not a heading\n[x](javascript:alert(5))"}
+    client.set_tag(parent, "mlflow.note.content", note["mlflow.note.content"])  # the spec's description: the batch's note
     hist = {"iter_time": [(s, 0.1) for s in STEPS], "loss": losses(0.0), "mem_peak": [(s, 2**30) for s in STEPS]}
     log_run(client, exp_id, parent, condition="base", history=hist, tags=note)
     log_run(
@@ -83,7 +84,8 @@ def build_hostile(store: tuple[Any, str, str]) -> None:  # noqa: F811
     )
     log_run(
         client, exp_id, parent, condition=f"evil {XSS}", status="failed", reason=REASON,
-        tags={"dstui.cmd": f"python train.py --name '{XSS}' ``` `", "dstui.bad_metric_lines": f"3 bad lines (first: {XSS})",
+        tags={"dstui.cmd": f"python train.py --name '{XSS}' ``` `", "dstui.bad_metric_lines": "3",
+              "dstui.first_bad_line": f"not a number: {XSS}",
               "dstui.version.deepspeed": "<svg onload=alert(6)>"},
     )  # fmt: skip
     log_run(
@@ -107,7 +109,7 @@ def test_report_of_hostile_runs_has_no_live_html(store: tuple[Any, str, str], tm
     assert "onerror=alert(3)" in text and "python train.py --name" in text
     assert "Description with <img src=x onerror=alert(3)>" in text and "# not a heading" in text
     assert "<b>x</b>|pipe*em*" in text  # a pipe and emphasis marks in a table cell stay text
-    assert "3 bad lines (first: <img" in text  # the log excerpt
+    assert "not a number: <img" in text  # the log excerpt
     assert "<i>PASS</i>" in text and "<svg onload=alert(6)>" in text
 
 

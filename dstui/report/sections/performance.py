@@ -93,6 +93,10 @@ def throughput(ctx: ReportContext) -> str:
     if "throughput" not in ctx.images and "mfu" not in ctx.images:
         return ""
     lines = ["## Throughput and MFU", ""]
+    lines.append(
+        "Throughput, TFLOP/s and MFU are total work / total time over the post-warm-up steps of the usable "
+        "runs (the harmonic mean of the per-step rates), so they agree with the mean iteration time.\n"
+    )
     if "throughput" in ctx.images:
         lines.append(img(ctx, "throughput", "throughput"))
         if any(c.tokens_per_s_derived for c in ctx.train):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from dstui.analysis import runs as an
 from dstui.analysis import speed
+from dstui.analysis.fetch import read_artifact
 from dstui.analysis.runs import RunData
 from dstui.report.context import ReportContext
 from dstui.report.files import cell
@@ -76,11 +78,14 @@ def quality(ctx: ReportContext) -> str:
     if out_rows:
         lines += ["", f"Outlier iterations ({len(out_rows)}{', first 30' if len(out_rows) > 30 else ''}):", ""]
         lines.append(table(["run", "step", f"time ({ctx.unit})", "x median"], out_rows[:30]))
-    bad_lines = [(r.run_name, r.tags[tag_keys.BAD_METRIC_LINES]) for r in ctx.runs if r.tags.get(tag_keys.BAD_METRIC_LINES)]
+    bad_lines = [(r, n) for r in ctx.runs if (n := bad_line_count(r))]
     if bad_lines:
-        lines += ["", "Output lines dstui could not read as metrics (counted and skipped; the run's own text, shown "
-                  "verbatim):", ""]  # fmt: skip
-        lines.append(table(["run", "bad lines"], [[name, code(text, 500)] for name, text in bad_lines[:30]]))
+        lines += ["", "Output lines dstui could not read as metrics (counted and skipped; the first one is the run's "
+                  "own text, shown verbatim):", ""]  # fmt: skip
+        lines.append(table(
+            ["run", "bad lines", "first bad line"],
+            [[r.run_name, n, code(r.tags.get(tag_keys.FIRST_BAD_LINE, ""), 500) or "-"] for r, n in bad_lines[:30]],
+        ))
     if "iter_series" in ctx.images:
         lines += ["", img(ctx, "iter_series", "iteration time per step")]
     lines.append(
@@ -147,35 +152,81 @@ def appendix(ctx: ReportContext) -> str:
         cmd = ctx.commands.get(r.run_id) or "(not recorded)"
         lines += [f"{code(r.run_name)}:", "", fence(cmd.strip()), ""]
     lines += ["### DeepSpeed configs", ""]
-    groups: dict[str, list[str]] = {}
-    for r in ctx.runs:
-        cfg = ds_config_of(r)
-        if not cfg:
-            continue
-        text = json.dumps(cfg, indent=2, sort_keys=True)
-        labels = groups.setdefault(text, [])
-        if r.label not in labels:
-            labels.append(r.label)
-    if not groups:
-        lines.append("No `ds.*` params were recorded.")
-    for text, labels in groups.items():
-        lines += [f"Used by: {escs(labels)}", "", fence(text, "json"), ""]
+    lines += ds_configs(ctx)
     return "\n".join(lines) + "\n"
 
 
-def ds_config_of(run: RunData) -> dict[str, Any]:
-    """The ds_config rebuilt from the flattened ``ds.*`` params."""
-    cfg: dict[str, Any] = {}
-    for k, v in sorted(run.params.items()):
-        if not k.startswith("ds."):
+def bad_line_count(run: RunData) -> int:
+    """The run's count of unreadable metric lines (tag ``dstui.bad_metric_lines``; MLflow keeps it as text).
+
+    The tag is "0" on every run that finished cleanly, and "0" is a true
+    string: a count, not text, decides whether a run belongs in the table.
+    """
+    try:
+        return max(0, int(float(run.tags.get(tag_keys.BAD_METRIC_LINES) or 0)))
+    except ValueError:
+        return 0
+
+
+def ds_configs(ctx: ReportContext) -> list[str]:
+    """The ds_config.json files the runs ran with, one block per distinct config, with who used it."""
+    groups: dict[str, list[RunData]] = {}
+    missing = []
+    for r in ctx.runs:
+        cfg = ctx.ds_configs.get(r.run_id)
+        if cfg is None:
+            missing.append(r.run_name)
             continue
-        node = cfg
-        parts = k[3:].split(".")
-        for p in parts[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                break
-            node = nxt
-        else:
-            node[parts[-1]] = an.parse_value(v)
-    return cfg
+        groups.setdefault(json.dumps(cfg, indent=2, sort_keys=True), []).append(r)
+    lines = []
+    if groups:
+        lines += ["The `ds_config.json` each run ran with (its MLflow artifact); runs with identical configs share one block.", ""]
+    for text, users in groups.items():
+        lines += [f"Used by: {escs(_users(ctx, users))}", "", fence(text, "json"), ""]
+    if missing:
+        shown = escs(missing[:30]) + (f" and {len(missing) - 30} more" if len(missing) > 30 else "")
+        lines += [f"No `ds_config.json` was recorded for: {shown}.", ""]
+    return lines
+
+
+def _users(ctx: ReportContext, users: list[RunData]) -> list[str]:
+    """Condition labels whose every run is in ``users``; run names for the rest."""
+    ids = {r.run_id for r in users}
+    out: list[str] = []
+    for r in users:
+        whole = all(o.run_id in ids for o in ctx.runs if o.label == r.label)
+        name = r.label if whole else r.run_name
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def ds_config_of(run: RunData) -> dict[str, Any] | None:
+    """The ds_config.json the run ran with, as recorded; None when there is none to read.
+
+    Not rebuilt from the flattened ``ds.*`` params: those leave out what a
+    setting already says (stage, micro batch, dtype) and would show a config
+    no run used. Read from the child run's top-level artifact, else the copy
+    in its ``run/`` folder artifact, else the run folder on this machine
+    (tag ``dstui.run_dir``).
+    """
+    for rel in ("ds_config.json", "run/ds_config.json"):
+        cfg = _json_object(read_artifact(run, rel)) if run.artifact_uri else None
+        if cfg is not None:
+            return cfg
+    folder = run.tags.get(tag_keys.RUN_DIR, "").rpartition("#")[0] or run.tags.get(tag_keys.RUN_DIR, "")
+    if folder:
+        path = Path(folder) / "ds_config.json"
+        try:
+            return _json_object(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except OSError:
+            return None
+    return None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
