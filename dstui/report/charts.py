@@ -273,6 +273,28 @@ def tradeoff(
     return save(tradeoff_figure(points, front, time_label=time_label, higher_is_faster=higher_is_faster), path)
 
 
+FRONT_COLOR = "#2ca02c"  # not the baseline's red: on this chart a colour must mean one thing only
+
+
+def coinciding(points: Sequence[tuple[str, float, float]], xspan: float, yspan: float,
+               near: float = 0.02) -> list[list[tuple[str, float, float]]]:  # fmt: skip
+    """Points grouped where their markers would overlap (within ``near`` of each axis's span), in order.
+
+    Two conditions with the same speed and memory drawn one over the other
+    show one marker and labels printed through each other ("z21" for z1 and
+    z2); a group gets one marker position and one label naming all of them.
+    """
+    groups: list[list[tuple[str, float, float]]] = []
+    for p in points:
+        for g in groups:
+            if abs(g[0][1] - p[1]) <= near * xspan and abs(g[0][2] - p[2]) <= near * yspan:
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
+
+
 def tradeoff_figure(
     points: Sequence[tuple[str, float, float]],
     front: Sequence[str],
@@ -284,20 +306,31 @@ def tradeoff_figure(
 
     From zero: conditions 1 MiB apart at 0.52 GiB sit together, as they are,
     instead of at opposite corners; a time axis never starts below zero.
+    Conditions whose markers coincide share one label ("z1, z2").
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for label, t, mem in points:
-        on = label in front
-        ax.scatter([t], [mem], s=60 if on else 35, color="#d62728" if on else "#4c72b0", zorder=3)
-        ax.annotate(short_label(label, 32), (t, mem), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    xspan = max((p[1] for p in points), default=1.0) * 1.3 or 1.0
+    yspan = max((p[2] for p in points), default=1.0) * 1.15 or 1.0
+    better = "faster" if not higher_is_faster else "faster (more tokens/s)"
+    labelled: set[bool] = set()
+    for group in coinciding(points, xspan, yspan):
+        on = any(label in front for label, _, _ in group)
+        _, t, mem = group[0]
+        legend = None if on in labelled else (f"no other condition is both {better} and smaller" if on else "other conditions")
+        labelled.add(on)
+        ax.scatter([t], [mem], s=60 if on else 35, color=FRONT_COLOR if on else "#4c72b0", zorder=3, label=legend)
+        name = ", ".join(short_label(label, 32 if len(group) == 1 else 16) for label, _, _ in group[:4])
+        name += f" (+{len(group) - 4})" if len(group) > 4 else ""
+        ax.annotate(name, (t, mem), textcoords="offset points", xytext=(6, 4), fontsize=8)
     fr = sorted([p for p in points if p[0] in front], key=lambda p: p[1])
     if len(fr) > 1:
-        ax.plot([p[1] for p in fr], [p[2] for p in fr], "-", color="#d62728", alpha=0.5, zorder=2)
+        ax.plot([p[1] for p in fr], [p[2] for p in fr], "-", color=FRONT_COLOR, alpha=0.5, zorder=2)
     ax.set_xlabel(time_label)
     ax.set_ylabel("peak memory (GiB)")
-    better = "faster" if not higher_is_faster else "faster (more tokens/s)"
-    ax.set_title(f"Speed / memory trade-off (red: no other condition is both {better} and smaller)", fontsize=10)
+    ax.set_title("Speed / memory trade-off", fontsize=10)
+    if points:
+        ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, alpha=0.3)
     from_zero(ax, "x", max(p[1] for p in points) * 1.3 if points else None)
     from_zero(ax, "y", max(p[2] for p in points) if points else None, headroom=1.15)

@@ -18,6 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import fuzz_examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_report import BATCH, EXP, STEPS, log_run, losses, make_parent, store  # noqa: F401
 
 from dstui.analysis.comparable import CHANGES_NUMERICS, KEEPS_NUMERICS
@@ -172,3 +175,27 @@ def test_check_charts_have_honest_axes() -> None:
     fig = charts.iter_time_figure([("a", [(steps, np.full(10, 0.0095) + 1e-5 * steps)], [])], unit="ms", scale=1000, warmup=0)
     lo, hi = fig.axes[0].get_ylim()
     assert hi / lo >= 10
+
+
+def test_tradeoff_names_coinciding_conditions_once_and_front_is_not_baseline_red() -> None:
+    """A new user read "z21" where z1 and z2 sat on one spot, and red meant "baseline" on every other chart."""
+    from matplotlib.colors import to_hex
+
+    pts = [("z0", 264.0, 0.424), ("z1", 33.0, 0.469), ("z2", 33.5, 0.468), ("z3", 94.0, 0.470)]
+    fig = charts.tradeoff_figure(pts, ["z0", "z1", "z2"], time_label="iteration time (ms)")
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["z0", "z1, z2", "z3"]
+    colours = {to_hex(c.get_facecolors()[0]) for c in ax.collections}
+    assert "#d62728" not in colours and charts.FRONT_COLOR in colours
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {
+        "no other condition is both faster and smaller", "other conditions"}
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3), st.floats(0, 1e3)), min_size=1, max_size=12))
+def test_coinciding_groups_hold_every_point_once(xy: list[tuple[float, float]]) -> None:
+    pts = [(f"c{i}", x, y) for i, (x, y) in enumerate(xy)]
+    groups = charts.coinciding(pts, 1e3, 1e3)
+    assert sorted(p for g in groups for p in g) == sorted(pts)
+    for g in groups:  # every member is near the group's first
+        assert all(abs(p[1] - g[0][1]) <= 20 and abs(p[2] - g[0][2]) <= 20 for p in g)
