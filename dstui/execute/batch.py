@@ -30,6 +30,7 @@ from dstui.core.secrets import redact, strip_credentials
 from dstui.execute import guard_watch, launch, preflight
 from dstui.execute.executor import executor_for
 from dstui.spec import dsconfig
+from dstui.spec.loading import naming_file
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
 
 
@@ -80,7 +81,8 @@ def plan(
     if spec.revisions and resolve_revisions:
         from dstui.revisions import envs as rev_mod
 
-        resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
+        with naming_file(file):  # an unknown git ref, a missing folder: said with the spec's file, as at load
+            resolved = rev_mod.resolve_all(spec.revisions, progress=progress)
         revisions = {name: _as_dict(r) for name, r in resolved.items()}
     return Plan(spec_path, spec, runs, configs, revisions)
 

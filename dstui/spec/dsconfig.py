@@ -17,6 +17,7 @@ from typing import Any
 from dstui.core import ds_answers
 from dstui.core.errors import SpecError
 from dstui.core.paths import CONFIGS_DIR
+from dstui.spec import messages
 from dstui.spec.models import RunSpec, Settings
 
 TEMPLATES_DIR = CONFIGS_DIR / "deepspeed"
@@ -187,11 +188,50 @@ def _ask_deepspeed(cfg: dict[str, Any], *, world_size: int, condition: str | Non
         DeepSpeedConfig(copy.deepcopy(cfg), mpu=_WorldSize(world_size))
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(str(p) for p in err.get("loc", ())) or e.title
-        raise SpecError(f"DeepSpeed: {err['msg']} (in {e.title})", file=file, condition=condition, field=field) from None
+        field = _user_field(e.title, tuple(str(p) for p in err.get("loc", ())))
+        raise SpecError(f"DeepSpeed: {messages.error_message(err, model=_ds_model(e.title))} (in {e.title})", file=file, condition=condition, field=field) from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
         raise SpecError(f"DeepSpeed: {e}", file=file, condition=condition, field="ds_config") from None
     return True
+
+
+# DeepSpeed validates each section of the config with its own model, so an error's loc starts
+# inside the section; these put the section's key back in front.
+_SECTION_OF = {
+    "DeepSpeedZeroConfig": ("zero_optimization",),
+    "DeepSpeedBF16Config": ("bf16",),
+    "DeepSpeedFP16Config": ("fp16",),
+    "CompileConfig": ("compile",),
+}
+_MODULE_OF = {
+    "DeepSpeedZeroConfig": "deepspeed.runtime.zero.config",
+    "DeepSpeedBF16Config": "deepspeed.runtime.precision_config",
+    "DeepSpeedFP16Config": "deepspeed.runtime.precision_config",
+    "CompileConfig": "deepspeed.compile.config",
+}
+
+
+def _ds_model(title: str) -> Any:
+    """DeepSpeed's model of a config section, so that a mistyped key gets its nearest name; None if unknown."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(_MODULE_OF[title]), title)
+    except (KeyError, ImportError, AttributeError):
+        return None
+
+
+def _user_field(title: str, loc: tuple[str, ...]) -> str:
+    """The name the user wrote for what DeepSpeed refused: the setting that decides that key, else its ds_config path.
+
+    DeepSpeed names only the key inside its section ('stage' for zero_optimization.stage); the
+    user wrote zero_stage, or a ds_overrides / template key, and must be able to find it.
+    """
+    path = (*_SECTION_OF.get(title, ()), *loc)
+    setting = _SETTING_PATHS.get(path)
+    if setting is not None:
+        return setting[0]
+    return ".".join(path) or title
 
 
 def world_size(s: Settings) -> int:

@@ -9,6 +9,7 @@ can do (:mod:`dstui.spec.capabilities`).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from dstui.core import names
 from dstui.core.errors import SpecError
-from dstui.spec import capabilities, ulysses_rules
+from dstui.spec import capabilities, messages, ulysses_rules
 from dstui.spec.experiment import ExperimentSpec, RunSpec
 from dstui.spec.loading import load_spec, raise_validation
 from dstui.spec.settings import SETTING_NAMES, Settings
@@ -58,31 +59,45 @@ def short_name(values: dict[str, Any]) -> str:
 
 
 def _matches(values: dict[str, Any], pattern: dict[str, Any]) -> bool:
-    return all(values.get(k) == v for k, v in pattern.items())
+    return all(k in values and values[k] == v for k, v in pattern.items())
 
 
-def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[str, Settings]]:
-    """The named, validated conditions of a spec (before revisions and repeats)."""
-    out: list[tuple[str, Settings]] = []
-    varying = [a for a, vals in spec.axes.items() if len(vals) > 1]
-    combos: list[dict[str, Any]] = []
+@dataclass
+class _Named:
+    """The names a spec expands to, before any setting is validated: cheap enough for every keystroke."""
+
+    conditions: list[tuple[str, dict[str, Any]]]  # (unique name, merged setting values)
+    excluded: dict[str, int]  # axis-derived name -> index of the first exclusion that drops it
+    hits: list[int]  # per exclusion: how many axis combinations it matches
+
+
+def _named(spec: ExperimentSpec, *, file: str | None) -> _Named:
     size = 1
     for vals in spec.axes.values():
         size *= len(vals)
     _check_size(size, file=file, field="axes")
+    varying = [a for a, vals in spec.axes.items() if len(vals) > 1]
+    combos: list[dict[str, Any]] = []
     if spec.axes:
-        names = list(spec.axes)
-        for values in itertools.product(*(spec.axes[n] for n in names)):
-            combos.append(dict(zip(names, values, strict=True)))
+        axis_names = list(spec.axes)
+        for values in itertools.product(*(spec.axes[n] for n in axis_names)):
+            combos.append(dict(zip(axis_names, values, strict=True)))
     elif not spec.conditions:
         combos.append({})
 
+    out: list[tuple[str, dict[str, Any]]] = []
+    excluded: dict[str, int] = {}
+    hits = [0] * len(spec.exclude)
     for combo in combos:
         merged = {**spec.settings, **combo}
-        if any(_matches(merged, pat) for pat in spec.exclude):
-            continue
         name = short_name({k: combo[k] for k in varying}) if varying else "base"
-        out.append((name, _settings(merged, file=file, condition=name, executor=spec.executor)))
+        matched = [i for i, pat in enumerate(spec.exclude) if _matches(merged, pat)]
+        for i in matched:
+            hits[i] += 1
+        if matched:
+            excluded.setdefault(name, matched[0])
+            continue
+        out.append((name, merged))
 
     explicit: dict[str, int] = {}
     for i, cond in enumerate(spec.conditions):
@@ -93,20 +108,19 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
                 field=f"conditions.{i}.name",
             )
         explicit[cond.name] = i
-    for cond in spec.conditions:
         overrides = {k: v for k, v in cond.model_dump().items() if k != "name"}
         for key in overrides:
             if key not in SETTING_NAMES:
-                raise SpecError(f"unknown setting '{key}'", file=file, condition=cond.name, field=key)
-        merged = {**spec.settings, **overrides}
-        out.append((cond.name, _settings(merged, file=file, condition=cond.name, executor=spec.executor)))
+                raise SpecError(messages.unknown("setting", key, SETTING_NAMES), file=file, condition=cond.name,
+                                field=f"conditions.{i}.{key}")  # fmt: skip
+        out.append((cond.name, {**spec.settings, **overrides}))
 
     # axis-derived names can repeat (e.g. two model paths with one basename): number them,
     # never onto a name that is already taken
     taken = {name for name, _ in out}
     seen: set[str] = set()
     unique = []
-    for name, settings in out:
+    for name, merged in out:
         if name in seen:
             n = 1
             while f"{name}-{n}" in taken:
@@ -114,17 +128,62 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
             name = f"{name}-{n}"
             taken.add(name)
         seen.add(name)
-        unique.append((name, settings))
-    if not unique:
+        unique.append((name, merged))
+    return _Named(unique, excluded, hits)
+
+
+def _shown(pattern: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {v!r}" for k, v in pattern.items()) + "}"
+
+
+def check_names(spec: ExperimentSpec, *, file: str | None = None) -> list[str]:
+    """The spec's condition names; refuses a baseline that names none and an exclusion that matches none.
+
+    The baseline must be a condition of the whole spec: ``--only`` narrows a batch later and
+    may leave it out (the report then compares against what ran), but a baseline that an
+    exclusion removes could never run, so it is refused like a typo.
+    """
+    named = _named(spec, file=file)
+    names = [n for n, _ in named.conditions]
+    for i, pattern in enumerate(spec.exclude):
+        if named.hits[i] == 0:
+            values = "; ".join(f"{k} takes {', '.join(repr(v) for v in spec.axes[k])}" for k in pattern if k in spec.axes)
+            fixed = "; ".join(f"{k} is {spec.settings[k]!r}" for k in pattern if k not in spec.axes and k in spec.settings)
+            where = "; ".join(w for w in (values, fixed) if w)
+            if not spec.axes:
+                where = "exclusions drop axis combinations and this spec has no axes"
+            raise SpecError(f"exclusion {_shown(pattern)} matches no axis combination ({where})",
+                            file=file, field=f"exclude.{i}")  # fmt: skip
+    for field, wanted in (("baseline", spec.baseline), ("guard.baseline", spec.guard.baseline)):
+        if wanted is None or wanted in names:
+            continue
+        if wanted in named.excluded:
+            i = named.excluded[wanted]
+            why = f"{wanted!r} is removed by exclude.{i} {_shown(spec.exclude[i])}"
+        else:
+            why = f"{wanted!r} is not a condition of this spec"
+            # a new axis renames conditions (z0 -> z0-deterministicFalse): the old name is then a prefix
+            close = messages.nearest(wanted, names) or [n for n in names if n.startswith(f"{wanted}-")][:3]
+            if close:
+                why += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+        raise SpecError(f"{why} (conditions: {shown or 'none'})", file=file, field=field)
+    return names
+
+
+def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[str, Settings]]:
+    """The named, validated conditions of a spec (before revisions and repeats)."""
+    named = _named(spec, file=file)
+    if not named.conditions:
         raise SpecError("the spec expands to no runs (everything excluded?)", file=file)
-    return unique
+    return [(name, _settings(merged, file=file, condition=name, executor=spec.executor)) for name, merged in named.conditions]
 
 
 def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = "local") -> Settings:
     try:
         s = Settings.model_validate(values)
     except ValidationError as e:
-        raise_validation(e, file=file, condition=condition)
+        raise_validation(e, file=file, condition=condition, model=Settings)
         raise AssertionError("unreachable") from None
     refused = ulysses_rules.refusal(s)
     if refused is not None:

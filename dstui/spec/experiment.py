@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dstui.spec.settings import SUPERVISION_ONLY, Settings, StrictModel, safe_name
+
+# what dstui.revisions accepts as a PyPI release (after a leading '==' or 'v')
+PYPI_VERSION = re.compile(r"\d+(\.\d+)*([a-zA-Z0-9.+!-]*)")
 
 
 class Revision(StrictModel):
@@ -32,6 +36,14 @@ class Revision(StrictModel):
     )
 
     _name_ok = field_validator("name")(classmethod(lambda cls, v: safe_name(v)))
+
+    @field_validator("pypi")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        """Refused at load, with the file named, rather than when the revisions are resolved for a launch."""
+        if v is not None and not PYPI_VERSION.fullmatch(v.strip().removeprefix("==").removeprefix("v")):
+            raise ValueError(f"{v!r} is not a version number (e.g. '0.18.0')")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> Revision:

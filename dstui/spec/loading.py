@@ -7,14 +7,17 @@ pydantic dump.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dstui.core.errors import SpecError
+from dstui.spec import messages
 from dstui.spec.experiment import ExperimentSpec
 from dstui.spec.settings import SETTING_NAMES
 
@@ -23,30 +26,70 @@ def _field_of(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ())) or "(spec)"
 
 
-def raise_validation(e: ValidationError, *, file: str | None, condition: str | None) -> None:
+def raise_validation(
+    e: ValidationError, *, file: str | None, condition: str | None, model: type[BaseModel] | None = None
+) -> None:
+    """The first pydantic error as one SpecError; ``model`` (where ``loc`` starts) lets a typo get its suggestion."""
     first = e.errors()[0]
     field = _field_of(first)
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    msg = first["msg"].removeprefix("Value error, ")
-    raise SpecError(msg + more, file=file, condition=condition, field=field) from None
+    raise SpecError(messages.error_message(first, model=model) + more, file=file, condition=condition, field=field) from None
 
 
 def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
+    """A spec checked whole: every name it uses (settings, axes, exclusions, baseline) must exist.
+
+    The checks that need the condition names (baseline, exclusions) expand the names only,
+    not the settings, so that every loader (CLI, TUI Compose) refuses a bad spec here,
+    before anything is listed as "validated".
+    """
     if not isinstance(data, dict):
         raise SpecError("a spec must be a YAML mapping", file=file)
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as e:
-        raise_validation(e, file=file, condition=None)
-    for key in list(spec.settings) + list(spec.axes):
-        if key not in SETTING_NAMES:
-            raise SpecError(
-                f"unknown setting '{key}'; known: {', '.join(SETTING_NAMES)}", file=file, field=key
-            )
+        raise_validation(e, file=file, condition=None, model=ExperimentSpec)
+    for part in ("settings", "axes"):
+        for key in getattr(spec, part):
+            if key not in SETTING_NAMES:
+                raise SpecError(messages.unknown("setting", key, SETTING_NAMES), file=file, field=f"{part}.{key}")
     for axis, values in spec.axes.items():
         if not values:
             raise SpecError("an axis needs at least one value", file=file, field=f"axes.{axis}")
+    for i, cond in enumerate(spec.conditions):
+        for key in cond.model_extra or {}:
+            if key not in SETTING_NAMES:
+                raise SpecError(messages.unknown("setting", key, SETTING_NAMES), file=file,
+                                condition=cond.name, field=f"conditions.{i}.{key}")  # fmt: skip
+    _check_exclusion_keys(spec, file=file)
+    _check_revision_names(spec, file=file)
+    from dstui.spec import expand  # expansion reads specs through this module
+
+    expand.check_names(spec, file=file)
     return spec
+
+
+def _check_exclusion_keys(spec: ExperimentSpec, *, file: str | None) -> None:
+    """An exclusion can only match values the spec gives (axes, settings); any other key excludes nothing."""
+    given = list(dict.fromkeys([*spec.axes, *spec.settings]))
+    for i, pattern in enumerate(spec.exclude):
+        if not pattern:
+            raise SpecError("an empty exclusion matches every axis combination; give axis: value pairs",
+                            file=file, field=f"exclude.{i}")  # fmt: skip
+        for key in pattern:
+            if key in given:
+                continue
+            if key in SETTING_NAMES:
+                why = f"'{key}' is not an axis or a setting of this spec, so this exclusion matches nothing"
+                raise SpecError(f"{why}; axes: {', '.join(spec.axes) or '(none)'}", file=file, field=f"exclude.{i}.{key}")
+            raise SpecError(messages.unknown("exclusion key", key, given or SETTING_NAMES), file=file, field=f"exclude.{i}.{key}")
+
+
+def _check_revision_names(spec: ExperimentSpec, *, file: str | None) -> None:
+    names = [r.name for r in spec.revisions]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise SpecError(f"revision names must be unique (repeated: {', '.join(dups)})", file=file, field="revisions")
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
@@ -62,6 +105,22 @@ def load_spec(path: str | Path) -> ExperimentSpec:
         what = str(getattr(e, "problem", None) or e).split("\n")[0]  # one line, whatever PyYAML says
         raise SpecError(f"invalid YAML{where}: {' '.join(what.split())}", file=str(path)) from None
     return parse_spec(data, file=str(path))
+
+
+@contextmanager
+def naming_file(file: str | None) -> Iterator[None]:
+    """Errors found after loading (resolving revisions, building configs) still start with the spec's file.
+
+    Code that checks one part of a spec (dstui.revisions, for example) does not know which
+    file it came from; the caller that does wraps it in this.
+    """
+    try:
+        yield
+    except SpecError as e:
+        if e.file is None and file is not None:
+            e.file = file
+            e.args = (str(e),)
+        raise
 
 
 MAX_SPEC_BYTES = 1 << 20

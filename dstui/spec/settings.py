@@ -20,6 +20,7 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Kind = Literal["train", "verify", "command"]
 MetricsFormat = Literal["jsonl", "seed"]
 SpMode = Literal["eager", "compile", "deepcompile"]
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def safe_name(v: str) -> str:
@@ -78,7 +79,7 @@ class Settings(StrictModel):
     warmup_steps: int = Field(2, ge=0, description="Leading steps left out of the timing statistics.", json_schema_extra=TRAIN)
     log_interval: int = Field(1, ge=1, description="Write a step record every N optimizer steps (the last step is always logged).", json_schema_extra=TRAIN)
     dtype: Dtype = Field("fp32", description="Training precision.", json_schema_extra=BOTH)
-    zero_stage: int = Field(0, description="ZeRO stage 0-3 (checked by DeepSpeed's own config model).", json_schema_extra=BOTH)
+    zero_stage: int = Field(0, description="ZeRO stage: 0, 1, 2 or 3.", json_schema_extra=BOTH)
     offload: Offload = Field("none", description="Offload of optimizer state (ZeRO >= 1; cpu needs DeepSpeedCPUAdam, JIT-built).", json_schema_extra=BOTH)
     offload_params: Offload = Field("none", description="Offload of parameters (ZeRO-3 only).", json_schema_extra=BOTH)
     nvme_path: str = Field("/tmp/dstui_nvme", description="Swap folder for nvme offload.", json_schema_extra=BOTH)
@@ -127,6 +128,14 @@ class Settings(StrictModel):
         "Unset: automatic, after the first step max(10x the slowest step so far, 300 s); 0: off."
     )
     max_runtime_s: float | None = Field(None, gt=0, description="Kill a run that runs longer than this.")
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _zero_stage(cls, v: int) -> int:
+        """Checked here, not only by DeepSpeed, whose enum message names its own field ('stage') and lists 3 twice."""
+        if v not in ZERO_STAGES:
+            raise ValueError(f"must be one of {', '.join(map(str, ZERO_STAGES))} (got {v})")
+        return v
 
     @field_validator("env_visible")
     @classmethod

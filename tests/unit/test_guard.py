@@ -95,7 +95,7 @@ def test_losses_from_records() -> None:
 @pytest.mark.parametrize(
     ("guard", "message"),
     [
-        ("{baseline: nope, atol: 0.1}", "field 'guard.baseline': no condition 'nope'; conditions: a, b"),
+        ("{baseline: nope, atol: 0.1}", "field 'guard.baseline': 'nope' is not a condition of this spec (conditions: a, b)"),
         ("{rtol: 0.1}", "field 'guard': a loss tolerance needs a baseline condition"),
         ("{stop_on: [oom]}", "field 'guard.stop_on.0'"),
     ],
