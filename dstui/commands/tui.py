@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from dstui.core.errors import DstuiError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,11 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    spec = getattr(args, "spec", None)
+    if spec and Path(spec).expanduser().is_dir():
+        # nothing sensible to open or to start a new spec in: said before the screen takes the terminal
+        raise DstuiError(f"{spec}: a folder, not a spec file (give a .yaml path)")
     # textual is imported only here, so headless commands never pay for it
     from dstui.tui.app import DstuiApp
 
     app = DstuiApp(
-        spec_path=getattr(args, "spec", None),
+        spec_path=Path(spec).expanduser() if spec else None,
         batch_id=getattr(args, "batch", None),
         live=getattr(args, "live", False),
         parallel=max(0, getattr(args, "parallel", 0) or 0),

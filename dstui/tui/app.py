@@ -72,6 +72,13 @@ class DstuiApp(App):
         self.title = "dstui"
         self.sub_title = paths.home_label(implicit_only=True)  # where the runs are, when dstui chose it
         self.call_after_refresh(self._first_frame)
+        if self.spec_path is not None and not self.spec_path.is_file():
+            # the app opens on Runs: without this a mistyped spec path would look opened, and only
+            # Compose (or a launch) would show it is not there
+            self.notify(
+                f"{self.spec_path} does not exist: Compose (1) starts a new spec there; ctrl+s saves it",
+                title="no such spec", severity="warning", timeout=12,
+            )  # fmt: skip
         self.failures = FailureWatch()
         self.set_interval(self.watch_s, self.watch_failures)
 
@@ -121,6 +128,11 @@ class DstuiApp(App):
         """The spec open in Compose when it has edits not saved (launch that, not its file); else None."""
         screen = self.get_screen_for_mode("compose")
         return screen.draft() if screen is not None and hasattr(screen, "draft") else None
+
+    def compose_blocker(self) -> str | None:
+        """Why the spec open in Compose must not be launched (a field marked ✗, a spec error); else None."""
+        screen = self.get_screen_for_mode("compose")
+        return screen.launch_blocker() if screen is not None and hasattr(screen, "launch_blocker") else None
 
     async def action_quit(self) -> None:
         """Quit; with unsaved edits in Compose, only after the user says so."""

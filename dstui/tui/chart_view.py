@@ -121,7 +121,8 @@ def _coinciding(curves: Sequence[Curve]) -> tuple[list[Drawn], list[list[str]]]:
 
 
 def _y_limits(curves: Sequence[Curve], log: bool) -> tuple[tuple[float, float] | None, bool]:
-    """(lo, hi) over the points after each curve's warm-up, padded 5%; and whether warm-up points fall outside."""
+    """(lo, hi) over the points after each curve's warm-up, padded 5% (not below 0 for data that is never
+    negative); and whether warm-up points fall outside."""
     import numpy as np
 
     steady: list = []
@@ -152,7 +153,8 @@ def _y_limits(curves: Sequence[Curve], log: bool) -> tuple[tuple[float, float] |
         lim = (float(10 ** (llo - pad)), float(10 ** (lhi + pad)))
     else:
         pad = (hi - lo) * 0.05 or (abs(hi) * 0.05 or 1.0)
-        lim = (lo - pad, hi + pad)
+        # times, rates and memory cannot go below 0: padding must not draw an axis that suggests they can
+        lim = (max(lo - pad, 0.0) if lo >= 0 else lo - pad, hi + pad)
     clipped = False
     if warm:
         w = np.concatenate(warm)

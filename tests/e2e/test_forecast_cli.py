@@ -23,7 +23,7 @@ def test_list_and_dry_run_show_the_forecast(home) -> None:
     z0 = fc.forecast(Settings(model="llama-1b", seq_length=2048, micro_batch=4, dtype="bf16", gpus=2))
     z3 = fc.forecast(Settings(model="llama-1b", seq_length=2048, micro_batch=4, dtype="bf16", gpus=2, zero_stage=3))
     assert z0.gib > 30 > z3.gib
-    out = dstui("list", str(spec), "--no-validate", check=True).stdout
+    out = dstui("list", str(spec), "--no-validate", check=True, env={"COLUMNS": "250"}).stdout  # no wrapped note
     assert "mem/GPU" in out and f"{z0.gib:.1f} GiB OOM" in out
     assert "memory forecast per GPU against 30.0 GiB" in out
     out = dstui("run", "--dry-run", "--no-validate", "--skip-predicted-oom", str(spec), check=True).stdout

@@ -1,7 +1,8 @@
 """Issue 26.1-26.2: spec files are the user's, and every part of a spec is editable in Compose.
 
 Real files and a real app under Pilot: a save changes only the edited line, a launch never
-writes the spec, dstui's own specs are read-only, Enter in the path field saves as, unsaved
+writes the spec, dstui's own specs are read-only, Enter in the path field opens (save as is
+ctrl+t), unsaved
 edits are not lost by quitting or opening another spec without a question.
 """
 
@@ -126,7 +127,12 @@ async def test_a_shipped_spec_is_read_only_and_saved_only_as_a_copy(tui_env) -> 
         screen.query_one("#ck-zero_stage-0").focus()  # drop ZeRO 0
         await pilot.press("space")
         await pilot.pause()
+        # the baseline z0 is gone with it: said, the runs still listed, the launch blocked
         assert screen.dirty and len(screen.runs) == 3
+        assert "field 'baseline': 'z0' is not a condition of this spec" in (screen.launch_blocker() or "")
+        await type_into(pilot, screen, "#baseline", "z1")
+        assert screen.launch_blocker() is None and len(screen.runs) == 3
+        screen.query_one("#ck-zero_stage-0").focus()
         await pilot.press("ctrl+s")  # refused: asks for a new path instead
         await pilot.pause()
         assert shipped.read_bytes() == before
@@ -145,8 +151,9 @@ async def test_a_shipped_spec_is_read_only_and_saved_only_as_a_copy(tui_env) -> 
     assert shipped.read_bytes() == before
     copy = (tui_env / "mine" / "smoke.yaml").read_text()
     assert yaml.safe_load(copy)["axes"]["zero_stage"] == [1, 2, 3]
-    # the shipped file's comments came along: only the edited line differs
-    assert changed(before.decode(), copy) == [("  zero_stage: [0, 1, 2, 3]", "  zero_stage: [1, 2, 3]")]
+    # the shipped file's comments came along: only the edited lines differ
+    assert changed(before.decode(), copy) == [("  zero_stage: [0, 1, 2, 3]", "  zero_stage: [1, 2, 3]"),
+                                              ("baseline: z0", "baseline: z1")]  # fmt: skip
 
 
 async def test_quitting_with_unsaved_edits_asks_first(tui_env) -> None:  # noqa: ANN001
@@ -198,13 +205,17 @@ async def test_quitting_without_edits_does_not_ask(tui_env) -> None:  # noqa: AN
         assert app.return_code == 0
 
 
-async def test_enter_in_the_path_field_saves_as(tui_env) -> None:  # noqa: ANN001
+async def test_save_as_key_writes_there_and_asks_before_overwriting(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)
     app = DstuiApp(spec_path=path, supervise=False)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await open_compose(pilot)
         await type_into(pilot, screen, "#in-steps", "6")
+        await pilot.press("ctrl+t")  # save as: the path field, and its title says Enter writes
+        await pilot.pause()
+        assert app.focused is screen.query_one("#path", Input)
+        assert "save as" in str(screen.query_one("#path-title", Static).render())
         await type_into(pilot, screen, "#path", "copy.yaml")
         await pilot.press("enter")
         await pilot.pause()
@@ -213,6 +224,7 @@ async def test_enter_in_the_path_field_saves_as(tui_env) -> None:  # noqa: ANN00
         assert changed(COMMENTED, (tui_env / "copy.yaml").read_text()) == [("  steps: 4   # short", "  steps: 6   # short")]
         # save as over an existing file asks first
         await type_into(pilot, screen, "#in-steps", "7")
+        await pilot.press("ctrl+t")
         await type_into(pilot, screen, "#path", "mine.yaml")
         await pilot.press("enter")
         await pilot.pause()
@@ -220,13 +232,90 @@ async def test_enter_in_the_path_field_saves_as(tui_env) -> None:  # noqa: ANN00
         await pilot.press("n")
         await pilot.pause()
         assert path.read_text() == COMMENTED and screen.dirty
-        screen.query_one("#path", Input).focus()
-        await pilot.press("enter")
+        await pilot.press("enter")  # back in the field, still saving as
         await pilot.pause()
         await pilot.press("y")
         await pilot.pause()
         assert screen.path == path and not screen.dirty
     assert changed(COMMENTED, path.read_text()) == [("  steps: 4   # short", "  steps: 7   # short")]
+
+
+async def test_enter_after_ctrl_o_opens_and_never_overwrites(tui_env) -> None:  # noqa: ANN001
+    """The review's case: an edit, ctrl+o, an existing path, Enter once asked to overwrite that file."""
+    path = tui_env / "mine.yaml"
+    path.write_text(COMMENTED)
+    other = tui_env / "other.yaml"
+    other_text = "name: other\nsettings: {steps: 4}\n"
+    other.write_text(other_text)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        await type_into(pilot, screen, "#in-steps", "6")
+        assert screen.dirty
+        title = str(screen.query_one("#path-title", Static).render())
+        assert "Enter opens" in title and "ctrl+t saves as" in title
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert app.focused is screen.query_one("#path", Input)
+        await type_into(pilot, screen, "#path", "other.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        question = app.screen
+        assert isinstance(question, ConfirmScreen)
+        text = str(question.query_one(Static).render())
+        assert "Discard your edits and open other.yaml?" in text and "Overwrite" not in text
+        await pilot.press("n")  # keep the edits: nothing opened, nothing written
+        await pilot.pause()
+        assert screen.path == path and screen.dirty and other.read_text() == other_text
+        await pilot.press("enter")  # asked again; yes opens it
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await pilot.pause()
+        assert screen.path == other and not screen.dirty and screen.data["name"] == "other"
+        # without edits Enter opens at once; a path with no file starts a new spec named after it
+        await pilot.press("ctrl+o")
+        await type_into(pilot, screen, "#path", "mine.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.path == path and screen.data["settings"]["steps"] == 4
+        await pilot.press("ctrl+o")
+        await type_into(pilot, screen, "#path", "fresh.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.path == tui_env / "fresh.yaml" and screen.data["name"] == "fresh"
+        assert not (tui_env / "fresh.yaml").exists()  # opening never writes
+        # leaving the field puts the file being edited back in it
+        await pilot.press("ctrl+o")
+        await type_into(pilot, screen, "#path", "half-typed")
+        screen.query_one("#in-steps", Input).focus()
+        await pilot.pause()
+        assert screen.query_one("#path", Input).value == "fresh.yaml" and screen.path_mode == "open"
+    assert path.read_text() == COMMENTED and other.read_text() == other_text
+
+
+async def test_quitting_a_read_only_spec_offers_save_as(tui_env) -> None:  # noqa: ANN001
+    """ctrl+s cannot write one of dstui's own specs: the quit question names the key that keeps the edits."""
+    shipped = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
+    app = DstuiApp(spec_path=shipped, supervise=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_compose(pilot)
+        assert screen.read_only
+        screen.query_one("#ck-dtype-1").focus()  # bf16 as well
+        await pilot.press("space")
+        await pilot.pause()
+        assert screen.dirty
+        await pilot.press("q")
+        await pilot.pause()
+        text = str(app.screen.query_one(Static).render())
+        assert isinstance(app.screen, ConfirmScreen) and "ctrl+s" not in text
+        assert "ctrl+t saves them under a new name first" in text
+        await pilot.press("n")
+        await pilot.pause()
+        await pilot.press("ctrl+t")  # what it says works
+        await pilot.pause()
+        assert "save as" in str(screen.query_one("#path-title", Static).render())
+        assert Path(screen.query_one("#path", Input).value).resolve() == tui_env / "smoke.yaml"
 
 
 async def test_exclusions_conditions_and_ds_overrides_edit_preview_and_file(tui_env) -> None:  # noqa: ANN001

@@ -26,9 +26,10 @@ async def _type(pilot, screen, field: str, text: str) -> None:  # noqa: ANN001
 
 
 async def _save_as(pilot, compose, out) -> list[tuple[str, str]]:  # noqa: ANN001
-    """Save the composed spec to ``out`` (Ctrl+S with the path field set); the runs the screen shows."""
+    """Save the composed spec to ``out`` (save as: ctrl+t, the path, Enter); the runs the screen shows."""
+    await pilot.press("ctrl+t")
     compose.query_one("#path", Input).value = str(out)
-    await pilot.press("ctrl+s")
+    await pilot.press("enter")
     await pilot.pause()
     return [(r.name, r.key) for r in compose.runs]
 

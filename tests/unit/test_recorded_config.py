@@ -37,7 +37,8 @@ def test_list_shows_dash_for_what_a_command_run_does_not_say(tmp_path: Path) -> 
     spec.write_text(yaml.safe_dump({
         "name": "cmd", "settings": {"kind": "command", "command": ["python", "-c", "print(1)"], "gpus": 1},
     }))
-    out = dstui("list", "--no-validate", str(spec), check=True).stdout
+    # wide enough for every column (a terminal width in the environment, e.g. left by a Textual test, would drop some)
+    out = dstui("list", "--no-validate", str(spec), check=True, env={"COLUMNS": "250"}).stdout
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["0"])
     header = next(line.split() for line in out.splitlines() if line.startswith("#"))
     cells = dict(zip(header, row, strict=True))

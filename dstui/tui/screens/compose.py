@@ -2,7 +2,8 @@
 
 The spec is edited in memory: a plain mapping as PyYAML reads it (what ``dstui
 run`` sees). The file is the user's: it is written only by a save (ctrl+s, or
-Enter on a path in the path field), and a save changes only the edited keys
+save as: ctrl+t, a path, Enter); Enter in the path field otherwise opens, never
+writes. A save changes only the edited keys
 (comments, order and layout kept: :func:`dstui.spec.loading.updated_text`).
 dstui's own specs (configs/experiments/, the installed copies) open read-only
 and are saved under a new name. Launching an unchanged spec launches its file;
@@ -24,6 +25,7 @@ this screen owns the spec mapping); the right side is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 from typing import Any
@@ -43,12 +45,14 @@ from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
 from dstui.tui import compose_texts as ct
 from dstui.tui.compose_check import CheckResult
-from dstui.tui.screens.compose_files import SpecFileActions
+from dstui.tui.screens.compose_files import SAVE_AS_KEY, SpecFileActions
 from dstui.tui.widgets.fitting_footer import FittingFooter
 from dstui.tui.widgets.run_preview import RunPreview
 from dstui.tui.widgets.spec_form import SpecForm
 
 VALIDATE_DELAY_S = 0.6
+# a baseline naming no condition is refused (dstui.spec.loading), yet the runs are still worth showing
+BASELINE_FIELDS = ("baseline", "guard.baseline")
 
 
 class Validated(Message):
@@ -60,24 +64,33 @@ class Validated(Message):
 
 class ComposeScreen(SpecFileActions, Screen):
     TITLE = "Compose"
-    HELP = """Open a spec (type a path and Enter, or pick one from the list); ctrl+n starts a new one.
-A field with one value is a base setting; several values (toggles, or a comma list) make an axis,
-and the run list is their product. Mappings and lists (ds_overrides, command, launcher, ...),
-exclusions, explicit conditions and run options are YAML or JSON texts; a list of values is an axis.
-Errors are the same as `dstui list` prints; a text that does not read is shown and not used.
-mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's
-gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.
-ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.
-ctrl+s saves to the path in 'spec file' (only the edited keys change; comments stay). Enter in
-'spec file' saves the edits under that path (asking before overwriting), or opens it when there
-are none. dstui's own specs are read-only: save them under a new name.
-ctrl+r launches the spec as it is in the Runs screen: an edited spec is not saved by launching;
-its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits asks first."""
+    # one string per paragraph: the help screen wraps them to its width (a hard-wrapped line would break twice)
+    HELP = (
+        "Open a spec: ctrl+o, type its path and Enter, or pick one from the list; ctrl+n starts a new one. "
+        "Enter in 'spec file' opens the path typed there (a path with no file starts a new spec named after it); "
+        "with unsaved edits it asks before discarding them. It never writes a file.\n"
+        "A field with one value is a base setting; several values (toggles, or a comma list) make an axis, "
+        "and the run list is their product. An empty field uses the default it shows. Every choice row keeps "
+        "at least one value checked. Mappings and lists (ds_overrides, command, launcher, ...), exclusions, "
+        "explicit conditions and run options are YAML or JSON texts; a list of values is an axis.\n"
+        "Errors are the same as `dstui list` prints. A field marked ✗ (a text that does not read, a row with "
+        "nothing checked) is not used: the run list is the spec before that edit, and save and launch are "
+        "refused until it is fixed.\n"
+        "mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's "
+        "gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.\n"
+        "ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.\n"
+        f"ctrl+s saves to the spec's own file (only the edited keys change; comments stay). {SAVE_AS_KEY} saves "
+        "as: type a path in 'spec file' and Enter (asking before overwriting). dstui's own specs are read-only: "
+        "ctrl+s on one asks for a new name.\n"
+        "ctrl+r launches the spec as it is in the Runs screen: an edited spec is not saved by launching; "
+        "its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits asks first."
+    )
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+r", "launch", "Launch"),
         Binding("ctrl+o", "open", "Open"),
+        Binding(SAVE_AS_KEY, "save_as", "Save as"),
         Binding("ctrl+n", "new", "New"),
         Binding("ctrl+e", "revisions", "Revisions"),
     ]
@@ -89,6 +102,7 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
         self.base: dict[str, Any] = cm.new_spec("experiment")  # what that text means
         self.data: dict[str, Any] = copy.deepcopy(self.base)  # the spec as edited
         self.read_only = False  # one of dstui's own specs
+        self.path_mode = "open"  # what Enter in the path field does: "open", or "save as" (ctrl+t, or a save that needs a path)
         self.invalid: dict[str, str] = {}  # form widget -> why its text is not used
         self.spec: ExperimentSpec | None = None
         self.runs: list[RunSpec] = []
@@ -141,13 +155,16 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
         self._show_path()
 
     def _show_path(self) -> None:
-        if self.read_only:
+        """The path field's title says what Enter there does now, and which key saves."""
+        if self.path_mode == "save as":
+            text = "[bold]save as[/]: Enter writes the spec to this path (asks before overwriting)"
+        elif self.read_only:
             edits = ", [bold yellow]● unsaved[/]" if self.dirty else ""
-            text = f"spec file [yellow]read-only (dstui's own)[/]{edits}: Enter on a new path saves a copy"
+            text = f"spec file [yellow]read-only (dstui's own)[/]{edits}: {SAVE_AS_KEY} saves a copy; Enter opens"
         elif self.dirty:
-            text = "spec file [bold yellow]● unsaved[/]: ctrl+s saves; Enter saves as the path"
+            text = f"spec file [bold yellow]● unsaved[/]: ctrl+s saves, {SAVE_AS_KEY} saves as; Enter opens"
         else:
-            text = "spec file (Enter opens or starts one)"
+            text = "spec file (Enter opens the path typed here)"
         self.form.show_path(text)
 
     def action_revisions(self) -> None:
@@ -162,20 +179,27 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
         self.form.show_revisions(data)
         self.recompute()
 
-    def action_open(self) -> None:
-        self.path_input.focus()
-
     @on(Input.Submitted, "#path")
     def _path_submitted(self, event: Input.Submitted) -> None:
         self.path_entered(event.value)
+
+    @on(Input.Blurred, "#path")
+    def _path_blurred(self, event: Input.Blurred) -> None:
+        if self.app.screen is self:  # not a question on top (the field is still in use under it)
+            self.path_left()
 
     @on(OptionList.OptionSelected, "#files")
     def _file_picked(self, event: OptionList.OptionSelected) -> None:
         self.request_open(Path(str(event.option.id)))
 
+    def launch_blocker(self) -> str | None:
+        """Why the spec as shown cannot be launched: a field marked ✗ (its edit is not in the
+        mapping, so a launch would run something else than the form shows) or a spec error."""
+        return self._first_error()
+
     def action_launch(self) -> None:
-        if self.invalid or self.error:
-            why = next(iter(self.invalid.values()), None) or self.error
+        why = self.launch_blocker()
+        if why:
             self.notify(f"not launched: {why}", severity="error", timeout=8)
             return
         if self.path is not None and self.original is not None and not self.dirty:
@@ -184,13 +208,17 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
 
     # -- editing -------------------------------------------------------------
 
+    def _valid_again(self, source: str) -> None:
+        if self.invalid.pop(source, None) is not None:
+            self.form.mark(source, False)
+
     def on_spec_form_field_edited(self, message: SpecForm.FieldEdited) -> None:
-        self.invalid.pop(message.source, None)
+        self._valid_again(message.source)
         self.data = cm.set_values(self.data, message.field, message.values)
         self.recompute()
 
     def on_spec_form_top_edited(self, message: SpecForm.TopEdited) -> None:
-        self.invalid.pop(message.source, None)
+        self._valid_again(message.source)
         if message.key == "run options":
             self.data = ct.set_run_options(self.data, message.value)
         else:
@@ -199,7 +227,9 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
 
     def on_spec_form_invalid(self, message: SpecForm.Invalid) -> None:
         self.invalid[message.source] = message.error
+        self.form.mark(message.source, True)
         self.preview.show_error(self._first_error())
+        self.preview.show_blocked(bool(self.invalid))
         # the DeepSpeed check said something about the spec before this edit: not about what is typed now
         if self._validate_timer is not None:
             self._validate_timer.stop()
@@ -220,10 +250,27 @@ its text is kept in the batch folder (spec.yaml). Quitting with unsaved edits as
             self.error = None
         except DstuiError as e:
             self.spec, self.runs, self.error = None, [], str(e)
+            if getattr(e, "field", None) in BASELINE_FIELDS:
+                self._runs_despite_baseline(file)
         self.preview.show_runs(self.spec, self.runs)
+        self.preview.show_blocked(bool(self.invalid))
         self.preview.show_error(self._first_error())
         self._show_path()
         self._schedule_validation()
+
+    def _runs_despite_baseline(self, file: str | None) -> None:
+        """The runs of a spec whose only fault is a baseline that names no condition, the error kept.
+
+        Dropping ZeRO 0 from a spec whose baseline is z0 is one click; the run list
+        going blank for it would hide what the edit did. The error still blocks the
+        launch (:meth:`launch_blocker`) and says which conditions the baseline can name.
+        """
+        data = copy.deepcopy(self.data)
+        data.pop("baseline", None)
+        if isinstance(data.get("guard"), dict):
+            data["guard"].pop("baseline", None)
+        with contextlib.suppress(DstuiError):
+            self.runs = expand(parse_spec(data, file=file), file=file)
 
     # -- DeepSpeed validation and memory forecast (thread) ---------------------
 

@@ -1,7 +1,8 @@
 """Compose's file side: open, save, save as, the unsaved-edits question, the spec to launch.
 
 A spec file is the user's. Nothing here writes one except a save the user asks
-for (ctrl+s, or Enter in 'spec file'); a save changes only the edited keys
+for (ctrl+s, or save as: ctrl+t then Enter); Enter in 'spec file' otherwise only
+opens. A save changes only the edited keys
 (:func:`dstui.spec.loading.updated_text`) and is refused for dstui's own specs
 (:func:`dstui.spec.loading.is_shipped`), which are saved under a new name.
 Launching edits that are not saved hands :meth:`SpecFileActions.draft` to the
@@ -26,6 +27,9 @@ from dstui.spec.loading import SpecDraft, is_shipped, plain_text, save_spec_text
 from dstui.spec.models import expand, parse_spec, read_spec_text
 from dstui.tui import compose_model as cm
 
+SAVE_AS_KEY = "ctrl+t"
+SAVE_AS_HINT = f"{SAVE_AS_KEY} saves them under a new name first"
+
 
 class SpecFileActions:
     """Opening and saving the spec a Compose screen edits."""
@@ -36,6 +40,7 @@ class SpecFileActions:
     data: dict[str, Any]
     read_only: bool
     invalid: dict[str, str]
+    path_mode: str  # what Enter in the path field does: "open" or "save as"
 
     def load(self, path: Path) -> None:
         """Edit ``path`` (a new spec named after it when there is no such file); unsaved edits are dropped."""
@@ -60,7 +65,7 @@ class SpecFileActions:
         else:
             self.original, self.base, self.read_only = None, cm.new_spec(path.stem), False
             self.notify(f"new spec {path.name}: ctrl+s saves it", timeout=4)
-        self.path = path
+        self.path, self.path_mode = path, "open"
         self.app.spec_path = path  # type: ignore[attr-defined]
         self.data = copy.deepcopy(self.base)
         self.invalid.clear()
@@ -69,23 +74,33 @@ class SpecFileActions:
         self.recompute()
 
     def ask_discard(self, what: str, then: Callable[[], object]) -> None:
-        """Run ``then`` at once without unsaved edits, else after the user agrees to lose them."""
+        """Run ``then`` at once without unsaved edits, else after the user agrees to lose them.
+
+        The question names a key that can keep the edits: ctrl+s cannot write a read-only
+        (shipped) spec or a spec with no file, so there it is save as.
+        """
         if not self.dirty:
             then()
             return
         from dstui.tui.screens.confirm import ConfirmScreen
 
         name = self.path.name if self.path else "the new spec"
+        keep = SAVE_AS_HINT if self.read_only or self.path is None else "ctrl+s saves them first"
         self.app.push_screen(
-            ConfirmScreen(f"{name} has unsaved edits.\n{what} and lose them? (ctrl+s saves them first)"),
+            ConfirmScreen(f"{name} has unsaved edits.\nDiscard your edits and {what}? ({keep})"),
             lambda yes: then() if yes else None,
         )
 
     def request_open(self, path: Path) -> None:
         path = Path(path).resolve()
         if path == self.path and not self.dirty:
+            self.path_input.value = str(self._rel(path))
+            self.notify(f"{self._rel(path)} is open already")
             return
-        self.ask_discard(f"Open {path.name}", lambda: self.load(path))
+        what = f"reopen {self._rel(path)} as it is on disk" if path == self.path else f"open {self._rel(path)}"
+        if not path.is_file():
+            what = f"start a new spec {self._rel(path)}"
+        self.ask_discard(what, lambda: self.load(path))
 
     def action_new(self) -> None:
         def start() -> None:
@@ -94,26 +109,54 @@ class SpecFileActions:
             self.data = copy.deepcopy(self.base)
             self.invalid.clear()
             self.path_input.value = ""
+            self.path_mode = "open"
             self._fill_form()
             self.recompute()
             self.path_input.focus()
 
-        self.ask_discard("Start a new spec", start)
+        self.ask_discard("start a new spec", start)
+
+    def action_open(self) -> None:
+        """ctrl+o: the path field, for a path to open (Enter opens it; nothing is saved)."""
+        self.path_mode = "open"
+        self._show_path()
+        self._focus_path()
+
+    def action_save_as(self) -> None:
+        """The path field, for a path to save to (Enter writes there)."""
+        self.path_mode = "save as"
+        if self.path is None or self.read_only:
+            self.path_input.value = str(self._rel(self._suggest_path()))
+        self._show_path()
+        self._focus_path()
+
+    def _focus_path(self) -> None:
+        inp = self.path_input
+        inp.focus()
+        inp.select_all()  # typing replaces the path shown
 
     def path_entered(self, value: str) -> None:
-        """Enter in 'spec file': save (as) with edits or from a file, open without edits, else start a new spec."""
+        """Enter in 'spec file' does what its title says: open that path, or (save as) write the spec there.
+
+        Opening never writes: a path that exists is opened (asking first when there are unsaved
+        edits), one that does not starts a new spec named after it. Writing is only ever asked for
+        with a save key (ctrl+s, save as), so Enter after ctrl+o cannot overwrite the file meant to
+        be opened.
+        """
         text = value.strip()
         if not text:
             return
         target = Path(text).expanduser().resolve()
-        if target == self.path:
+        if self.path_mode == "save as":
             self.save_to(target)
-        elif target.is_file() and not self.dirty:
-            self.load(target)
-        elif target.is_file() or self.path is not None or self.dirty:
-            self.save_to(target)  # save as: the edits (or a copy of the spec) under the new path
         else:
-            self.load(target)  # a new spec named after the path
+            self.request_open(target)
+
+    def path_left(self) -> None:
+        """Focus left the path field: it shows the file being edited again, ready to open another."""
+        self.path_mode = "open"
+        self.path_input.value = str(self._rel(self.path)) if self.path else ""
+        self._show_path()
 
     def _suggest_path(self) -> Path:
         """Where a copy of a read-only spec could go: NAME.yaml here, else NAME-2.yaml, ..."""
@@ -125,8 +168,10 @@ class SpecFileActions:
         return Path.cwd() / f"{name}-copy.yaml"
 
     def _ask_for_path(self, why: str) -> None:
+        self.path_mode = "save as"
         self.path_input.value = str(self._rel(self._suggest_path()))
-        self.path_input.focus()
+        self._show_path()
+        self._focus_path()
         self.notify(f"{why}: Enter saves as the path in 'spec file'", severity="warning", timeout=6)
 
     def save_to(self, target: Path, *, overwrite: bool = False) -> bool:
@@ -161,6 +206,7 @@ class SpecFileActions:
             self.notify(f"not saved: {target}: {e.strerror or e}", severity="error", timeout=8)
             return False
         self.path, self.original, self.read_only = target, text, False
+        self.path_mode = "open"
         self.base = copy.deepcopy(self.data)
         self.app.spec_path = target  # type: ignore[attr-defined]
         self.path_input.value = str(self._rel(target))
@@ -179,14 +225,21 @@ class SpecFileActions:
             return plain_text(self.data)
 
     def action_save(self) -> None:
+        """ctrl+s: the spec to its own file; where that cannot be (read-only, no file yet), save as.
+
+        In save-as mode it writes to the path typed there, as Enter does: the path field is
+        never read otherwise, so a path typed to open is not where a save goes.
+        """
+        if self.path_mode == "save as":
+            self.path_entered(self.path_input.value)
+            return
         if self.read_only:
             self._ask_for_path(f"{self.path.name if self.path else 'this spec'} is one of dstui's own specs")
             return
-        text = self.path_input.value.strip()
-        if not text:
+        if self.path is None:
             self._ask_for_path("this spec has no file yet")
             return
-        self.save_to(Path(text).expanduser().resolve())
+        self.save_to(self.path)
 
     def draft(self) -> SpecDraft | None:
         """The spec as edited when that is not its file (unsaved edits, or a named spec not saved yet); else None."""

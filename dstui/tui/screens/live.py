@@ -44,16 +44,19 @@ class LiveData(Message):
 
 class LiveScreen(Screen):
     TITLE = "Live"
-    HELP = """Overlaid live plots of the chosen runs, read from their run folders every second.
-Plots are decimated to the widget width (min/max per column), so long runs stay cheap to draw.
-Smoothing (s) draws an EMA over the dimmed raw curve. System readings: GPU util/memory/power
-when the run has GPUs, else the job's CPU% and RSS (y cycles).
-The y-axis is set from the steps after each run's warm-up (warmup_steps), so a first step's compile
-spike does not flatten the rest; w hides the warm-up steps, l switches to a log scale.
-Runs with identical values are drawn once as a line, the others as markers (x + o ...) on it,
-and the chart title and legend say which runs coincide.
-The log pane follows the newest running run; n picks another run (the legend underlines it),
-f follows the running run again. Small terminals show fewer charts at once: c pages through them."""
+    # one string per paragraph: the help screen wraps them to its width (a hard-wrapped line would break twice)
+    HELP = (
+        "Overlaid live plots of the chosen runs, read from their run folders every second. "
+        "Plots are decimated to the widget width (min/max per column), so long runs stay cheap to draw.\n"
+        "Smoothing (s) draws an EMA over the dimmed raw curve. System readings: GPU util/memory/power "
+        "when the run has GPUs, else the job's CPU% and RSS (y cycles).\n"
+        "The y-axis is set from the steps after each run's warm-up (warmup_steps), so a first step's compile "
+        "spike does not flatten the rest; w hides the warm-up steps, l switches to a log scale.\n"
+        "Runs with identical values are drawn once as a line, the others as markers (x + o ...) on it, "
+        "and the chart title and legend say which runs coincide.\n"
+        "The log pane follows the newest running run; n picks another run (the legend underlines it), "
+        "f follows the running run again. Small terminals show fewer charts at once: c pages through them."
+    )
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),

@@ -28,8 +28,10 @@ def _shown(path: Path) -> str:
 
 class LogScreen(Screen):
     TITLE = "Log"
-    HELP = """The run's stdout.log (launcher and every rank), newest at the bottom, following as it grows.
-The first view shows the last 256 KB; the file itself is in the run folder."""
+    HELP = (
+        "The run's stdout.log (launcher and every rank), newest at the bottom, following as it grows. "
+        "The first view shows the last 256 KB; the file itself is in the run folder."
+    )
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),

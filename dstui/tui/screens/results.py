@@ -45,18 +45,21 @@ class Exported(Message):
 class ResultsScreen(Screen):
     TITLE = "Results"
     AUTO_FOCUS = "#results"  # the table: space picks (a focused Select would take it)
-    HELP = """Finished runs from MLflow (child runs tagged dstui.role=run), one row per condition
-(g: one per run). Iteration time is the mean ± std over post-warm-up steps, as in reports.
-Δ loss is the final loss minus the baseline condition's (b makes the highlighted row the baseline).
-time / base: mean iteration time over the baseline's with its 95% Fieller interval over repeats
-(the method of reports and `dstui compare`); "too few repeats" below 2 finished runs a side.
-Click a column header or press s to sort; / filters by name, batch, status or any param/tag as
-key=value (several words: all must match, e.g. "zero_stage=2 bf16").
-space picks the highlighted condition's runs (or the run, with g), a picks every row shown, x clears;
-picks stay while you switch batch or experiment. c charts the picked runs together (loss, iteration
-time, memory, tokens/s: mean line and min-max band over the repeats of each condition and batch);
-e exports the picked runs to a report (nothing picked: the experiment or batch shown).
-Narrow terminals leave out tok/s, Δ loss, runs, time/base, peak mem, in that order."""
+    # one string per paragraph: the help screen wraps them to its width (a hard-wrapped line would break twice)
+    HELP = (
+        "Finished runs from MLflow (child runs tagged dstui.role=run), one row per condition "
+        "(g: one per run). Iteration time is the mean ± std over post-warm-up steps, as in reports.\n"
+        "Δ loss is the final loss minus the baseline condition's (b makes the highlighted row the baseline). "
+        "time / base: mean iteration time over the baseline's with its 95% Fieller interval over repeats "
+        "(the method of reports and `dstui compare`); \"too few repeats\" below 2 finished runs a side.\n"
+        "Click a column header or press s to sort; / filters by name, batch, status or any param/tag as "
+        "key=value (several words: all must match, e.g. \"zero_stage=2 bf16\").\n"
+        "space picks the highlighted condition's runs (or the run, with g), a picks every row shown, x clears; "
+        "picks stay while you switch batch or experiment. c charts the picked runs together (loss, iteration "
+        "time, memory, tokens/s: mean line and min-max band over the repeats of each condition and batch); "
+        "e exports the picked runs to a report (nothing picked: the experiment or batch shown).\n"
+        "Narrow terminals leave out tok/s, Δ loss, runs, time/base, peak mem, in that order."
+    )
 
     BINDINGS = [
         Binding("space", "pick", "Pick"),

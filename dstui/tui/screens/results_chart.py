@@ -37,11 +37,14 @@ class ChartData(Message):
 
 class ResultsChartScreen(Screen):
     TITLE = "Results charts"
-    HELP = """The picked runs on one set of charts: one line per condition and batch (and experiment when the
-pick spans several), the mean over its repeats at each step, with the min-max band of the repeats dimmed.
-The y-axis is set from the steps after warm-up for iteration time (w hides the warm-up steps); l: log scale.
-Groups whose curves coincide are drawn once as a line and the others as markers on it (the title says so).
-c pages through the charts when the terminal is small; e exports the picked runs to a report."""
+    # one string per paragraph: the help screen wraps them to its width (a hard-wrapped line would break twice)
+    HELP = (
+        "The picked runs on one set of charts: one line per condition and batch (and experiment when the "
+        "pick spans several), the mean over its repeats at each step, with the min-max band of the repeats dimmed.\n"
+        "The y-axis is set from the steps after warm-up for iteration time (w hides the warm-up steps); l: log scale.\n"
+        "Groups whose curves coincide are drawn once as a line and the others as markers on it (the title says so).\n"
+        "c pages through the charts when the terminal is small; e exports the picked runs to a report."
+    )
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),

@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Header
 
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
+from dstui.core.rundir import FINAL_STATES, RETRIABLE_STATES, BatchDir, RunDir
 from dstui.tui import run_control
 from dstui.tui.screens.confirm import ConfirmScreen
 from dstui.tui.widgets.batch_browser import BatchBrowser
@@ -51,13 +51,16 @@ class Supervised(Message):
 
 class RunsScreen(Screen):
     TITLE = "Runs"
-    HELP = """Batches (top) and the runs of the highlighted batch, read live from their
-run folders. Runs go on when you quit; start dstui again to watch them.
-l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`:
-runs share the box on disjoint GPUs (the gpus column).
-Under the runs: where the highlighted run's time went, and the batch's
-step share (optimizer steps / wall time). Mark runs with space, then v
-opens the live view on them (no marks: the batch)."""
+    # one string per paragraph: the help screen wraps them to its width (a hard-wrapped line would break twice)
+    HELP = (
+        "Batches (top) and the runs of the highlighted batch, read live from their "
+        "run folders. Runs go on when you quit; start dstui again to watch them.\n"
+        "l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`: "
+        "runs share the box on disjoint GPUs (the gpus column).\n"
+        "Under the runs: where the highlighted run's time went, and the batch's "
+        "step share (optimizer steps / wall time). Mark runs with space, then v "
+        "opens the live view on them (no marks: the batch)."
+    )
 
     BINDINGS = [
         Binding("l", "launch", "Launch"),
@@ -206,8 +209,9 @@ opens the live view on them (no marks: the batch)."""
         rd = self.current_run()
         if rd is None:
             return
-        if rd.state not in ("failed", "killed"):
-            self.notify(f"{rd.name} is {rd.state}; only failed or killed runs are retried", severity="warning")
+        if rd.state not in RETRIABLE_STATES:  # the CLI's rule (dstui retry); a done run: dstui retry --force
+            self.notify(f"{rd.name} is {rd.state}; only failed, killed or skipped runs are retried "
+                        "(a done run again: dstui retry --force)", severity="warning")  # fmt: skip
             return
         self.retry_run(rd)
 
@@ -216,6 +220,11 @@ opens the live view on them (no marks: the batch)."""
         run_control.retry(rd, lambda text: self.app.call_from_thread(self.notify, text))
 
     def action_launch(self) -> None:
+        # a field marked ✗ in Compose is not in its spec: launching would run something else than it shows
+        why = self.app.compose_blocker() if hasattr(self.app, "compose_blocker") else None
+        if why:
+            self.notify(f"not launched: {why} (fix it in Compose: 1)", severity="error", timeout=8)
+            return
         # the spec open in Compose: as edited there when it has unsaved edits (its file is not written)
         draft = self.app.compose_draft() if hasattr(self.app, "compose_draft") else None
         spec = getattr(self.app, "spec_path", None)

@@ -28,6 +28,7 @@ class RunPreview(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="count")
+        yield Static(id="blocked")
         yield Static(id="error")
         yield Static(id="dsvalid")
         yield Static(id="memnote")
@@ -59,6 +60,16 @@ class RunPreview(Vertical):
             )
         else:
             count.update(Text("0 runs", style="bold"))
+
+    def show_blocked(self, blocked: bool) -> None:
+        """Say that the run list is not what a launch would run while a field is marked ✗.
+
+        The list stays (it is the spec before the ✗ edit, useful while typing), but its count
+        must not read as the runs the form shows.
+        """
+        note = self.query_one("#blocked", Static)
+        note.update(Text("✗ not these runs: the list is from before the ✗ field; save and launch wait for it", style="bold red") if blocked else "")
+        note.display = blocked
 
     def show_error(self, text: str | None) -> None:
         box = self.query_one("#error", Static)

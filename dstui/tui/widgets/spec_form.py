@@ -25,6 +25,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.suggester import SuggestFromList
+from textual.widget import Widget
 from textual.widgets import Checkbox, Collapsible, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
@@ -128,10 +129,11 @@ class SpecForm(VerticalScroll):
             for n, boxes in enumerate(lines):
                 yield _row(label if n == 0 else "", Horizontal(*boxes, classes="choices"))
         elif kind == "list":
-            inp = Input(id=f"in-{field}", compact=True, placeholder="comma list")
+            # an emptied field is not nothing: the run uses the default, so the field says which
+            d = cm.default(field)
+            inp = Input(id=f"in-{field}", compact=True, placeholder=f"{'none' if d is None else d} (default)")
             if field == "model":
                 inp.suggester = SuggestFromList(cm.model_presets())
-                inp.placeholder = "preset or hub id, comma list"
             yield _row(label, inp)
         else:
             yield Label(f"{label} (YAML/JSON)", classes="form-title")
@@ -139,6 +141,7 @@ class SpecForm(VerticalScroll):
 
     def fill(self, data: dict[str, Any]) -> None:
         """Show a spec mapping (no edit messages come of it)."""
+        self.clear_marks()
         with self.prevent(Input.Changed, Checkbox.Changed, TextArea.Changed):
             self.query_one("#name", Input).value = str(data.get("name", ""))
             for field in cm.FORM_ORDER + cm.MORE_ORDER:
@@ -170,6 +173,24 @@ class SpecForm(VerticalScroll):
             lines.append(Text("  none: the installed DeepSpeed", style="dim"))
         self.query_one("#revisions", Static).update(Text("\n").join(lines))
 
+    def mark(self, source: str, bad: bool) -> None:
+        """Mark (or unmark) the field an Invalid came from, so the eye finds what blocks save and launch."""
+        if source.startswith("ck-"):
+            n = len(cm.choices_of(source[3:]))
+            widgets: list[Widget] = list(dict.fromkeys(self.query_one(f"#{source}-{i}").parent for i in range(n)))
+        else:
+            widgets = list(self.query(f"#{source}"))
+        for w in list(widgets):
+            row = w.parent
+            if isinstance(row, Widget) and row.has_class("form-row"):
+                widgets.extend(row.query(".form-label"))
+        for w in widgets:
+            w.set_class(bad, "-bad")
+
+    def clear_marks(self) -> None:
+        for w in list(self.query(".-bad")):
+            w.remove_class("-bad")
+
     @on(Checkbox.Changed, ".choice")
     def _choice_changed(self, event: Checkbox.Changed) -> None:
         wid = str(event.checkbox.id)
@@ -177,6 +198,10 @@ class SpecForm(VerticalScroll):
         values = [
             v for i, v in enumerate(cm.choices_of(field)) if self.query_one(f"#ck-{field}-{i}", Checkbox).value
         ]
+        if not values:  # no value is not "the default": say so, and keep the runs off this edit until one is checked
+            why = f"{cm.label_of(field)}: nothing checked; check at least one (every run needs one)"
+            self.post_message(self.Invalid(f"ck-{field}", why))
+            return
         self.post_message(self.FieldEdited(field, values, f"ck-{field}"))
 
     @on(Input.Changed)
