@@ -146,6 +146,30 @@ async def test_a_field_that_does_not_read_blocks_launch_with_its_reason(tui_env)
         assert {r.settings.micro_batch for r in screen.runs} == {3}
 
 
+async def test_the_unsaved_edits_question_names_no_save_key_while_a_field_is_marked(tui_env) -> None:  # noqa: ANN001
+    """ctrl+s is refused while a field is ✗: the question must not offer it."""
+    from dstui.tui.screens.confirm import ConfirmScreen
+
+    path = tui_env / "mine.yaml"
+    path.write_text(SPEC)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        screen = await open_compose(pilot)
+        screen.query_one("#ck-dtype-1").focus()  # a valid edit: bf16 as well
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: screen.dirty, timeout=20, step=0.05)
+        mb = screen.query_one("#in-micro_batch", Input)
+        mb.focus()
+        mb.value = ""
+        await pilot.press("t", "w", "o")
+        assert await wait_for(pilot, lambda: bool(screen.invalid), timeout=20, step=0.05)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        text = str(app.screen.query_one(Static).render())
+        assert "ctrl+s" not in text and "must be fixed before they can be saved" in text
+
+
 async def test_a_spec_path_that_does_not_exist_is_said_at_start(tui_env) -> None:  # noqa: ANN001
     app = DstuiApp(spec_path=tui_env / "nope.yaml", supervise=False)
     async with app.run_test(size=(120, 36)) as pilot:

@@ -85,7 +85,10 @@ class SpecFileActions:
         from dstui.tui.screens.confirm import ConfirmScreen
 
         name = self.path.name if self.path else "the new spec"
-        keep = SAVE_AS_HINT if self.read_only or self.path is None else "ctrl+s saves them first"
+        if self.invalid:  # no save key works while a field is marked ✗
+            keep = "a field marked ✗ must be fixed before they can be saved"
+        else:
+            keep = SAVE_AS_HINT if self.read_only or self.path is None else "ctrl+s saves them first"
         self.app.push_screen(
             ConfirmScreen(f"{name} has unsaved edits.\nDiscard your edits and {what}? ({keep})"),
             lambda yes: then() if yes else None,
