@@ -11,6 +11,9 @@ Also here: `dstui tui` with a spec path that does not exist says so, and the hel
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Input, Static
@@ -34,6 +37,16 @@ settings:
 axes:
   zero_stage: [0, 1]
 """
+
+
+@contextlib.asynccontextmanager
+async def composing(tui_env) -> AsyncIterator[tuple[DstuiApp, Any, ComposeScreen]]:  # noqa: ANN001
+    """The app at 120x36 on a copy of SPEC, Compose open: (app, pilot, screen)."""
+    path = tui_env / "mine.yaml"
+    path.write_text(SPEC)
+    app = DstuiApp(spec_path=path, supervise=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        yield app, pilot, await open_compose(pilot)
 
 
 async def open_compose(pilot) -> ComposeScreen:  # noqa: ANN001
@@ -60,11 +73,7 @@ def refused(app: DstuiApp, why: str) -> bool:
 
 @pytest.mark.parametrize("row", ["zero_stage", "dtype"])
 async def test_a_choice_row_with_nothing_checked_is_marked_and_blocks(tui_env, row) -> None:  # noqa: ANN001
-    path = tui_env / "mine.yaml"
-    path.write_text(SPEC)
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(120, 36)) as pilot:
-        screen = await open_compose(pilot)
+    async with composing(tui_env) as (app, pilot, screen):
         boxes = [f"#ck-{row}-0", f"#ck-{row}-1"] if row == "zero_stage" else [f"#ck-{row}-0"]
         for box in boxes:
             await toggle(pilot, screen, box)
@@ -75,7 +84,7 @@ async def test_a_choice_row_with_nothing_checked_is_marked_and_blocks(tui_env, r
         # neither saved nor launched, from Compose or from Runs
         await pilot.press("ctrl+s")
         await pilot.pause()
-        assert path.read_text() == SPEC
+        assert (tui_env / "mine.yaml").read_text() == SPEC
         await pilot.press("ctrl+r")
         await pilot.pause()
         assert app.screen is screen and refused(app, "nothing checked")
@@ -98,11 +107,7 @@ async def test_a_choice_row_with_nothing_checked_is_marked_and_blocks(tui_env, r
 
 
 async def test_an_emptied_field_shows_the_default_it_uses(tui_env) -> None:  # noqa: ANN001
-    path = tui_env / "mine.yaml"
-    path.write_text(SPEC)
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(120, 36)) as pilot:
-        screen = await open_compose(pilot)
+    async with composing(tui_env) as (app, pilot, screen):
         mb = screen.query_one("#in-micro_batch", Input)
         assert mb.value == "2"
         before = screen.generation
@@ -114,11 +119,7 @@ async def test_an_emptied_field_shows_the_default_it_uses(tui_env) -> None:  # n
 
 
 async def test_a_field_that_does_not_read_blocks_launch_with_its_reason(tui_env) -> None:  # noqa: ANN001
-    path = tui_env / "mine.yaml"
-    path.write_text(SPEC)
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(120, 36)) as pilot:
-        screen = await open_compose(pilot)
+    async with composing(tui_env) as (app, pilot, screen):
         mb = screen.query_one("#in-micro_batch", Input)
         mb.focus()
         mb.value = ""
@@ -150,11 +151,7 @@ async def test_the_unsaved_edits_question_names_no_save_key_while_a_field_is_mar
     """ctrl+s is refused while a field is ✗: the question must not offer it."""
     from dstui.tui.screens.confirm import ConfirmScreen
 
-    path = tui_env / "mine.yaml"
-    path.write_text(SPEC)
-    app = DstuiApp(spec_path=path, supervise=False)
-    async with app.run_test(size=(120, 36)) as pilot:
-        screen = await open_compose(pilot)
+    async with composing(tui_env) as (app, pilot, screen):
         screen.query_one("#ck-dtype-1").focus()  # a valid edit: bf16 as well
         await pilot.press("space")
         assert await wait_for(pilot, lambda: screen.dirty, timeout=20, step=0.05)
