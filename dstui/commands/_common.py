@@ -6,6 +6,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from dstui.commands import _argtypes
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
 
@@ -71,7 +72,7 @@ def runs_table(b: BatchDir, *, width: int | None = None, verbose: bool = False) 
 
 def add_run_refs(p: Any, *, what: str = "run") -> None:
     p.add_argument(
-        "runs", nargs="+", metavar="REF",
+        "runs", nargs="+", metavar="REF", type=_argtypes.reference,
         help=f"what to {what}: a batch id (all its runs), a run name (newest batch that has it), BATCH/RUN, "
         "a run or batch folder; shell patterns match batch ids and run names (e.g. 'smoke-*', 'smoke-*/z3-*', 'z1-*')",
     )  # fmt: skip

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dstui.analysis.revision_compare import DEFAULT_LOSS_TOL
 from dstui.bisect.decide import METRICS, VERDICT, check_recorded_name, is_recorded
+from dstui.commands import _argtypes
 from dstui.core.errors import DstuiError, SpecError
 
 if TYPE_CHECKING:
@@ -84,13 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", required=True, metavar="METRIC",
                    help=f"{', '.join(METRICS)}, or a recorded field (see below)")  # fmt: skip
     p.add_argument("--threshold", type=_threshold,
-                   help="smallest change that counts: iter_time/mem_peak relative (default 5%%); "
+                   help="smallest change that counts: iter_time/mem_peak relative (5%% or 0.05; default 5%%); "
                         "a recorded field: absolute (0.01) or relative (5%%)")  # fmt: skip
-    p.add_argument("--loss-tol", type=float, default=DEFAULT_LOSS_TOL,
-                   help=f"largest allowed |loss difference| at any step (default {DEFAULT_LOSS_TOL:g}, as `dstui compare`)")  # fmt: skip
-    p.add_argument("--repeats", type=int, metavar="N",
+    p.add_argument("--loss-tol", type=_argtypes.tolerance, default=DEFAULT_LOSS_TOL,
+                   help=f"--metric loss: largest allowed |loss difference| at any step (default {DEFAULT_LOSS_TOL:g}, "
+                        "fixed; `dstui compare` derives its default from the dtype and the spread between repeats)")  # fmt: skip
+    p.add_argument("--repeats", type=_argtypes.count(1), metavar="N",
                    help="runs per tested revision (default 3 for iter_time, 1 otherwise)")  # fmt: skip
-    p.add_argument("--max-repeats", type=int, metavar="N",
+    p.add_argument("--max-repeats", type=_argtypes.count(1), metavar="N",
                    help="iter_time: add runs while undecided, up to N per revision (default 3 x --repeats)")  # fmt: skip
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
 
@@ -133,8 +135,22 @@ def _check_metric(args: argparse.Namespace, settings: Settings) -> tuple[float, 
                             f"sp_check: true); condition '{args.condition}' is kind: {settings.kind} without "
                             "sp_check", field="--metric")  # fmt: skip
         return 0.0, False
-    value, _ = args.threshold or (0.05, True)
+    value, percent = args.threshold or (0.05, True)
+    if not percent and value >= 1:  # relative only: '5' would be 500%, surely meant as 5%
+        raise SpecError(f"--threshold {value:g} for {metric} is relative: {value:g} means {value:.0%}; "
+                        f"write {value:g}% (or {value / 100:g})", field="--threshold")  # fmt: skip
     return value, True  # iter_time / mem_peak: always relative, as before
+
+
+@contextlib.contextmanager
+def _as_condition_error() -> Iterator[None]:
+    try:
+        yield
+    except SpecError as e:
+        if e.field == "--only":
+            e.field, e.message = "--condition", e.message.replace("no run matches", "no condition matches")
+            e.args = (str(e),)
+        raise
 
 
 def _tags(repo: Path, versions: list[str]) -> dict[str, str]:
@@ -158,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     if args.metric == "iter_time" and repeats < 2:
         raise SpecError("iter_time needs --repeats >= 2 (the test compares repeats)", field="--repeats")
     max_repeats = args.max_repeats or (3 * repeats if args.metric == "iter_time" else repeats)
-    plan = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=[args.condition])
+    with _as_condition_error():  # batch.plan says '--only', an option the user of bisect never gave
+        plan = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=[args.condition])
     conds = {r.condition: r for r in plan.runs if r.condition == args.condition}
     if not conds:
         raise SpecError(f"no condition named '{args.condition}'", file=str(plan.spec_path), field="--condition")

@@ -19,6 +19,7 @@ from dstui.analysis.revision_compare import (
     compare,
     samples_from_runs,
 )
+from dstui.commands import _argtypes
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.formatting import fmt_bytes, fmt_interval
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", help="batch id (default: the newest batch that ran the baseline)")
     parser.add_argument(
         "--loss-tol",
-        type=float,
+        type=_argtypes.tolerance,
         default=None,
         help=f"largest allowed |loss difference| at any step (default: derived like the report's: "
         f"{DEFAULT_LOSS_TOL:g} for fp32, 32 ulp x median |loss| for bf16/fp16, or 3 x the spread between "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from dstui.commands import _argtypes
+
 DESCRIPTION = """\
 Import a folder of old results (or one log file) into MLflow.
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="MLflow experiment to import into (created if missing; default: imported)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=1, metavar="N",
+        "--warmup", type=_argtypes.count(0), default=1, metavar="N",
         help="leading logged steps of each run that reports exclude from statistics "
         "(old logs do not say; the first step usually includes compilation; default: 1)",
     )

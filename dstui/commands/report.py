@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dstui.commands import _argtypes
+
 DESCRIPTION = """\
 Build a report from the runs MLflow holds (launched, imported, or on a team
 server): report.md with PNG charts beside it, runs.csv, conditions.csv and
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(label or condition name; default: the first condition)",
     )
     parser.add_argument(
-        "--tolerance", type=float, default=None, metavar="TOL",
+        "--tolerance", type=_argtypes.tolerance, default=None, metavar="TOL",
         help="loss parity: PASS when max |mean loss - baseline mean loss| over common steps "
         "is at most TOL (default: derived from the runs: 1e-3 for fp32, 32 ulp x median |loss| for "
         "bf16/fp16, or 3 x the spread between repeats when larger; the report says which)",

@@ -13,7 +13,7 @@ import sys
 import time
 
 from dstui.analysis import forecast
-from dstui.commands import _machine
+from dstui.commands import _argtypes, _machine
 from dstui.commands._common import batch_notes
 from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the exact commands; launch nothing")
     p.add_argument(
         "--parallel",
-        type=int,
+        type=_argtypes.count(0, " (0 = auto)"),
         default=0,
         metavar="N",
         help="runs at a time, each on its own GPUs (default 0 = auto: as many as fit on "
@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     slurm.add_argument("--account", help="sbatch --account (spec: slurm.account)")
     slurm.add_argument("--time-limit", metavar="T", help="per job, e.g. 30m, 2h, 1-00:00:00 (spec: slurm.time_limit)")
     slurm.add_argument(
-        "--max-jobs", type=int, metavar="N", help="at most N jobs pending or running at once (default: all; --parallel is for local runs)"
+        "--max-jobs", type=_argtypes.count(1), metavar="N", help="at most N jobs pending or running at once (default: all; --parallel is for local runs)"
     )
     p.add_argument(
         "--skip-predicted-oom",

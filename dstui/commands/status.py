@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from dstui.commands import _machine
+from dstui.commands import _argtypes, _machine
 from dstui.commands._common import batch_notes, runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.commands._tables import terminal_width
@@ -28,7 +28,7 @@ from dstui.execute import creation, supervisor
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch", nargs="?", help="batch id, folder or shell pattern over ids (default: the newest batches)")
-    p.add_argument("-n", type=int, default=3, help="how many recent batches to show (default 3)")
+    p.add_argument("-n", type=_argtypes.count(1), default=3, help="how many recent batches to show (default 3)")
     p.add_argument("--no-takeover", action="store_true", help="do not restart dead supervisors")
     p.add_argument("--follow", "-f", action="store_true",
                    help="follow the batch (the newest, or BATCH) until its runs end, as `dstui run` does")  # fmt: skip

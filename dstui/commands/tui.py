@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dstui.commands import _argtypes
 from dstui.core.errors import DstuiError
 
 
@@ -14,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--live", action="store_true", help="open the live view on that batch")
     p.add_argument(
         "--parallel",
-        type=int,
+        type=_argtypes.count(0, " (0 = auto)"),
         default=0,
         metavar="N",
         help="runs at a time for batches launched here, as `dstui run --parallel` (default 0 = auto: "

@@ -7,13 +7,14 @@ import os
 import shlex
 import sys
 
+from dstui.commands import _argtypes
 from dstui.core import paths
 from dstui.core.secrets import strip_credentials
 from dstui.tracking import client as tracking
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=_argtypes.port, default=5000)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--start", action="store_true", help="start it instead of printing it")
     p.add_argument("--batch", help="the batch whose runs the printed link compares (default: the newest)")

@@ -30,8 +30,16 @@ MAX_PARAMS_PER_CALL = 100
 
 
 def _quiet_mlflow() -> None:
+    """MLflow's INFO lines ("Creating initial MLflow database tables...") kept out of dstui's output.
+
+    After the import: importing mlflow configures its loggers and sets them to INFO
+    again, so levels set before it are lost (the first command on a new store
+    printed that line on stderr).
+    """
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import logging
+
+    import mlflow  # noqa: F401 - configures the loggers set below
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -149,3 +149,12 @@ def test_list_json_without_library_noise(tmp_path: Path) -> None:
     loud = cli("list", str(SPECS / "smoke.yaml"), "--no-history", "-v", cwd=tmp_path, env={**env, "DSTUI_CACHE": str(tmp_path / "c2")})
     assert loud.returncode == 0 and loud.stdout.startswith("#  run")  # the table opens the output
     assert "Setting accelerator" not in loud.stdout and "Setting accelerator to CPU" in loud.stderr  # -v: on stderr
+
+
+def test_a_new_store_says_nothing_of_its_tables(tmp_path: Path) -> None:
+    """The first command on a new MLflow store printed MLflow's 'Creating initial MLflow database tables...'."""
+    env = {**user_env(tmp_path), "DSTUI_HOME": str(tmp_path / "home")}
+    proc = cli("report", "-e", "nosuch", "-o", str(tmp_path / "r"), cwd=tmp_path, env=env)
+    assert (tmp_path / "home" / "mlruns" / "mlflow.db").exists()  # the store was made by this command
+    assert proc.returncode == exit_codes.NOT_FOUND and "no MLflow experiment named 'nosuch'" in proc.stderr
+    assert "INFO" not in proc.stderr and "database tables" not in proc.stderr, proc.stderr

@@ -295,3 +295,53 @@ def test_fitted_table_keeps_every_value_or_names_where_it_went(rows: list[list[s
     if max(map(len, table([r[:2] for r in rows], header[:2]).split("\n"))) <= width:
         # what must stay (# and run) fits: then so does everything printed
         assert max(map(len, out.split("\n"))) <= width, out
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--experiment", "x", "--baseline", "y", "--loss-tol", "-1"],
+    ["compare", "--experiment", "x", "--baseline", "y", "--loss-tol", "nan"],
+    ["report", "-e", "x", "-o", "out", "--tolerance", "inf"],
+    ["import", "logs", "--warmup", "-1"],
+    ["bisect", "--good", "a", "--bad", "b", "--metric", "loss", "--repeats", "0"],
+    ["run", "spec.yaml", "--parallel", "-2"],
+    ["status", "-n", "0"],
+    ["ui", "--port", "70000"],
+    ["cancel", ""],
+])  # fmt: skip
+def test_out_of_range_numbers_and_empty_refs_are_refused_before_anything_runs(argv, capsys) -> None:
+    """`--loss-tol -1` used to run and print '|diff| 0 > -1'; `--loss-tol nan` turned the loss check off."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == exit_codes.BAD_INPUT and "Traceback" not in err
+    assert re.search(rf"error: argument {re.escape(argv[-2]) if argv[-1] != '' else 'REF'}", err), err
+
+
+@settings(max_examples=fuzz_examples(300), deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.text(max_size=8)))
+def test_a_tolerance_is_taken_exactly_when_it_is_a_finite_number_at_least_zero(text: str) -> None:
+    import argparse
+    import math
+
+    from dstui.commands._argtypes import tolerance
+
+    try:
+        value = float(text)
+        good = math.isfinite(value) and value >= 0
+    except ValueError:
+        good = False
+    if good:
+        assert tolerance(text) == float(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            tolerance(text)
+
+
+def test_bisect_names_its_own_options_and_refuses_a_bare_relative_threshold_of_one_or_more(home, capsys) -> None:
+    """'--threshold 5' for iter_time was taken as 500%; a missing condition was blamed on '--only'."""
+    spec = str(Path(__file__).resolve().parents[2] / "configs" / "experiments" / "smoke.yaml")
+    base = ["bisect", spec, "--good", "a", "--bad", "b", "--repo", str(home), "--no-validate"]
+    code, _, err = cli_run(capsys, *base, "--condition", "zz", "--metric", "loss")
+    assert code == exit_codes.BAD_INPUT and "field '--condition': no condition matches 'zz'" in err and "--only" not in err
+    code, _, err = cli_run(capsys, *base, "--condition", "z1", "--metric", "iter_time", "--threshold", "5")
+    assert code == exit_codes.BAD_INPUT and "5 means 500%; write 5% (or 0.05)" in err
