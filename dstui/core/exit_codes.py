@@ -15,7 +15,8 @@ INTERRUPTED = 130  # Ctrl-C (the runs go on)
 
 HELP = """\
 exit status (the same for every command):
-  0    done: every run done (or skipped), or the command did its work
+  0    done: every run done (or skipped), or the command did its work (status without
+       --follow: no run failed or was cancelled so far; --follow waits for the end)
   1    a run failed or was cancelled (run, status); bisect: ambiguous; import: nothing imported
   2    bad input: arguments, spec or request refused; nothing was changed
   3    nothing found: no such batch or run, no batches, a pattern that matches nothing

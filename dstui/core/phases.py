@@ -55,10 +55,11 @@ class Breakdown:
         return {**asdict(self), "step_share": self.step_share}
 
     def line(self) -> str:
-        """One line for `dstui status`: '12.3 s: launch 4.1, imports 3.0, ... (steps 8% of wall)'."""
+        """One line for `dstui status`: '12.3 s: launch 4.1, ... (optimizer steps 8% of wall, compile included)'."""
         parts = [f"{k} {getattr(self, k):.1f}" for k in SEGMENTS if getattr(self, k) is not None]
         head = f"{self.wall:.1f} s: " if self.wall is not None else ""
-        share = f" (steps {self.step_share:.0%} of wall)" if self.step_share is not None else ""
+        # the share counts every optimizer step whole, the first one's compile too: not the 'steps' segment
+        share = f" (optimizer steps {self.step_share:.0%} of wall, compile included)" if self.step_share is not None else ""
         return head + ", ".join(parts) + share
 
 

@@ -108,7 +108,7 @@ def test_breakdown_adds_up_to_the_wall_time(tmp_path: Path) -> None:
     assert b.wall == 19.0  # the wrapper's exit time, not the supervisor's later notice
     assert sum(getattr(b, s) for s in phases.SEGMENTS) == pytest.approx(b.wall)
     assert b.step_share == pytest.approx(6.0 / 19.0)
-    assert "launch 2.0" in b.line() and "steps 32% of wall" in b.line()
+    assert "launch 2.0" in b.line() and "(optimizer steps 32% of wall, compile included)" in b.line()
     stored = phases.from_status({"phases": b.as_dict()})
     assert stored == b
     st = [{"started": t0, "ended": t0 + 19, "phases": b.as_dict()},
