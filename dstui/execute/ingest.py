@@ -229,7 +229,7 @@ def sample_system(t: Tracked, st: dict, interval_s: float, now: float) -> None:
         return
     t.last_sample = now
     if t.tree is None and st.get("pid"):
-        t.tree = sysmetrics.ProcessTreeSampler(st["pid"])
+        t.tree = sysmetrics.ProcessTreeSampler(st["pid"], wrapper=True)
     rec = sysmetrics.sample(t.tree, st.get("gpu_slice"))
     if rec is None:  # the job has ended: no reading of it
         return

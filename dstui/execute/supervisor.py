@@ -268,7 +268,7 @@ class Supervisor:
         t = self.follower.tracked_of(rd)
         t.proc = handle
         pid = rd.status().get("pid")
-        t.tree = sysmetrics.ProcessTreeSampler(pid) if pid else None
+        t.tree = sysmetrics.ProcessTreeSampler(pid, wrapper=True) if pid else None
         log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
         startup_trace.mark("run_launched", "supervisor")
         self._untracked.append(rd)

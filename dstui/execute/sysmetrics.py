@@ -116,12 +116,26 @@ class ProcessTreeSampler:
     interval, so Process objects are kept between samples.
     """
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, wrapper: bool = False) -> None:
+        """``wrapper``: ``pid`` is dstui's run wrapper, whose children are the job (see :meth:`sample`)."""
         self.pid = pid
+        self.wrapper = wrapper
         self._procs: dict[int, psutil.Process] = {}
+        self._had_children = False
+        psutil.cpu_percent(None)  # the host's interval starts here, so its first reading measures one
 
     def sample(self) -> dict[str, float]:
-        """The tree's readings; empty once the job is gone (its launcher exited: a zombie counts as gone)."""
+        """The tree's readings; empty once the job is gone.
+
+        Gone: its root exited (a zombie counts as gone), or, for a run wrapper, the job
+        it started has exited and only the wrapper is left, recording the exit. A
+        reading then is the wrapper's own 19 MB and 1 process: shown as a run's last
+        value (MLflow's headline) it read as "this condition uses almost no memory".
+        (A rank's own tree, as the node sampler follows, may lose helper children
+        and go on: there the rule does not apply.)
+        The job's CPU is left out of a reading where no process was seen before:
+        psutil's first cpu_percent of a process is 0.0, not a measurement.
+        """
         try:
             root = psutil.Process(self.pid)
             if root.status() == psutil.STATUS_ZOMBIE:
@@ -129,17 +143,30 @@ class ProcessTreeSampler:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return {}
+        if len(procs) > 1:
+            self._had_children = True
+        elif self._had_children and self.wrapper:
+            return {}
         cpu = 0.0
+        measured = False
         rss = 0.0
         alive = {}
         for p in procs:
-            known = self._procs.get(p.pid, p)
-            alive[p.pid] = known
+            known = self._procs.get(p.pid)
             with contextlib.suppress(psutil.Error):
-                cpu += known.cpu_percent(None)
+                if known is None:
+                    known = p
+                    known.cpu_percent(None)  # starts this process's interval
+                else:
+                    cpu += known.cpu_percent(None)
+                    measured = True
                 rss += known.memory_info().rss
+            alive[p.pid] = known
         self._procs = alive
-        return {"job_cpu_percent": cpu, "job_rss_bytes": rss, "job_processes": float(len(procs))}
+        out = {"job_rss_bytes": rss, "job_processes": float(len(procs))}
+        if measured:
+            out["job_cpu_percent"] = cpu
+        return out
 
 
 def host_readings() -> dict[str, float]:

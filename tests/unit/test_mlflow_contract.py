@@ -158,6 +158,36 @@ def test_only_samples_taken_while_the_job_lived() -> None:
     assert sysmetrics.sample(None, [])["cpu_percent"] >= 0  # a host reading without a job still is one
 
 
+def test_no_reading_once_the_ranks_are_gone_and_no_cpu_before_an_interval() -> None:
+    """A launcher left alone after its ranks exited gave the run's last reading: 19 MB, 1 process, 0.5% CPU."""
+    import subprocess
+    import sys
+    import time
+
+    launcher = ("import subprocess, sys, time; "
+                "subprocess.run([sys.executable, '-c', 'import time; time.sleep(1.5)']); time.sleep(30)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", launcher])  # a launcher and one rank
+    tree = sysmetrics.ProcessTreeSampler(proc.pid, wrapper=True)
+    rank_tree = sysmetrics.ProcessTreeSampler(proc.pid)  # the same tree followed as a rank's
+    try:
+        deadline = time.time() + 10
+        while len(psutil.Process(proc.pid).children()) == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert rank_tree.sample()["job_processes"] == 2
+        first = tree.sample()
+        assert first["job_processes"] == 2 and "job_cpu_percent" not in first  # no interval yet: no CPU figure
+        second = tree.sample()
+        assert second["job_processes"] == 2 and second["job_cpu_percent"] >= 0
+        while psutil.Process(proc.pid).children() and time.time() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(proc.pid).is_running()  # the launcher lives on ...
+        assert tree.sample() == {} and sysmetrics.sample(tree, []) is None  # ... but the job is over
+        assert rank_tree.sample()["job_processes"] == 1  # a rank that lost a helper child goes on
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_parent_run_carries_the_batch() -> None:
     info = {"id": "b-1", "spec_path": "/x/s.yaml", "runs": ["z0-r0", "z1-r0"],
             "spec": {"description": "ZeRO 0 vs 1", "axes": {"zero_stage": [0, 1]}, "baseline": "z0", "repeats": 1,
