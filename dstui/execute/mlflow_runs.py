@@ -103,6 +103,25 @@ class MlflowRuns(StoreConnection):
             self.down(e)
             return None
 
+    def _label_index(self, spec: dict) -> int:
+        """Where this run's condition (and revision) first comes among the batch's runs: its colour.
+
+        Repeats share their condition's colour; a batch of up to ten conditions gets ten colours.
+        """
+        names = tuple(self.info.get("runs", []))
+        cached = getattr(self, "_labels", None)
+        if cached is None or cached[0] != names:  # once per batch layout, not once per child
+            labels: list[tuple[Any, Any]] = []
+            for name in names:
+                other = RunDir(self.batch.path / name).spec()
+                label = (other.get("condition"), other.get("revision"))
+                if label not in labels:
+                    labels.append(label)
+            self._labels = cached = (names, labels)
+        labels = cached[1]
+        mine = (spec.get("condition"), spec.get("revision"))
+        return labels.index(mine) if mine in labels else len(labels)
+
     def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
         spec = rd.spec()
         settings = rd.settings()
@@ -120,6 +139,7 @@ class MlflowRuns(StoreConnection):
             **tracking.host_tags(),
             **tracking.standard_tags(source_of(settings)),
             tracking.NOTE: run_note(rd.name, spec, self.batch.id, self.experiment_id, parent),
+            tracking.RUN_COLOR: tracking.run_color(self._label_index(spec)),
         }
         rev = spec.get("revision_info") or {}
         if rev:

@@ -131,6 +131,8 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     (parent,) = client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'batch'")
     children = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")}
     run_page = f"{mlflow_ui}/#/experiments/{exp.experiment_id}/runs"
+    # one colour per condition, told apart (MLflow's own pick gave two conditions one pink)
+    assert [children[n].data.tags.get("mlflow.runColor") for n in ("z0-r0", "z1-r0")] == ["#1f77b4", "#ff7f0e"]
 
     # a run's System metrics tab draws MLflow-named charts
     browser.get(f"{run_page}/{children['z0-r0'].info.run_id}/system-metrics")
