@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "mlflow", *argv[1:]])
     print(strip_credentials(shlex.join(argv)))
     print(f"\nover SSH: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
-          f"then open http://127.0.0.1:{args.port}")  # fmt: skip
+          f"then open http://127.0.0.1:{args.port}/#/experiments?{tracking.UI_MODE}")  # fmt: skip
     link = batch_link(args.batch, f"http://127.0.0.1:{args.port}")
     if link:
         print(f"\nthe batch's runs side by side: {link}")

@@ -232,7 +232,7 @@ def source_of(settings: dict[str, Any]) -> str:
 
 def run_note(name: str, spec: dict[str, Any], batch: str, experiment_id: str | None, parent_id: str) -> str:
     """A child run's MLflow description: what it is, and a link to its batch (the parent run)."""
-    link = f"#/experiments/{experiment_id}/runs/{parent_id}" if experiment_id else ""
+    link = f"#/experiments/{experiment_id}/runs/{parent_id}?{tracking.UI_MODE}" if experiment_id else ""
     batch_ref = f"[{batch}]({link})" if link else f"`{batch}`"
     return (f"Run `{name}` of batch {batch_ref}: condition `{spec.get('condition')}`, "
             f"revision `{spec.get('revision')}`, repeat {spec.get('repeat')}.")  # fmt: skip

@@ -85,17 +85,28 @@ def use_wal(uri: str) -> bool:
         return False
 
 
+# MLflow's UI shows a page in its GenAI layout (traces, evaluations) unless the address says otherwise;
+# every link dstui gives carries this, and the experiment's kind (below) points its own page there too
+UI_MODE = "workflowType=machine_learning"
+# MLflow's UI opens an experiment without this tag in its GenAI layout (traces, evaluations, judges)
+# and guesses later; training runs belong in its model-training layout from the first visit.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def ensure_experiment(c: MlflowClient, name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        if EXPERIMENT_KIND[0] not in (exp.tags or {}):  # older experiments; a kind the user chose stays
+            with contextlib.suppress(Exception):
+                c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
         return exp.experiment_id
     location = None
     if c.tracking_uri.startswith("sqlite:"):
         location = f"{paths.artifact_root()}/{name}"
     try:
-        return c.create_experiment(name, artifact_location=location)
+        return c.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
     except Exception:  # another process created it first
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -338,7 +349,8 @@ def compare_url(base: str, experiment_id: str, run_ids: list[str]) -> str:
     def as_list(items: list[str]) -> str:
         return quote(json.dumps(items, separators=(",", ":")), safe="")
 
-    return f"{base.rstrip('/')}/#/compare-runs?runs={as_list(run_ids)}&experiments={as_list([experiment_id])}"
+    return (f"{base.rstrip('/')}/#/compare-runs?runs={as_list(run_ids)}&experiments={as_list([experiment_id])}"
+            f"&{UI_MODE}")  # fmt: skip
 
 
 def ping(c: MlflowClient) -> bool:

@@ -131,11 +131,13 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     (parent,) = client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'batch'")
     children = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.`dstui.role` = 'run'")}
     run_page = f"{mlflow_ui}/#/experiments/{exp.experiment_id}/runs"
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"  # not opened as a GenAI app
     # one colour per condition, told apart (MLflow's own pick gave two conditions one pink)
     assert [children[n].data.tags.get("mlflow.runColor") for n in ("z0-r0", "z1-r0")] == ["#1f77b4", "#ff7f0e"]
 
     # a run's System metrics tab draws MLflow-named charts
-    browser.get(f"{run_page}/{children['z0-r0'].info.run_id}/system-metrics")
+    mode = "?workflowType=machine_learning"  # as every link dstui gives (its model-training layout)
+    browser.get(f"{run_page}/{children['z0-r0'].info.run_id}/system-metrics{mode}")
     traces = "document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length"
     until("system-metric charts", lambda: browser.execute_script(f"return {traces}") >= 3)
     close_assistant(browser)
@@ -163,14 +165,17 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     shot(browser, "compare-diff-only", tmp_path)
 
     # the parent run: the spec's description, the axes as params
-    browser.get(f"{run_page}/{parent.info.run_id}")
+    browser.get(f"{run_page}/{parent.info.run_id}{mode}")
     close_assistant(browser)
     until("the batch's description", lambda: data["description"] in body_text(browser))
+    # MLflow's model-training layout, not its GenAI one ("Evaluations", "Evaluation runs", "Judges")
+    until("the model-training layout", lambda: "uicheck\nRuns\n" in body_text(browser))
+    assert "Evaluation runs" not in body_text(browser) and "Judges" not in body_text(browser)
     assert "axis.zero_stage" in body_text(browser) and "baseline" in body_text(browser)
     shot(browser, "parent-run", tmp_path)
 
     # the report's images render in the artifact preview
-    browser.get(f"{run_page}/{parent.info.run_id}/artifacts/report.html")
+    browser.get(f"{run_page}/{parent.info.run_id}/artifacts/report.html{mode}")
     close_assistant(browser)
     frame = until("the report preview", lambda: browser.find_element("css selector", "iframe.mlflow-html-iframe"))
     browser.switch_to.frame(frame)

@@ -196,7 +196,7 @@ def test_parent_run_carries_the_batch() -> None:
     assert note.startswith("ZeRO 0 vs 1") and "`zero_stage`: 0, 1" in note and "baseline: `z0`" in note
     assert batch_params(info["spec"]) == {"axis.zero_stage": "[0, 1]", "baseline": "z0", "repeats": "1"}
     link = run_note("z1-r0", {"condition": "z1", "revision": "installed", "repeat": 0}, "b-1", "7", "pid9")
-    assert "[b-1](#/experiments/7/runs/pid9)" in link
+    assert "[b-1](#/experiments/7/runs/pid9?workflowType=machine_learning)" in link  # its training layout
 
 
 def test_report_preview_embeds_its_images_and_no_live_html(tmp_path: Path) -> None:
@@ -216,7 +216,8 @@ def test_report_preview_embeds_its_images_and_no_live_html(tmp_path: Path) -> No
 
 def test_compare_url_selects_the_batch_runs() -> None:
     url = tracking.compare_url("http://127.0.0.1:5000/", "3", ["a1", "b2"])
-    assert url == "http://127.0.0.1:5000/#/compare-runs?runs=%5B%22a1%22%2C%22b2%22%5D&experiments=%5B%223%22%5D"
+    assert url == ("http://127.0.0.1:5000/#/compare-runs?runs=%5B%22a1%22%2C%22b2%22%5D&experiments=%5B%223%22%5D"
+                   "&workflowType=machine_learning")
 
 
 def test_ingest_sends_summaries_at_step_0_and_system_readings_by_seconds_since_launch(tmp_path: Path) -> None:
