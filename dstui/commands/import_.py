@@ -24,8 +24,17 @@ Each log becomes an MLflow child run (condition from metadata.json or the
 file name, settings as params, every step as metrics) under a parent run
 tagged dstui.batch=import-<folder name>. A log that holds several runs is split
 at each summary line. Lines that look like records but do not parse are
-counted and reported, never fatal. X.log and X_detailed.log with the same
-steps are imported once.
+counted and reported, never fatal; a step line is imported or counted, not
+both (a nan/inf loss beside a time is imported without the loss, and a run
+with no usable loss at all is failed). A job restarted into the same log
+(steps going backwards) stays one run: the first attempt to log a step wins,
+repeats are counted. X.log and X_detailed.log with the same steps are
+imported once. Unreadable files and folders are skipped with why.
+Folders logs_<rev>_runN give revision and repeat (runN numbered from 1,
+or from 0 when a run0 is there), shown per run.
+
+Ctrl-C marks the partial batch killed; importing the same path again
+replaces it (no --force needed).
 
 examples:
   dstui import results_20250617_035117/
@@ -54,16 +63,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Import and print what happened; 1 when nothing could be imported."""
-    from dstui.core import names
-    from dstui.importer.seedlogs import import_dir
+    """Import and print what happened; 1 when nothing could be imported, 130 when interrupted.
+
+    SIGTERM is taken as Ctrl-C while importing, so a killed import still marks its partial
+    runs (an import killed outright leaves them RUNNING, for ``--force`` to replace)."""
+    import signal
+    import sys
+
+    from dstui.core import exit_codes, names
+    from dstui.importer.seedlogs import ImportInterrupted, import_dir
 
     names.check(args.experiment, field="--experiment")  # an MLflow name: the rule of every name
-    import sys
 
     def say(line: str) -> None:  # progress of a large log, beside (not in) the result on stdout
         print(line, file=sys.stderr, flush=True)
 
-    result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force, progress=say)
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    installed = False
+    try:
+        before = signal.signal(signal.SIGTERM, interrupt)
+        installed = True
+    except ValueError:  # not the main thread (the TUI): SIGTERM stays as it is
+        before = None
+    try:
+        result = import_dir(args.path, args.experiment, warmup=args.warmup, force=args.force, progress=say)
+    except ImportInterrupted as e:
+        print(f"\ndstui: {e}", file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
     print(result.summary_text())
     return 0 if result.runs else 1

@@ -10,6 +10,18 @@ only counts, a digest and the few smallest steps unless asked for its steps; the
 steps themselves go to ``on_step`` as they are read. Whatever a file holds (binary,
 a step beyond 64 bits, ``Loss: abc``), parsing never raises: a line that looks like
 a record but cannot be one is a counted malformed line.
+
+Every step line is either imported or counted, never both: a line with nothing MLflow
+can store (``Loss: nan`` alone) is malformed; one with a non-finite value beside
+storable ones (``Loss: nan ... time: 0.1``) is imported without that value and counted
+as *partial* (a run none of whose steps has a usable loss is then no clean run).
+
+A job restarted into the same log (steps 1-5, then 1-5 again) follows dstui's rule for
+attempts (:mod:`dstui.core.attempt_steps`, the supervisor's and every reader's): **the
+first attempt to log a step wins**. In a seed log nothing marks an attempt, so a step
+number going backwards opens one; a step logged again right away (a second, truncated
+``Step 6`` line) is a repeat. Repeats are counted, never sent, so an imported log reads
+as a run dstui launched would. dstui's own metrics.jsonl marks attempts with records.
 """
 
 from __future__ import annotations
@@ -24,7 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.records import (
+    ATTEMPT,
+    STEP,
     BadRecord,
     in_int64,
     parse_json_record,
@@ -75,6 +90,37 @@ class Segment:
     count: int = 0
     smallest: list[int] = field(default_factory=list)  # the smallest distinct steps, ascending
     digest: Any = field(default_factory=hashlib.sha1, repr=False)  # of (step, loss, iter_time) in order
+    attempts: AttemptSteps = field(default_factory=AttemptSteps)
+    last: int | None = None  # the step of the previous step line (kept or not)
+    repeats: int = 0  # a step line of the step just logged (not an attempt's repeat)
+    no_loss: int = 0  # steps kept without a usable loss (nan/inf: the rest of the line kept)
+
+    @property
+    def repeated(self) -> int:
+        """Step lines left out because their step was logged before (first one wins)."""
+        return self.repeats + self.attempts.repeated
+
+    @property
+    def restarts(self) -> int:
+        """How often the steps went backwards: a job started again, appending to the log."""
+        return self.attempts.starts
+
+    def admit(self, rec: dict[str, Any], *, marked: bool = False) -> bool:
+        """Whether a step (or, when ``marked``, attempt) record is kept, by the first-attempt-wins rule.
+
+        ``marked``: the file marks attempts itself (metrics.jsonl), so several records of one
+        step within an attempt all count, as the supervisor counts them."""
+        if marked:
+            return self.attempts.keep(rec)
+        step = rec["step"]
+        if self.last is not None:
+            if step == self.last:
+                self.repeats += 1
+                return False
+            if step < self.last:
+                self.attempts.keep({"type": ATTEMPT})
+        self.last = step
+        return self.attempts.keep({"type": STEP, "step": step})
 
     def add(self, rec: dict[str, Any], keep: bool) -> None:
         step = rec["step"]
@@ -101,6 +147,7 @@ class ParsedLog:
     lines: int = 0
     malformed: int = 0
     malformed_examples: list[str] = field(default_factory=list)
+    partial: int = 0  # step lines imported without a value MLflow cannot store (nan, inf, too large)
     failure: str = ""
     header: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # deepspeed, torch, ..., deepspeed_git_sha
@@ -109,6 +156,10 @@ class ParsedLog:
     @property
     def step_count(self) -> int:
         return sum(s.count for s in self.segments)
+
+    @property
+    def repeated(self) -> int:
+        return sum(s.repeated for s in self.segments)
 
     def signature(self) -> str:
         """The steps of every segment, hashed: two files with the same steps import once."""
@@ -258,11 +309,13 @@ def parse_log(
     parsed = ParsedLog(path=path, segments=segments, config=config, header=header)
     failure, last_exc = "", ""
 
-    def step(rec: dict[str, Any], line: str) -> None:
-        rec = _clean_step(parsed, rec, line)
-        if len(rec) <= 3 and not set(rec) - {"type", "step", "epoch"}:
-            return  # nothing of it can be stored (a NaN loss alone): counted, not a step
-        segments[-1].add(rec, keep_steps)
+    def step(raw: dict[str, Any], line: str) -> None:
+        seg = segments[-1]
+        rec, lost = _clean_step(parsed, raw, line)
+        if rec is None or not seg.admit(rec):
+            return  # counted: malformed, or a repeat of a step logged before
+        _kept(parsed, seg, rec, lost)
+        seg.add(rec, keep_steps)
         if on_step is not None:
             on_step(len(segments) - 1, rec)
 
@@ -320,13 +373,27 @@ def parse_log(
     return parsed
 
 
-def _clean_step(parsed: ParsedLog, rec: dict[str, Any], line: str) -> dict[str, Any]:
-    """Only what MLflow can store: non-finite or too-large values are left out, and the line counted."""
+def _clean_step(parsed: ParsedLog, rec: dict[str, Any], line: str) -> tuple[dict[str, Any] | None, bool]:
+    """(what MLflow can store of a step, whether a value was left out); None when that is nothing.
+
+    A line is imported or counted bad, never both: one with nothing storable (a NaN loss
+    alone) is malformed here; one that keeps something (its time, its memory) but loses a
+    non-finite value is imported and counted as partial by :func:`_kept`.
+    """
     values, dropped = split_metrics(rec)
-    if dropped:
-        _malformed(parsed, line)
     keep = {k: v for k, v in rec.items() if k in ("type", "step", "epoch") and in_int64(v)}
-    return {**keep, **values}
+    if not values or not isinstance(keep.get("step"), int):
+        _malformed(parsed, line)
+        return None, bool(dropped)
+    return {**keep, **values}, bool(dropped)
+
+
+def _kept(parsed: ParsedLog, seg: Segment, rec: dict[str, Any], lost: bool) -> None:
+    """Counts of a step that is imported: partial when a value was left out, and no loss."""
+    if lost:
+        parsed.partial += 1
+    if "loss" not in rec:
+        seg.no_loss += 1
 
 
 def _versions_of(line: str, out: dict[str, str]) -> None:
@@ -362,14 +429,17 @@ def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progres
             continue
         if rec is None:
             continue
-        if rec["type"] == "header":
+        if rec["type"] == ATTEMPT:
+            seg.admit(rec, marked=True)
+        elif rec["type"] == "header":
             parsed.jsonl_header = rec
             if isinstance(rec.get("config"), dict):
                 parsed.config.update(rec["config"])
         elif rec["type"] == "step":
-            rec = _clean_step(parsed, rec, line)
-            if not set(rec) - {"type", "step", "epoch"}:
-                continue  # nothing of it can be stored: counted, not a step
+            rec, lost = _clean_step(parsed, rec, line)
+            if rec is None or not seg.admit(rec, marked=True):
+                continue  # counted: malformed, or a later attempt's repeat
+            _kept(parsed, seg, rec, lost)
             seg.add(rec, keep_steps)
             if on_step is not None:
                 on_step(0, rec)

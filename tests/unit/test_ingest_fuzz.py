@@ -179,10 +179,15 @@ def test_json_nested_past_the_recursion_limit_is_a_bad_line_not_a_crash() -> Non
 
 @st.composite
 def old_logs(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, float]], int]:
-    """(a seed-format log, its valid (step, loss) in order, how many malformed lines at least)."""
+    """(a seed-format log, the (step, loss) an import keeps, in order; how many malformed lines at least).
+
+    Steps come in any order. A step at or below the highest one so far is a restarted job's
+    repeat, which the first attempt wins (dstui.core.attempt_steps): not kept, counted.
+    """
     out = bytearray()
     valid: list[tuple[int, float]] = []
     bad = 0
+    top = -1
     for _ in range(draw(st.integers(0, 10))):
         what = draw(st.sampled_from(["valid", "valid", "hostile", "bytes"]))
         if what == "valid":
@@ -190,7 +195,9 @@ def old_logs(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, float]], int]:
             loss = draw(st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))
             line, value = _valid("seed", step, loss)
             out += line
-            valid.append((step, value))
+            if step > top:
+                valid.append((step, value))
+                top = step
         elif what == "hostile":
             kind = draw(st.sampled_from([k for k in HOSTILE_KINDS if k != "oversize"]))
             out += _hostile("seed", kind, draw(st.integers(0, 1000)), draw(st.text(max_size=8)))
