@@ -29,9 +29,9 @@ __all__ = ["RunSample", "format_table", "load_samples", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", required=True, help="MLflow experiment (the spec's name)")
+    parser.add_argument("--experiment", "-e", required=True, help="MLflow experiment (the spec's name)")
     parser.add_argument("--baseline", required=True, help="revision name to compare against, e.g. stable")
-    parser.add_argument("--batch", help="batch id (default: the newest batch that ran the baseline)")
+    parser.add_argument("--batch", "-b", help="batch id (default: the newest batch that ran the baseline)")
     parser.add_argument(
         "--loss-tol",
         type=_argtypes.tolerance,
