@@ -185,7 +185,7 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
         dtype=dtype, world=world, clip=clip, client_optimizer=client_opt is not None, stage=stage,
         mirror_zero3_hooks=args.mirror_zero3_hooks)
     policy = parity_tolerance.choose(args.tolerance, rtol=args.rtol, atol=args.atol,
-                                     can_be_exact=exact_ok, why=why)
+                                     can_be_exact=exact_ok, why=why, dtype=dtype)
     measured = policy.mode == "measured"
     if not measured:
         baselines = baselines[:1]  # the twin only measures noise

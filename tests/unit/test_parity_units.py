@@ -69,6 +69,22 @@ def test_measured_tolerance_scales_the_twin_noise_to_each_tensor() -> None:
     assert pol.tolerance() == pytest.approx(parity_tolerance.SAFETY * 1e-3 * 4, rel=1e-4)
 
 
+def test_a_half_precision_loss_is_held_to_1e_4_of_itself_at_least_and_nothing_else_is() -> None:
+    """ZeRO-1 bf16 failed on a loss 4.7e-6 (relative) from the baseline: its twin had moved 1.5e-7."""
+    import torch
+
+    loss = torch.tensor(6.25)
+    for dtype, floor in (("bf16", 1e-4), ("fp16", 1e-4), ("fp32", parity_tolerance.FLOOR_REL)):
+        pol = parity_tolerance.choose("auto", rtol=0, atol=0, can_be_exact=False, why="x", dtype=dtype)
+        pol.noise.observe("loss", [(loss * (1 + 1.5e-7), loss)])
+        seen = pol.noise.rel["loss"]  # 1.5e-7 as float32 rounds it
+        assert pol.atol_for("loss", loss) == pytest.approx(max(parity_tolerance.SAFETY * seen, floor) * 6.25, rel=1e-6)
+        assert pol.atol_for("grad", torch.tensor([2.0])) == pytest.approx(parity_tolerance.FLOOR_REL * 2)  # only the loss
+        assert ("of the loss: half precision" in pol.basis()) == (dtype != "fp32")
+    bf16 = parity_tolerance.choose("auto", rtol=0, atol=0, can_be_exact=False, why="x", dtype="bf16")
+    assert 6.25 * 4.7e-6 < bf16.atol_for("loss", loss) < 6.25 * 2**-8  # the seen wander passes; one bf16 ulp does not
+
+
 def test_worst_lists_the_largest_differences_with_their_kind() -> None:
     import torch
 
