@@ -98,8 +98,8 @@ def _write_spec(path: Path, data: dict) -> Path:
 @pytest.mark.parametrize(
     ("data", "expect"),
     [
-        ({"name": "bad", "axes": {"zero_stage": [1, 5]}}, ["condition 'z5'", "field 'stage'", "Input should be 0, 1, 2, 3"]),
-        ({"name": "bad", "settings": {"zero_stagee": 1}}, ["field 'zero_stagee'", "unknown setting"]),
+        ({"name": "bad", "axes": {"zero_stage": [1, 5]}}, ["condition 'z5'", "field 'zero_stage'", "must be one of 0, 1, 2, 3 (got 5)"]),
+        ({"name": "bad", "settings": {"zero_stagee": 1}}, ["field 'settings.zero_stagee'", "unknown setting", "did you mean 'zero_stage'?"]),
         ({"name": "bad", "conditions": [{"name": "c0", "micro_batch": 0}]}, ["condition 'c0'", "field 'micro_batch'"]),
         ({"name": "bad", "settings": {"ds_config": "missing.json"}}, ["'missing.json' not found", "field 'ds_config'"]),
         ("name: bad\naxes: {zero_stage: [1, 2\n", ["invalid YAML at line"]),
