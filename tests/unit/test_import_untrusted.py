@@ -81,6 +81,7 @@ def unreadable_link(path: Path, target: Path) -> None:
 # ---- 1. unreadable input --------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # the CLI in a subprocess: the fast loop leaves it to the full suite
 def test_cli_skips_mode_000_files_and_folders_and_imports_the_rest(uri: str, tmp_path: Path) -> None:
     root = tmp_path / "old"
     root.mkdir()
@@ -103,6 +104,7 @@ def test_cli_skips_mode_000_files_and_folders_and_imports_the_rest(uri: str, tmp
     assert "skipped sub: permission denied" in done.stdout
 
 
+@pytest.mark.e2e  # the CLI in a subprocess: the fast loop leaves it to the full suite
 def test_cli_with_nothing_readable_says_so_in_one_line_exit_2(uri: str, tmp_path: Path) -> None:
     root = tmp_path / "old"
     root.mkdir()
@@ -193,6 +195,7 @@ def test_interrupted_import_is_marked_partial_and_rerun_replaces_it(
         import_dir(root, "big")  # a finished import is still protected
 
 
+@pytest.mark.e2e  # the CLI in a subprocess: the fast loop leaves it to the full suite
 def test_sigint_to_the_cli_says_what_to_run(uri: str, tmp_path: Path) -> None:
     root = tmp_path / "big"
     root.mkdir()
