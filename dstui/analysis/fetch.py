@@ -82,11 +82,10 @@ def newest_attempts(runs: list[RunData]) -> list[RunData]:
     newest: dict[str, tuple[int, RunData]] = {}
     kept: list[RunData] = []
     for run in runs:
-        folder, sep, attempt = run.tags.get(tag_keys.RUN_DIR, "").rpartition("#")
-        if not (sep and folder and attempt.isdigit()):
+        folder, n = tag_keys.split_run_dir(run.tags.get(tag_keys.RUN_DIR, ""))
+        if n is None:
             kept.append(run)
             continue
-        n = int(attempt)
         if folder not in newest or n > newest[folder][0]:
             newest[folder] = (n, run)
     return kept + [run for _, run in newest.values()]

@@ -70,6 +70,15 @@ BISECT_VERDICT = "dstui.bisect.verdict"
 BISECT_CHANGE = "dstui.bisect.change"
 
 
+def split_run_dir(value: str) -> tuple[str, int | None]:
+    """(run folder, attempt) of a :data:`RUN_DIR` value (``<folder>#<attempt>``, written by
+    dstui.execute.mlflow_runs.attempt_ref); the value and None when it carries no attempt number."""
+    folder, sep, attempt = value.rpartition("#")
+    if sep and folder and attempt.isdigit():
+        return folder, int(attempt)
+    return value, None
+
+
 def of(field: str) -> str:
     """The tag of a header field or setting: ``hostname`` -> ``dstui.hostname``."""
     return PREFIX + field

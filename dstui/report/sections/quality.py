@@ -214,7 +214,7 @@ def ds_config_of(run: RunData) -> dict[str, Any] | None:
         cfg = _json_object(read_artifact(run, rel)) if run.artifact_uri else None
         if cfg is not None:
             return cfg
-    folder = run.tags.get(tag_keys.RUN_DIR, "").rpartition("#")[0] or run.tags.get(tag_keys.RUN_DIR, "")
+    folder, _ = tag_keys.split_run_dir(run.tags.get(tag_keys.RUN_DIR, ""))
     if folder:
         path = Path(folder) / "ds_config.json"
         try:
