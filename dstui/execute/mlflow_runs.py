@@ -245,7 +245,7 @@ def batch_note(info: dict[str, Any]) -> str:
     """The parent run's MLflow description: the spec's own description, then what the batch is."""
     spec = info.get("spec") or {}
     lines = [str(spec.get("description") or "").strip()]
-    lines.append(f"Batch `{info.get('id', '')}` of spec `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
+    lines.append(f"{tracking.batch_note_lead(info.get('id', ''))} `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
     for axis, values in (spec.get("axes") or {}).items():
         lines.append(f"- axis `{axis}`: {', '.join(json.dumps(v) for v in values)}")
     if spec.get("baseline"):

@@ -18,6 +18,7 @@ from dstui.analysis.revision_compare import Comparison, compare, samples_from_ru
 from dstui.analysis.runs import ConditionStats, Parity, RunData
 from dstui.report import charts
 from dstui.report.found import NothingFound
+from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
 
 DEFAULT_TOLERANCE = FP32_TOLERANCE
@@ -129,9 +130,6 @@ class ReportContext:
         return next((c for c in self.train if c.label == self.baseline), None)
 
 
-NOTE_TAG = "mlflow.note.content"
-
-
 def _description(parents: dict[str, Any], exp: Any) -> str:
     """The spec's description: the batch parent run's note, else the experiment's ('' if none).
 
@@ -144,7 +142,7 @@ def _description(parents: dict[str, Any], exp: Any) -> str:
     if len(found) == 1:
         return found[0]
     tags = getattr(exp, "tags", None) or {}
-    return str(tags.get(NOTE_TAG, "")).strip() if isinstance(tags, dict) else ""
+    return str(tags.get(tracking.NOTE, "")).strip() if isinstance(tags, dict) else ""
 
 
 def parent_description(parent: Any) -> str:
@@ -154,7 +152,7 @@ def parent_description(parent: Any) -> str:
     UI: all of it is the description.
     """
     tags = getattr(getattr(parent, "data", None), "tags", None) or {}
-    note = str(tags.get(NOTE_TAG, ""))
-    marker = f"Batch `{tags.get(tag_keys.BATCH, '')}` of spec"
+    note = str(tags.get(tracking.NOTE, ""))
+    marker = tracking.batch_note_lead(tags.get(tag_keys.BATCH, ""))
     at = note.find(marker)
     return (note[:at] if at >= 0 else note).strip()

@@ -275,13 +275,19 @@ NOTE = "mlflow.note.content"  # MLflow's run/experiment description (markdown)
 RUN_COLOR = "mlflow.runColor"  # the colour MLflow's UI draws a run in (tables, charts, compare)
 # matplotlib's tab10, the report's palette too: ten colours a reader tells apart
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+SOURCE_TYPE = "LOCAL"  # MLflow's SourceType for a program started on this machine
 
 
 def run_color(index: int) -> str:
     """The colour of a batch's ``index``-th condition: MLflow's own pick (a hash of the run id) gave
     two of four conditions the same pink, so one's spike could not be told from the other."""
     return PALETTE[index % len(PALETTE)]
-SOURCE_TYPE = "LOCAL"  # MLflow's SourceType for a program started on this machine
+
+
+def batch_note_lead(batch_id: str) -> str:
+    """How dstui's own part of a batch parent's note begins (after the spec's description), so that
+    the report can take the description back out of it (dstui.execute.mlflow_runs.batch_note)."""
+    return f"Batch `{batch_id}` of spec"
 
 
 def standard_tags(source: str | None) -> dict[str, str]:
