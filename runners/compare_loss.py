@@ -307,11 +307,12 @@ def _train(args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
     verdict = "PASS" if first_step is None else "FAIL"
     if rank == 0:
         top = sorted(overall.items(), key=lambda kv: -kv[1])[:WORST_TOP]
+        mean_time = statistics.fmean(iter_times)
         writer.write(
             SUMMARY, steps=args.steps, warmup_steps=0,
-            iter_time_mean=statistics.fmean(iter_times), iter_time_std=statistics.pstdev(iter_times),
+            iter_time_mean=mean_time, iter_time_std=statistics.pstdev(iter_times),
             # total tokens / total time, as train.py's summary and the report (not a mean of per-step rates)
-            tokens_per_s_mean=tokens_per_step / statistics.fmean(iter_times) if statistics.fmean(iter_times) > 0 else 0.0,
+            tokens_per_s_mean=tokens_per_step / mean_time if mean_time > 0 else 0.0,
             compile_time=iter_times[0] if args.compile else 0.0, mem_peak_max=mem_peak_max,
             final_loss=final_loss, verdict=verdict, first_diverging_step=first_step,
             reason=first_reason or None,

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     from dstui.revisions.history import first_parent_line
 
     repeats = args.repeats or (3 if args.metric == "iter_time" else 1)
-    if repeats < 1 or (args.max_repeats is not None and args.max_repeats < repeats):
+    if args.max_repeats is not None and args.max_repeats < repeats:  # each is >= 1 (_argtypes.count)
         raise SpecError("--repeats must be >= 1 and --max-repeats >= --repeats", field="--repeats")
     if args.metric == "iter_time" and repeats < 2:
         raise SpecError("iter_time needs --repeats >= 2 (the test compares repeats)", field="--repeats")

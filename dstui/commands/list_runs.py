@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import textwrap
 from pathlib import Path
@@ -90,5 +91,5 @@ def print_json(
         runs.append(plan_record(r, forecasts.get(r.name), capacity, command=argv))
     emit({"experiment": p.spec.name, "spec": str(p.spec_path), "validated": validated,
           "gpu_memory": capacity, "runs": runs,
-          "cannot_work_here": [{"run": f.run, "field": f.field, "value": f.value, "reason": f.reason} for f in infeasible]})  # fmt: skip
+          "cannot_work_here": [dataclasses.asdict(f) for f in infeasible]})  # fmt: skip
     return 0

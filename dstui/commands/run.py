@@ -116,9 +116,6 @@ def run(args: argparse.Namespace) -> int:
     if args.spec is None:
         print("dstui: error: the following arguments are required: spec", file=sys.stderr)
         return 2
-    if args.parallel < 0:
-        print("dstui: error: --parallel must be 0 (auto) or more", file=sys.stderr)
-        return 2
     # the memory forecast asks MLflow for history: an unreachable server must cost seconds, not minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")

@@ -20,7 +20,7 @@ from dstui.commands._common import batch_notes, runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.commands._tables import terminal_width
 from dstui.core import exit_codes, paths, phases
-from dstui.core.errors import DstuiError, NotFound
+from dstui.core.errors import NotFound
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute import creation, supervisor
@@ -55,8 +55,6 @@ def chosen_batches(root: Path, ref: str | None, n: int) -> list[BatchDir]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.n < 1:
-        raise DstuiError("-n must be 1 or more")
     root = paths.runs_dir()
     creation.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
     fmt = _machine.wants(args)

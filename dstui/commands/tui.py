@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         spec_path=Path(spec).expanduser() if spec else None,
         batch_id=getattr(args, "batch", None),
         live=getattr(args, "live", False),
-        parallel=max(0, getattr(args, "parallel", 0) or 0),
+        parallel=getattr(args, "parallel", 0) or 0,  # never below 0: _argtypes.count
     )
     app.run()
     return int(app.return_code or 0)
