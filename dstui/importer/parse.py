@@ -310,14 +310,7 @@ def parse_log(
     failure, last_exc = "", ""
 
     def step(raw: dict[str, Any], line: str) -> None:
-        seg = segments[-1]
-        rec, lost = _clean_step(parsed, raw, line)
-        if rec is None or not seg.admit(rec):
-            return  # counted: malformed, or a repeat of a step logged before
-        _kept(parsed, seg, rec, lost)
-        seg.add(rec, keep_steps)
-        if on_step is not None:
-            on_step(len(segments) - 1, rec)
+        _take_step(parsed, len(segments) - 1, raw, line, marked=False, keep_steps=keep_steps, on_step=on_step)
 
     for line in read_lines(path, parsed, progress):
         try:
@@ -388,12 +381,26 @@ def _clean_step(parsed: ParsedLog, rec: dict[str, Any], line: str) -> tuple[dict
     return {**keep, **values}, bool(dropped)
 
 
-def _kept(parsed: ParsedLog, seg: Segment, rec: dict[str, Any], lost: bool) -> None:
-    """Counts of a step that is imported: partial when a value was left out, and no loss."""
+def _take_step(
+    parsed: ParsedLog, index: int, raw: dict[str, Any], line: str, *,
+    marked: bool, keep_steps: bool, on_step: StepSink | None,
+) -> None:  # fmt: skip
+    """One step line of either format into segment ``index``: kept, or counted (malformed, a repeat).
+
+    ``marked``: the file marks attempts with records (metrics.jsonl); see :meth:`Segment.admit`.
+    A kept step is counted partial when a value was left out, and without loss when it has none.
+    """
+    seg = parsed.segments[index]
+    rec, lost = _clean_step(parsed, raw, line)
+    if rec is None or not seg.admit(rec, marked=marked):
+        return
     if lost:
         parsed.partial += 1
     if "loss" not in rec:
         seg.no_loss += 1
+    seg.add(rec, keep_steps)
+    if on_step is not None:
+        on_step(index, rec)
 
 
 def _versions_of(line: str, out: dict[str, str]) -> None:
@@ -436,13 +443,7 @@ def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progres
             if isinstance(rec.get("config"), dict):
                 parsed.config.update(rec["config"])
         elif rec["type"] == "step":
-            rec, lost = _clean_step(parsed, rec, line)
-            if rec is None or not seg.admit(rec, marked=True):
-                continue  # counted: malformed, or a later attempt's repeat
-            _kept(parsed, seg, rec, lost)
-            seg.add(rec, keep_steps)
-            if on_step is not None:
-                on_step(0, rec)
+            _take_step(parsed, 0, rec, line, marked=True, keep_steps=keep_steps, on_step=on_step)
         elif rec["type"] == "summary":
             seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
             if rec.get("status") not in (None, "ok"):
