@@ -59,6 +59,7 @@ from dstui.revisions.resolved import (
     run_env,
 )
 from dstui.revisions.source_env import InstallChoice
+from dstui.spec.loading import check_revision_names
 from dstui.spec.models import Revision
 
 __all__ = [
@@ -84,10 +85,7 @@ def resolve_all(
     versions exist) so that a typo in the third revision fails in a second,
     not after the first two envs took a minute each to build.
     """
-    names = [r.name for r in revs]
-    dups = sorted({n for n in names if names.count(n) > 1})
-    if dups:
-        raise SpecError(f"revision names must be unique (repeated: {', '.join(dups)})", field="revisions")
+    check_revision_names(revs)
     root = (cache_dir or paths.cache_dir()) / "envs"
     base = BaseEnv.current()
     plans: list[_Plan] = []

@@ -7,7 +7,7 @@ pydantic dump.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from dstui.core.errors import SpecError
 from dstui.spec import messages
-from dstui.spec.experiment import ExperimentSpec
+from dstui.spec.experiment import ExperimentSpec, Revision
 from dstui.spec.settings import SETTING_NAMES
 
 
@@ -56,16 +56,11 @@ def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
     for axis, values in spec.axes.items():
         if not values:
             raise SpecError("an axis needs at least one value", file=file, field=f"axes.{axis}")
-    for i, cond in enumerate(spec.conditions):
-        for key in cond.model_extra or {}:
-            if key not in SETTING_NAMES:
-                raise SpecError(messages.unknown("setting", key, SETTING_NAMES), file=file,
-                                condition=cond.name, field=f"conditions.{i}.{key}")  # fmt: skip
     _check_exclusion_keys(spec, file=file)
-    _check_revision_names(spec, file=file)
+    check_revision_names(spec.revisions, file=file)
     from dstui.spec import expand  # expansion reads specs through this module
 
-    expand.check_names(spec, file=file)
+    expand.check_names(spec, file=file)  # also each explicit condition's keys
     return spec
 
 
@@ -85,8 +80,9 @@ def _check_exclusion_keys(spec: ExperimentSpec, *, file: str | None) -> None:
             raise SpecError(messages.unknown("exclusion key", key, given or SETTING_NAMES), file=file, field=f"exclude.{i}.{key}")
 
 
-def _check_revision_names(spec: ExperimentSpec, *, file: str | None) -> None:
-    names = [r.name for r in spec.revisions]
+def check_revision_names(revisions: Sequence[Revision], *, file: str | None = None) -> None:
+    """Each revision named once: at load, and again where revisions are resolved (dstui.revisions.envs)."""
+    names = [r.name for r in revisions]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise SpecError(f"revision names must be unique (repeated: {', '.join(dups)})", file=file, field="revisions")

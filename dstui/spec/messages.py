@@ -74,6 +74,11 @@ def keys_of(model: type[BaseModel]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def one_of(allowed: Iterable[Any], got: Any) -> str:
+    """A value outside a setting's choices: each allowed value once, and what was given."""
+    return f"must be one of {', '.join(str(a) for a in allowed)} (got {_shown(got)})"
+
+
 def _choices(expected: str) -> list[str]:
     """'0, 1, 2, 3 or 3' -> ['0', '1', '2', '3']: pydantic's list, each value once."""
     head, _, last = expected.rpartition(" or ")
@@ -97,6 +102,5 @@ def error_message(err: dict[str, Any], *, model: type[BaseModel] | None = None) 
             what = "setting" if parent is Settings else "key"
             return unknown(what, loc[-1], keys_of(parent))
     if kind in ("literal_error", "enum") and "expected" in (err.get("ctx") or {}):
-        allowed = ", ".join(_choices(str(err["ctx"]["expected"])))
-        return f"must be one of {allowed} (got {_shown(err.get('input'))})"
+        return one_of(_choices(str(err["ctx"]["expected"])), err.get("input"))
     return re.sub(r"^(Value|Assertion) error, ", "", str(err.get("msg", "invalid")))

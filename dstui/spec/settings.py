@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dstui.core import names, secrets
+from dstui.spec import messages
 
 Offload = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -134,7 +135,7 @@ class Settings(StrictModel):
     def _zero_stage(cls, v: int) -> int:
         """Checked here, not only by DeepSpeed, whose enum message names its own field ('stage') and lists 3 twice."""
         if v not in ZERO_STAGES:
-            raise ValueError(f"must be one of {', '.join(map(str, ZERO_STAGES))} (got {v})")
+            raise ValueError(messages.one_of(ZERO_STAGES, v))
         return v
 
     @field_validator("env_visible")
