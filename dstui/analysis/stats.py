@@ -147,8 +147,9 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
         st["outlier_steps"] = []
         st["outlier_values"] = []
     tps = post("tokens_per_s")
-    if tps is not None and len(_positive(tps)):
-        st["tokens_per_s_mean"], st["tokens_per_s_points"] = rate_mean(tps), int(len(_positive(tps)))
+    tps = _positive(tps) if tps is not None else None
+    if tps is not None and len(tps):
+        st["tokens_per_s_mean"], st["tokens_per_s_points"] = rate_mean(tps), len(tps)
     elif st.get("iter_time_mean"):
         tok = tokens_per_step(run)
         if tok:
@@ -157,8 +158,9 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
             st["tokens_per_s_derived"] = True
     for key in ("mfu", "tflops_per_gpu"):
         vals = post(key)
-        if vals is not None and len(_positive(vals)):
-            st[f"{key}_mean"], st[f"{key}_points"] = rate_mean(vals), int(len(_positive(vals)))
+        vals = _positive(vals) if vals is not None else None
+        if vals is not None and len(vals):
+            st[f"{key}_mean"], st[f"{key}_points"] = rate_mean(vals), len(vals)
         elif f"summary.{key}_mean" in run.metrics:
             st[f"{key}_mean"] = float(run.metrics[f"summary.{key}_mean"])
     for key in ("mem_peak", "mem_alloc"):
