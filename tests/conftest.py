@@ -143,6 +143,16 @@ def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> str:
+    """A store of its own for one test (a copy of the empty one), the process pointed at it, DSTUI_HOME in tmp_path."""
+    shutil.copy(empty_db, tmp_path / "mlflow.db")
+    u = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", u)
+    monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
+    return u
+
+
+@pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
     """An isolated DSTUI_HOME with its own SQLite MLflow store.
 

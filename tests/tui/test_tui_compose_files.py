@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from textual.widgets import Collapsible, DataTable, Input, OptionList, Static, TextArea
-from tui_helpers import REPO, wait_for
+from tui_helpers import REPO, open_compose, wait_for
 
 from dstui.core import paths
 from dstui.core.rundir import list_batches
@@ -48,14 +48,6 @@ def changed(before: str, after: str) -> list[tuple[str, str]]:
     a, b = before.splitlines(), after.splitlines()
     assert len(a) == len(b), after
     return [(x, y) for x, y in zip(a, b, strict=True) if x != y]
-
-
-async def open_compose(pilot) -> ComposeScreen:  # noqa: ANN001
-    await pilot.press("1")
-    await pilot.pause()
-    screen = pilot.app.screen
-    assert isinstance(screen, ComposeScreen)
-    return screen
 
 
 async def type_into(pilot, screen: ComposeScreen, wid: str, text: str) -> None:  # noqa: ANN001

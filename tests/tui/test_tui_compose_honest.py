@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Input, Static
-from tui_helpers import wait_for
+from tui_helpers import open_compose, wait_for
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError
@@ -47,14 +47,6 @@ async def composing(tui_env) -> AsyncIterator[tuple[DstuiApp, Any, ComposeScreen
     app = DstuiApp(spec_path=path, supervise=False)
     async with app.run_test(size=(120, 36)) as pilot:
         yield app, pilot, await open_compose(pilot)
-
-
-async def open_compose(pilot) -> ComposeScreen:  # noqa: ANN001
-    await pilot.press("1")
-    await pilot.pause()
-    screen = pilot.app.screen
-    assert isinstance(screen, ComposeScreen)
-    return screen
 
 
 async def toggle(pilot, screen: ComposeScreen, box: str) -> None:  # noqa: ANN001

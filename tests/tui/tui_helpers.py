@@ -120,6 +120,17 @@ async def wait_for(pilot, predicate, timeout: float = 60.0, step: float = 0.2) -
     return predicate()
 
 
+async def open_compose(pilot):  # noqa: ANN001, ANN201 - a Pilot, a ComposeScreen (textual imported lazily)
+    """Switch to Compose (key 1) and return its screen."""
+    from dstui.tui.screens.compose import ComposeScreen
+
+    await pilot.press("1")
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, ComposeScreen)
+    return screen
+
+
 def seed_spec(tmp: Path, name: str = "seedcmd", sleep_s: float = 0.2, steps: int = 5) -> Path:
     """A fast command spec that prints the seed's step lines (finishes in about a second)."""
     code = (

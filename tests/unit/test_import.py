@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,6 @@ GARBAGE = [
     "step=x loss=1.0 time=0.3",  # key=value with a bad step
     "iteration time: broken",
 ]
-
-
-@pytest.fixture
-def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> str:
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
-    u = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", u)
-    monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
-    return u
 
 
 def make_steps(n: int, seed: int, *, interval: int = 1) -> list[tuple[int, float, float, int, int]]:

@@ -42,15 +42,6 @@ def good_log(path: Path, n: int = 5) -> None:
     path.write_text("\n".join(line(s, 1.0 + 1 / s) for s in range(1, n + 1)) + "\n")
 
 
-@pytest.fixture
-def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> str:
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
-    u = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", u)
-    monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
-    return u
-
-
 def client(uri: str) -> Any:
     from mlflow import MlflowClient
 
