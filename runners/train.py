@@ -31,6 +31,7 @@ if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
 import common  # noqa: E402
+import process_group  # noqa: E402
 import sp_check  # noqa: E402
 from common import RunnerError  # noqa: E402
 from loop import train  # noqa: E402
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if accel.device_name() != "cpu":
             accel.set_device(args.local_rank)
-        common.init_distributed()
+        process_group.init_distributed()
     except Exception as e:  # noqa: BLE001 - e.g. the master port is taken
         print(f"train.py: error: cannot start the process group: {e}", file=sys.stderr, flush=True)
         return 1
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     try:
         if code == 0:
-            common.leave_process_group()
+            process_group.leave_process_group()
     finally:
         # written last, so that teardown is measured too; also after a failure (how far it got)
         clock.mark("exit")
@@ -129,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    common.exit_now(main())  # the metrics file is closed and the group left by then
+    process_group.exit_now(main())  # the metrics file is closed and the group left by then

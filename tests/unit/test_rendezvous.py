@@ -13,13 +13,13 @@ import pytest
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "runners"))
-import common  # noqa: E402
+import process_group  # noqa: E402
 
 from dstui.execute.launch import free_port  # noqa: E402
 
 
 def test_the_store_socket_is_bound_to_the_master_address_only() -> None:
-    sock = common._listen_on("127.0.0.1", free_port())
+    sock = process_group.listen_on("127.0.0.1", free_port())
     assert sock is not None
     try:
         assert sock.getsockname()[0] == "127.0.0.1"
@@ -28,12 +28,12 @@ def test_the_store_socket_is_bound_to_the_master_address_only() -> None:
 
 
 def test_an_address_of_another_host_is_not_bound_and_a_taken_port_is_an_error() -> None:
-    assert common._listen_on("192.0.2.1", free_port()) is None  # TEST-NET-1: no host has it
+    assert process_group.listen_on("192.0.2.1", free_port()) is None  # TEST-NET-1: no host has it
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         with pytest.raises(OSError):
-            common._listen_on("127.0.0.1", taken.getsockname()[1])
+            process_group.listen_on("127.0.0.1", taken.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -46,5 +46,5 @@ def test_an_address_of_another_host_is_not_bound_and_a_taken_port_is_an_error() 
     ],
 )
 def test_one_node_is_what_the_launcher_says(env: dict[str, str], expected: bool) -> None:
-    assert common.one_node(env) is expected
-    assert common._is_loopback("127.0.0.1") and common._is_loopback("localhost") and not common._is_loopback("192.0.2.1")
+    assert process_group.one_node(env) is expected
+    assert process_group.is_loopback("127.0.0.1") and process_group.is_loopback("localhost") and not process_group.is_loopback("192.0.2.1")

@@ -1,0 +1,284 @@
+"""One parity run of ``compare_loss.py``: set both sides up, compare them step by step, write the verdict.
+
+Imported by ``compare_loss.py`` after it has isolated the JIT-op cache (DeepSpeed is
+imported here at module level). The parts of a step are methods of
+:class:`ParitySession` so that each stays short: building the two sides, one
+optimizer step of each, the comparison, the cross-rank combination, the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import socket
+import statistics
+import time
+from typing import Any
+
+import common
+import deepspeed
+import parity_inject
+import parity_tolerance
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from parity import Diff, divergence_reason, scalar_diff, verdict_line, worst_tensors
+from parity_baseline import Baseline, make_torch_opt, mirror_zero3_hooks
+from parity_engine import engine_params, engine_step, micro_batches
+from parity_options import adam_spec, build_model, clipping_of, dtype_of
+
+from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter
+
+# --inject lr multiplies the DeepSpeed side's learning rate by this.
+LR_INJECT_FACTOR = 2.0
+# --inject grad scales the DeepSpeed loss before backward at --inject-step, so
+# every gradient of that step is off by 1% while the reported loss is not.
+GRAD_INJECT_FACTOR = 1.01
+# How many tensors the summary's ``worst`` names.
+WORST_TOP = 5
+MAXIMA = ("loss_abs_diff", "grad_max_abs_diff", "grad_max_rel_diff", "param_max_abs_diff", "param_max_rel_diff")
+
+
+def sync(accel: Any) -> None:
+    """Wait for the device so that step times are real (a no-op on CPU)."""
+    if accel.device_name() != "cpu":
+        accel.synchronize()
+
+
+class ParitySession:
+    """DeepSpeed and its plain-PyTorch baseline, trained side by side on the same data."""
+
+    def __init__(self, args: argparse.Namespace, cfg: dict[str, Any], writer: MetricsWriter,
+                 fault: parity_inject.Fault | None, *, rank: int, world: int) -> None:
+        self.args, self.cfg, self.writer, self.fault = args, cfg, writer, fault
+        self.rank, self.world = rank, world
+        self.accel = get_accelerator()
+        self.info = common.device_info(self.accel)
+        self.device = torch.device(self.accel.current_device_name())
+        self.stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
+        self.dtype = dtype_of(cfg)
+        self.micro = int(cfg.get("train_micro_batch_size_per_gpu", args.micro_batch))
+        self.gas = int(cfg.get("gradient_accumulation_steps", 1))
+        self.clip = clipping_of(cfg)
+        self.opt_kind, self.opt_kwargs = adam_spec(cfg, args.lr)
+        self.tokens_per_step = self.micro * world * self.gas * args.seq_length
+        # running state of the comparison
+        self.first_step: int | None = None
+        self.first_reason = ""
+        self.first_worst: list[dict] = []
+        self.overall: dict[tuple[str, str], float] = {}
+        self.iter_times: list[float] = []
+        self.maxima = dict.fromkeys(MAXIMA, 0.0)
+        self.mem_peak_max = 0
+        self.final_loss = math.nan
+
+    # -- the two sides ----------------------------------------------------------
+
+    def build(self) -> None:
+        """The model, its baseline (and twin) copies, the engine, the tolerance policy."""
+        args = self.args
+        torch.manual_seed(args.seed)
+        # Built on its device, as train.py builds (runners/placement.py): on a GPU the init comes
+        # from the device's generator, so a batch's parity and training conditions start alike.
+        with contextlib.nullcontext() if self.info["on_cpu"] else self.device:
+            model, self.model_cfg = build_model(args.model)
+        # The baselines are copies of the initial weights taken before DeepSpeed
+        # partitions, casts or moves anything.
+        baselines = [self._baseline(copy.deepcopy(model), coarse) for coarse in (False, True)]
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.engine, self.client_opt = self._engine(model)
+        exact_ok, self.why = parity_tolerance.exact_is_possible(
+            dtype=self.dtype, world=self.world, clip=self.clip, client_optimizer=self.client_opt is not None,
+            stage=self.stage, mirror_zero3_hooks=args.mirror_zero3_hooks)
+        self.policy = parity_tolerance.choose(args.tolerance, rtol=args.rtol, atol=args.atol,
+                                              can_be_exact=exact_ok, why=self.why, dtype=self.dtype)
+        self.measured = self.policy.mode == "measured"
+        self.base = baselines[0]
+        self.twin = baselines[1] if self.measured else None  # the twin only measures noise
+        self.ds_named = list(self.engine.module.named_parameters())
+
+    def _baseline(self, copy_: torch.nn.Module, coarse: bool) -> Baseline:
+        copy_ = copy_.to(self.device)
+        if self.args.mirror_zero3_hooks:
+            mirror_zero3_hooks(copy_)
+        if self.args.compile:
+            copy_ = torch.compile(copy_)
+        return Baseline(copy_, dtype=self.dtype, opt_kind=self.opt_kind, opt_kwargs=self.opt_kwargs,
+                        clip=self.clip, reduce="micro" if self.stage >= 2 else "boundary", coarse=coarse)
+
+    def _engine(self, model: torch.nn.Module) -> tuple[Any, Any]:
+        ds_cfg = copy.deepcopy(self.cfg)
+        ds_kwargs = dict(self.opt_kwargs)
+        if self.args.inject == "lr":
+            ds_kwargs["lr"] = self.opt_kwargs["lr"] * LR_INJECT_FACTOR
+            if ds_cfg.get("optimizer"):
+                ds_cfg["optimizer"].setdefault("params", {})["lr"] = ds_kwargs["lr"]
+        client_opt = None if ds_cfg.get("optimizer") else make_torch_opt(model.parameters(), self.opt_kind, ds_kwargs)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               optimizer=client_opt, config=ds_cfg)
+        if self.fault is not None:
+            parity_inject.install(engine, self.fault)
+        if self.args.compile:
+            engine.compile()
+        return engine, client_opt
+
+    def write_header(self) -> None:
+        if self.rank != 0:
+            return
+        args, policy = self.args, self.policy
+        inject = self.fault.kind if self.fault else args.inject
+        self.writer.write(
+            HEADER, runner="compare_loss",
+            config={**vars(args), "world_size": self.world, "zero_stage": self.stage, "dtype": self.dtype,
+                    "grad_accum": self.gas},
+            ds_config=self.cfg, versions=common.versions(), deepspeed_git_sha=common.deepspeed_git_sha(),
+            device=self.info["device"], gpu_name=self.info["gpu_name"], gpu_count=self.info["gpu_count"],
+            world_size=self.world, hostname=socket.gethostname(), tokens_per_step=self.tokens_per_step,
+            params=self.n_params, flops_per_token=6 * self.n_params, peak_tflops=None,
+            baseline_optimizer={"type": self.opt_kind, **self.opt_kwargs}, gradient_clipping=self.clip,
+            tolerance_mode=policy.mode, inject=inject,
+        )
+        client = "client " if self.client_opt is not None else ""
+        print(f"compare_loss: ZeRO-{self.stage} {self.dtype} world={self.world} grad_accum={self.gas} "
+              f"clip={self.clip:g} model={args.model} optimizer={client}{self.opt_kind} "
+              f"tolerance={policy.mode}{' (' + self.why + ')' if self.why else ''} inject={inject}", flush=True)
+
+    # -- one step -----------------------------------------------------------------
+
+    def train_both(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One optimizer step of DeepSpeed and of the baseline(s): (deepspeed side, baseline side)."""
+        args = self.args
+        xs = micro_batches(args, step, rank=self.rank, world=self.world, micro=self.micro, gas=self.gas,
+                           vocab=int(self.model_cfg.vocab_size), device=self.device)
+        grad_scale = GRAD_INJECT_FACTOR if args.inject == "grad" and step == args.inject_step else 1.0
+        sync(self.accel)
+        t0 = time.perf_counter()
+        loss_v, ds_grads, scale, skipped = engine_step(self.engine, xs, self.ds_named, stage=self.stage,
+                                                       dtype=self.dtype, grad_scale=grad_scale)
+        sync(self.accel)
+        ds = {"loss": loss_v, "grads": ds_grads, "params": engine_params(self.ds_named, self.stage),
+              "skipped": skipped, "iter_time": time.perf_counter() - t0}
+        base_v, base_grads, base_norm = self.base.step(xs, loss_scale=scale, skip=skipped)
+        base = {"loss": base_v, "grads": base_grads, "params": self.base.params(), "norm": base_norm}
+        if self.twin is not None:
+            twin_v, twin_grads, _ = self.twin.step(xs, loss_scale=scale, skip=skipped)
+            twin_params = self.twin.params()
+            noise = self.policy.noise
+            noise.observe("loss", [(torch.tensor(twin_v), torch.tensor(base_v))])
+            noise.observe("grad", [(twin_grads[n], g) for n, g in base_grads.items()])
+            noise.observe("param", [(twin_params[n], p) for n, p in base["params"].items()])
+        missing = set(ds_grads) ^ set(base_grads)
+        if missing:
+            raise RuntimeError(f"gradients present on one side only: {sorted(missing)[:5]}")
+        return ds, base
+
+    def compare(self, ds: dict[str, Any], base: dict[str, Any]) -> tuple[float, bool, dict[str, Diff]]:
+        """This rank's differences: (|loss diff|, loss close, {"grad": Diff, "param": Diff})."""
+        policy = self.policy
+        rtol = policy.rtol_for()
+        loss_d, loss_ok = scalar_diff(ds["loss"], base["loss"], rtol,
+                                      policy.atol_for("loss", torch.tensor(base["loss"])))
+        diffs = {"grad": Diff(), "param": Diff()}
+        for kind in diffs:
+            ref = base[kind + "s"]
+            for n, t in ds[kind + "s"].items():
+                diffs[kind].add(n, t, ref[n], rtol, policy.atol_for(kind, ref[n]))
+        return loss_d, loss_ok, diffs
+
+    def record(self, step: int, ds: dict[str, Any], base: dict[str, Any], loss_d: float, loss_ok: bool,
+               diffs: dict[str, Diff]) -> dict[str, Any]:
+        """The step record, combined over ranks: means of losses, maxima of differences."""
+        gdiff, pdiff = diffs["grad"], diffs["param"]
+        sums = torch.tensor([ds["loss"], base["loss"]], dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        worst = torch.tensor([loss_d, gdiff.max_abs, gdiff.max_rel, pdiff.max_abs, pdiff.max_rel,
+                              float(not loss_ok), float(not gdiff.ok), float(not pdiff.ok)],
+                             dtype=torch.float64, device=self.device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        w = worst.tolist()
+        mem_alloc, mem_peak = common.memory(self.accel, self.info["on_cpu"])
+        self.mem_peak_max = max(self.mem_peak_max, mem_peak)
+        self.final_loss = sums[0].item() / self.world
+        grad_norm = self.engine.get_global_grad_norm()
+        iter_time = ds["iter_time"]
+        rec: dict[str, Any] = {
+            "step": step, "epoch": 1, "loss": self.final_loss, "loss_baseline": sums[1].item() / self.world,
+            "loss_diff": (sums[0].item() - sums[1].item()) / self.world, "loss_abs_diff": w[0],
+            "grad_max_abs_diff": w[1], "grad_max_rel_diff": w[2],
+            "param_max_abs_diff": w[3], "param_max_rel_diff": w[4],
+            "loss_within_tol": int(not w[5]), "grad_within_tol": int(not w[6]),
+            "param_within_tol": int(not w[7]), "within_tol": int(not any(w[5:])),
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "grad_norm_baseline": base["norm"], "skipped": int(ds["skipped"]),
+            "iter_time": iter_time, "tokens_per_s": self.tokens_per_step / iter_time if iter_time > 0 else 0.0,
+            "mem_alloc": mem_alloc, "mem_peak": mem_peak, "lr": float(self.engine.get_lr()[0]),
+        }
+        if self.measured:
+            rec.update({f"noise_{k}_rel": v for k, v in self.policy.noise.rel.items()})
+        return rec
+
+    def account(self, step: int, rec: dict[str, Any], diffs: dict[str, Diff]) -> None:
+        """Fold a step into the run's maxima, worst tensors and first divergence; print its lines."""
+        self.iter_times.append(rec["iter_time"])
+        for k in self.maxima:
+            self.maxima[k] = max(self.maxima[k], rec[k])
+        for kind, d in diffs.items():
+            for name, m in d.per_tensor:
+                self.overall[(kind, name)] = max(self.overall.get((kind, name), 0.0), m)
+        if not rec["within_tol"] and self.first_step is None:
+            gdiff, pdiff = diffs["grad"], diffs["param"]
+            self.first_step = step
+            self.first_worst = worst_tensors(diffs, WORST_TOP, offenders_only=True)
+            self.first_reason = divergence_reason(rec, self.policy.rtol_for(), self.policy.tolerance(), [
+                gdiff.worst if not gdiff.ok else "", pdiff.worst if not pdiff.ok else ""])
+            if self.rank == 0:
+                for what, d in diffs.items():
+                    for name, dmax, bad, n in sorted(d.offenders, key=lambda o: -o[1])[:24]:
+                        print(f"  {what} {name}: max|d| {dmax:.3e}, {bad}/{n} elements out of tolerance",
+                              flush=True)
+        if self.rank == 0:
+            self.writer.write(STEP, **{k: v for k, v in rec.items() if v is not None})
+            print(f"step {step}/{self.args.steps} loss {rec['loss']:.6f} baseline {rec['loss_baseline']:.6f} "
+                  f"|dloss| {rec['loss_abs_diff']:.3e} grad |d| {rec['grad_max_abs_diff']:.3e} "
+                  f"param |d| {rec['param_max_abs_diff']:.3e} norm {rec['grad_norm']} vs "
+                  f"{rec['grad_norm_baseline']:.6g} {'ok' if rec['within_tol'] else 'DIVERGED'}", flush=True)
+            print(f"Epoch 1, Step {step}, Loss: {rec['loss']:.6f} sync: True time: {rec['iter_time']:.6f} "
+                  f"alloc_mem: {rec['mem_alloc']} peak_mem: {rec['mem_peak']}", flush=True)
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Train both sides for ``args.steps`` steps; return the exit code (0 PASS, 1 FAIL)."""
+        self.build()
+        self.write_header()
+        for step in range(1, self.args.steps + 1):
+            ds, base = self.train_both(step)
+            loss_d, loss_ok, diffs = self.compare(ds, base)
+            self.account(step, self.record(step, ds, base, loss_d, loss_ok, diffs), diffs)
+        verdict = "PASS" if self.first_step is None else "FAIL"
+        if self.rank == 0:
+            self.write_summary(verdict)
+        return 0 if verdict == "PASS" else 1
+
+    def write_summary(self, verdict: str) -> None:
+        policy = self.policy
+        top = sorted(self.overall.items(), key=lambda kv: -kv[1])[:WORST_TOP]
+        mean_time = statistics.fmean(self.iter_times)
+        self.writer.write(
+            SUMMARY, steps=self.args.steps, warmup_steps=0,
+            iter_time_mean=mean_time, iter_time_std=statistics.pstdev(self.iter_times),
+            # total tokens / total time, as train.py's summary and the report (not a mean of per-step rates)
+            tokens_per_s_mean=self.tokens_per_step / mean_time if mean_time > 0 else 0.0,
+            compile_time=self.iter_times[0] if self.args.compile else 0.0, mem_peak_max=self.mem_peak_max,
+            final_loss=self.final_loss, verdict=verdict, first_diverging_step=self.first_step,
+            reason=self.first_reason or None,
+            worst=self.first_worst if self.first_step else [
+                {"name": n, "kind": k, "max_abs_diff": v} for (k, n), v in top if v > 0],
+            tolerance=policy.tolerance(), tolerance_basis=policy.basis(), tolerance_mode=policy.mode,
+            rtol=policy.rtol_for(), atol=policy.atol if policy.mode == "given" else 0.0,
+            **{f"{k}_max": v for k, v in self.maxima.items()}, status="ok",
+        )
+        print(f"tolerance: {policy.basis()}", flush=True)
+        print(verdict_line(self.first_step, self.first_reason), flush=True)
