@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dstui.analysis.identity import EMPTY, keys_of, known
+
 if TYPE_CHECKING:  # pragma: no cover
     from dstui.analysis.rundata import RunData
     from dstui.analysis.stats import ConditionStats
@@ -117,41 +119,43 @@ def _ds_changes(key: str) -> bool:
     return not any(sub == p or sub.startswith(p + ".") for p in DS_KEEPS_PREFIXES)
 
 
-def judged_params(run: RunData) -> dict[str, str]:
-    """The params of a run that decide its numerics (see the module docstring)."""
-    out = {}
-    for k, v in run.known_params.items():
-        top = k.split(".", 1)[0]
-        if (k.startswith("ds.") and _ds_changes(k)) or top in CHANGES_NUMERICS:
-            out[k] = v
+def _judged(key: str) -> bool:
+    """The key decides a run's numerics (see the module docstring)."""
+    return (key.startswith("ds.") and _ds_changes(key)) or key.split(".", 1)[0] in CHANGES_NUMERICS
+
+
+def _values(runs: Sequence[RunData], keys: set[str]) -> dict[str, set[str]]:
+    """Each judged key's known values over the runs (unknown ones left out: no evidence either way)."""
+    out: dict[str, set[str]] = {}
+    for r in runs:
+        for k, v in known(r, keys).items():
+            out.setdefault(k, set()).add(v)
     return out
 
 
-def _values(runs: Sequence[RunData]) -> dict[str, set[str | None]]:
-    judged = [judged_params(r) for r in runs]
-    keys = {k for j in judged for k in j}
-    return {k: {j.get(k) for j in judged} for k in keys}
-
-
-def _show(values: set[str | None]) -> str:
-    shown = sorted("(unset)" if v is None or v == "" else v for v in values)
+def _show(values: set[str]) -> str:
+    shown = sorted("(unset)" if v == EMPTY else v for v in values)
     return "/".join(shown) if len(shown) <= 3 else f"{len(shown)} values"
 
 
 def numerics_differences(ours: Sequence[RunData], theirs: Sequence[RunData]) -> list[Difference]:
     """Why two groups of runs (two conditions) compute different numbers; [] when they should not.
 
+    Values are read as :mod:`dstui.analysis.identity` reads them: an empty
+    setting is a value ("(unset)"), a value a record lacks (a run stopped
+    before its runner reported the model's shape) is no evidence either way.
     Settings come first; ``ds.*`` keys are listed only when no setting explains
     the difference already (``micro_batch`` also changes ``ds.train_batch_size``).
     """
-    a, b = _values(ours), _values(theirs)
+    keys = {k for k in keys_of([*ours, *theirs]) if _judged(k)}
+    a, b = _values(ours, keys), _values(theirs, keys)
     settings, ds = [], []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k, {None}), b.get(k, {None})
+    for k in sorted(set(a) & set(b)):  # a key unknown on one side is no evidence of a difference
+        va, vb = a[k], b[k]
         if va == vb:
             continue
         if k.startswith("ds."):
-            one_sided = None in va or None in vb
+            one_sided = EMPTY in va or EMPTY in vb
             if one_sided and any(k[3:].startswith(p + ".") or k[3:] == p for p in DS_ONE_SIDED_OK):
                 continue
             ds.append(Difference(k, _show(va), _show(vb), "a different DeepSpeed config value"))

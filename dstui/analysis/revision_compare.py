@@ -257,15 +257,20 @@ def samples_from_runs(runs: Sequence[Any]) -> list[RunSample]:
     """One :class:`RunSample` per :class:`~dstui.analysis.rundata.RunData` (stats already computed).
 
     The one conversion used by ``dstui compare``, the report and the TUI, so
-    they compare the same numbers. Only finished runs (state ``done``) count.
+    they compare the same numbers. Only finished runs (state ``done``) count;
+    runs that never started are no sample at all. A condition is its grouped
+    label without the revision (:mod:`dstui.analysis.grouping`), so batches that
+    ran one name with different settings are never compared as one condition.
     """
     out = []
     for r in runs:
+        if not r.started:
+            continue
         st = r.stats
         steps, values = r.history.get("loss", ((), ()))
         out.append(
             RunSample(
-                condition=r.condition,
+                condition=r.condition_label or r.condition,
                 revision=r.revision,
                 iter_time_mean=st.get("iter_time_mean"),
                 mem_peak=st.get("mem_peak_max"),

@@ -22,6 +22,10 @@ GB = 1024**3  # GiB: every memory figure is bytes / 2**30
 # Statuses that mean "this run produced usable numbers".
 USABLE_STATES = frozenset({"done", "running"})
 FAILED_STATES = frozenset({"failed", "killed"})
+# A run that never started ran nothing: it is listed, never a repeat of its condition.
+# queued: not launched yet (a live batch); skipped: never launched (skip_predicted_oom).
+NOT_STARTED_STATES = frozenset({"queued", "skipped"})
+NOT_STARTED_REASON = "cancelled before start"  # the supervisor's and `dstui cancel`'s words
 
 # Step metrics a report reads; anything else (lr, custom keys) is still
 # fetched and exported in data.json, but these drive the figures.
@@ -65,7 +69,8 @@ class RunData:
     tags: dict[str, str]
     metrics: dict[str, float]
     artifact_uri: str = ""
-    label: str = ""
+    label: str = ""  # the condition as grouped (with @revision when several): what tables and charts name
+    condition_label: str = ""  # the condition as grouped, without the revision: matched across revisions
     # key -> (steps, values) as numpy arrays, sorted by step
     history: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +82,11 @@ class RunData:
     @property
     def usable(self) -> bool:
         return self.status in USABLE_STATES
+
+    @property
+    def started(self) -> bool:
+        """The run was launched (whatever became of it): it counts as a repeat of its condition."""
+        return self.status not in NOT_STARTED_STATES and not self.reason.startswith(NOT_STARTED_REASON)
 
     @property
     def batch(self) -> str:
@@ -157,21 +167,6 @@ def run_from_mlflow(run: Any) -> RunData:
         metrics=dict(run.data.metrics),
         artifact_uri=run.info.artifact_uri or "",
     )
-
-
-def common_and_varying(runs: Sequence[RunData]) -> tuple[dict[str, str], list[str]]:
-    """Params equal in every run, and the names of those that differ (ds.* left out)."""
-    keys: set[str] = set()
-    for r in runs:
-        keys.update(k for k in r.known_params if not k.startswith("ds."))
-    common, varying = {}, []
-    for k in sorted(keys):
-        vals = {r.known_params.get(k) for r in runs}
-        if len(vals) == 1 and None not in vals:
-            common[k] = next(iter(vals))  # type: ignore[assignment]
-        else:
-            varying.append(k)
-    return common, varying
 
 
 def distinct_tag(runs: Sequence[RunData], key: str) -> list[str]:

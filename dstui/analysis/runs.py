@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dstui.analysis.fetch import fetch_histories, fetch_runs, find_batch_parent
 from dstui.analysis.grids import grids, level_of, pareto, r_state, wants_grid
+from dstui.analysis.grouping import assign_labels
+from dstui.analysis.identity import common_and_varying
 from dstui.analysis.parity import Parity, choose_baseline, loss_parity
 from dstui.analysis.rundata import (
     FAILED_STATES,
@@ -49,7 +51,6 @@ from dstui.analysis.rundata import (
     Progress,
     ReportError,
     RunData,
-    common_and_varying,
     distinct_tag,
     parse_value,
     run_from_mlflow,
@@ -57,7 +58,6 @@ from dstui.analysis.rundata import (
 )
 from dstui.analysis.stats import (
     ConditionStats,
-    assign_labels,
     compute_run_stats,
     condition_stats,
     loss_band,

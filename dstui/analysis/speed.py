@@ -94,3 +94,37 @@ def ratio(c: ConditionStats, base: ConditionStats, how: Basis) -> SpeedRatio:
 
 def unit_text(how: Basis, time_unit: str) -> str:
     return f"{time_unit}/step" if how == "time" else "tokens/s"
+
+
+@dataclass(frozen=True)
+class FastestClaim:
+    """Which timed condition is fastest, and whether the data bound that: its ratio over every other.
+
+    ``shown`` is true only when the 95% interval of the leader's speed ratio
+    over each other timed condition lies wholly above 1. Otherwise the
+    leader is only the one with the best mean, and no text may call it the
+    fastest: with one run a side there is no interval, and an interval that
+    holds 1 says the data cannot tell the two apart.
+    """
+
+    leader: ConditionStats
+    over: tuple[tuple[ConditionStats, SpeedRatio], ...]  # the leader's speed over each other timed condition
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.over) and all(
+            sr.claimable and sr.interval.low is not None and sr.interval.low > 1.0 for _, sr in self.over
+        )
+
+    def unbounded(self) -> list[tuple[ConditionStats, SpeedRatio]]:
+        """The conditions the leader is not shown faster than, with their ratios."""
+        return [(c, sr) for c, sr in self.over if not (sr.claimable and (sr.interval.low or 0.0) > 1.0)]
+
+
+def fastest(conds: Sequence[ConditionStats], how: Basis) -> FastestClaim | None:
+    """The condition with the best mean speed and its ratio over every other (None when none is timed)."""
+    order = ranked(conds, how)
+    if not order:
+        return None
+    lead = order[0]
+    return FastestClaim(lead, tuple((c, ratio(lead, c, how)) for c in order[1:]))

@@ -8,10 +8,11 @@ condition pools the post-warm-up iterations of its usable repeats.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.analysis.identity import merged
 from dstui.analysis.rundata import FAILED_STATES, GB, OUTLIER_FACTOR, RunData, parse_value
 from dstui.tracking import tags as tag_keys
 
@@ -103,49 +104,69 @@ def pooled_rate(pairs: Iterable[tuple[float | None, float | int | None]]) -> flo
 
 def compute_run_stats(run: RunData) -> dict[str, Any]:
     """Summary figures of one run from its history (see the module docstring)."""
-    import numpy as np
-
     warmup = warmup_of(run)
     st: dict[str, Any] = {"warmup_steps": warmup}
     st["points"] = max((len(s) for s, _ in run.history.values()), default=0)
     st["warmup_used_all"] = False
 
     def post(key: str) -> Any:
+        """The key's values after warm-up (every value when warm-up took them all: a short run)."""
         if key not in run.history:
             return None
         steps, values = run.history[key]
         mask = post_warmup_mask(steps, warmup)
         if not mask.any() and len(values):
-            st["warmup_used_all"] = True  # short run: statistics over every point
+            st["warmup_used_all"] = True
             return values
         return values[mask]
 
-    it = post("iter_time")
-    if it is not None and len(_finite(it)):
-        itf = _finite(it)
-        st["iter_points"] = int(len(itf))
-        st["iter_time_mean"] = float(itf.mean())
-        st["iter_time_std"] = float(itf.std(ddof=1)) if len(itf) > 1 else 0.0
-        st["iter_time_median"] = float(np.median(itf))
-        st["iter_time_min"] = float(itf.min())
-        st["iter_time_max"] = float(itf.max())
-        steps, values = run.history["iter_time"]
-        mask = post_warmup_mask(steps, warmup)
-        if not mask.any():
-            mask = np.ones(len(steps), dtype=bool)
-        limit = OUTLIER_FACTOR * st["iter_time_median"]
-        bad = mask & np.isfinite(values) & (values > limit)
-        st["outlier_steps"] = steps[bad].tolist()
-        st["outlier_values"] = values[bad].tolist()
-    else:
+    _iter_stats(run, post("iter_time"), warmup, st)
+    _rate_stats(run, post, st)
+    _memory_stats(run, st)
+    ct = run.metrics.get("summary.compile_time")
+    if ct is not None and math.isfinite(ct) and ct > 0:
+        st["compile_time"] = float(ct)
+    _loss_stats(run, st)
+    tok = tokens_per_step(run)
+    if tok:
+        st["tokens_per_step"] = tok
+    return st
+
+
+def _iter_stats(run: RunData, it: Any, warmup: int, st: dict[str, Any]) -> None:
+    """Iteration time after warm-up: mean, spread, extremes, outliers (or the summary record's mean)."""
+    import numpy as np
+
+    if "iter_time" in run.history:
+        steps = run.history["iter_time"][0]
+        st["warmup_points"] = int(len(steps) - post_warmup_mask(steps, warmup).sum())
+    st["outlier_steps"], st["outlier_values"] = [], []
+    if it is None or not len(_finite(it)):
         st["iter_points"] = 0
         summary_mean = run.metrics.get("summary.iter_time_mean")
         if summary_mean is not None and math.isfinite(summary_mean):
             # No per-step history (e.g. an import of a summary line only).
             st["iter_time_mean"] = float(summary_mean)
             st["iter_time_std"] = float(run.metrics.get("summary.iter_time_std", 0.0) or 0.0)
-        st["outlier_steps"] = []
-        st["outlier_values"] = []
+        return
+    itf = _finite(it)
+    st["iter_points"] = int(len(itf))
+    st["iter_time_mean"] = float(itf.mean())
+    st["iter_time_std"] = float(itf.std(ddof=1)) if len(itf) > 1 else 0.0
+    st["iter_time_median"] = float(np.median(itf))
+    st["iter_time_min"] = float(itf.min())
+    st["iter_time_max"] = float(itf.max())
+    steps, values = run.history["iter_time"]
+    mask = post_warmup_mask(steps, warmup)
+    if not mask.any():
+        mask = np.ones(len(steps), dtype=bool)
+    bad = mask & np.isfinite(values) & (values > OUTLIER_FACTOR * st["iter_time_median"])
+    st["outlier_steps"] = steps[bad].tolist()
+    st["outlier_values"] = values[bad].tolist()
+
+
+def _rate_stats(run: RunData, post: Callable[[str], Any], st: dict[str, Any]) -> None:
+    """tokens/s, MFU and TFLOP/s over the post-warm-up steps (tokens/s derived where not logged)."""
     tps = post("tokens_per_s")
     tps = _positive(tps) if tps is not None else None
     if tps is not None and len(tps):
@@ -163,6 +184,10 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
             st[f"{key}_mean"], st[f"{key}_points"] = rate_mean(vals), len(vals)
         elif f"summary.{key}_mean" in run.metrics:
             st[f"{key}_mean"] = float(run.metrics[f"summary.{key}_mean"])
+
+
+def _memory_stats(run: RunData, st: dict[str, Any]) -> None:
+    """The largest peak and allocated memory the run logged (warm-up included), else its summary's."""
     for key in ("mem_peak", "mem_alloc"):
         if key in run.history and len(_finite(run.history[key][1])):
             st[f"{key}_max"] = float(_finite(run.history[key][1]).max())
@@ -170,12 +195,12 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
         st["mem_peak_max"] = float(run.metrics["summary.mem_peak_max"])
     if "mem_alloc_max" not in st and "summary.mem_alloc" in run.metrics:
         st["mem_alloc_max"] = float(run.metrics["summary.mem_alloc"])
-    ct = run.metrics.get("summary.compile_time")
-    if ct is not None and math.isfinite(ct) and ct > 0:
-        st["compile_time"] = float(ct)
-    if "iter_time" in run.history:
-        steps = run.history["iter_time"][0]
-        st["warmup_points"] = int(len(steps) - post_warmup_mask(steps, warmup).sum())
+
+
+def _loss_stats(run: RunData, st: dict[str, Any]) -> None:
+    """Final and lowest loss, the last logged step, and whether any loss was NaN."""
+    import numpy as np
+
     if "loss" in run.history and len(run.history["loss"][1]):
         steps, values = run.history["loss"]
         if np.isfinite(values).any():
@@ -185,20 +210,9 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
         st["loss_nan"] = bool(np.isnan(values).any())
     elif "summary.final_loss" in run.metrics:
         st["final_loss"] = float(run.metrics["summary.final_loss"])
-    tok = tokens_per_step(run)
-    if tok:
-        st["tokens_per_step"] = tok
-    return st
 
 
 # -- conditions ---------------------------------------------------------------
-
-
-def assign_labels(runs: Sequence[RunData]) -> None:
-    """Condition label; the revision joins it when runs span several revisions."""
-    revisions = {r.revision for r in runs}
-    for r in runs:
-        r.label = f"{r.condition} @ {r.revision}" if len(revisions) > 1 else r.condition
 
 
 @dataclass
@@ -230,6 +244,7 @@ class ConditionStats:
     compile_time: float | None = None
     outliers: int = 0
     reasons: list[str] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)  # what its runs ran with, as far as they record it
 
     @property
     def mem_peak_gb(self) -> float | None:
@@ -269,17 +284,20 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 
 def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
-    """One :class:`ConditionStats` per label, in first-seen order."""
+    """One :class:`ConditionStats` per label, in first-seen order; runs that never started are in none."""
     import numpy as np
 
     groups: dict[str, list[RunData]] = {}
     for r in runs:
+        if not r.started:
+            continue
         groups.setdefault(r.label, []).append(r)
     out = []
     for label, members in groups.items():
         first = members[0]
         cs = ConditionStats(label=label, condition=first.condition, revision=first.revision, kind=first.kind, runs=members)
         cs.n_runs = len(members)
+        cs.settings = merged(members)
         usable = [r for r in members if r.usable]
         cs.n_usable = len(usable)
         cs.n_failed = sum(1 for r in members if r.status in FAILED_STATES)
