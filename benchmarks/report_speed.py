@@ -114,7 +114,7 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="build in DIR and keep it (store and report)")
     args = ap.parse_args()
 
-    from dstui.report.markdown import export_report
+    from dstui.usecases.report import export_report
 
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dstui-bench-"))
     tmp.mkdir(parents=True, exist_ok=True)

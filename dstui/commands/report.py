@@ -1,6 +1,6 @@
 """`dstui report`: export a markdown report with charts, CSV and JSON from MLflow.
 
-The work is :func:`dstui.report.markdown.export_report`, shared with the TUI's results
+The work is :func:`dstui.usecases.report.export`, shared with the TUI's results
 view; this module only turns arguments into that call and prints where the
 report went.
 """
@@ -17,11 +17,17 @@ Build a report from the runs MLflow holds (launched, imported, or on a team
 server): report.md with PNG charts beside it, runs.csv, conditions.csv and
 data.json (params, tags, statistics and every per-step history), plus
 grid_iter_time.csv / grid_mem.csv when the runs vary model and micro batch.
-The folder is also logged to the batch's MLflow parent run as artifact
-'report'.
+The folder is also logged as artifact 'report' to the MLflow parent run of
+every batch it covers (one batch with -b, else each batch of the
+experiment); the last line on stderr says which.
 
-Statistics exclude each run's warm-up steps (param warmup_steps). Failed and
-out-of-memory runs are listed with their reason, never dropped.
+Runs are repeats of one condition only when they ran with the same settings
+(spec settings, DeepSpeed config and version, world size, steps): batches
+that ran a condition with other settings are reported as conditions of their
+own, named by what differs. Runs that never started (cancelled before start,
+skipped) are listed, never counted. Statistics exclude each run's warm-up
+steps (param warmup_steps). Failed and out-of-memory runs are listed with
+their reason, never dropped.
 
 examples:
   dstui report --experiment zero_stages -o reports/zero
@@ -64,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-mlflow-artifact", action="store_true",
-        help="do not log the folder to the batch's MLflow parent run",
+        help="do not log the folder to the MLflow parent runs of its batches",
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="print only the report path")
     parser.add_argument("--json", action="store_true", help="print where the report went as one JSON document")
@@ -72,13 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export the report; errors (unknown experiment, no runs) are DstuiErrors the CLI prints."""
-    from dstui.report.markdown import export_report
+    from dstui.usecases.report import export
 
     def progress(frac: float, msg: str) -> None:
         if not args.quiet:
             print(f"[{frac * 100:3.0f}%] {msg}", file=sys.stderr)
 
-    path = export_report(
+    done = export(
         args.experiment,
         args.output,
         batch=args.batch,
@@ -91,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from dstui.commands._machine import emit
 
-        emit({"experiment": args.experiment, "batch": args.batch, "report": str(path), "folder": str(args.output)})
+        emit({"experiment": args.experiment, "batch": args.batch, "report": str(done.report),
+              "folder": str(args.output), "logged_to": done.logged_to, "not_logged": done.not_logged})  # fmt: skip
         return 0
-    print(path)
+    print(done.report)
     return 0

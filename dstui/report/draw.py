@@ -42,8 +42,10 @@ def draw(ctx: ReportContext, out: Path) -> None:
         ).name
     bars = (
         ("memory", [c.mem_peak_gb for c in ctx.train],
-         "peak memory (GiB = 2^30 bytes; GPU: CUDA max allocated, CPU: peak RSS)",
-         "Peak memory per rank (lower is better; red: baseline)"),
+         "peak RSS of rank 0's process (GiB = 2^30 bytes)" if ctx.on_cpu
+         else "peak memory (GiB = 2^30 bytes; GPU: CUDA max allocated, CPU: peak RSS)",
+         "Peak RSS per rank, CPU (lower is better; red: baseline)" if ctx.on_cpu
+         else "Peak memory per rank (lower is better; red: baseline)"),
         ("throughput", [c.tokens_per_s_mean for c in ctx.train], "throughput (tokens/s, all ranks)",
          "Training throughput after warm-up (higher is better; red: baseline)"),
         ("mfu", [c.mfu_mean * 100 if c.mfu_mean is not None else None for c in ctx.train],
@@ -66,6 +68,7 @@ def draw(ctx: ReportContext, out: Path) -> None:
             pts, front, out / "tradeoff.png", higher_is_faster=tokens,
             time_label="throughput (tokens/s, all ranks; higher is faster)" if tokens
             else f"iteration time ({ctx.unit}; lower is faster)",
+            memory_label="peak RSS of rank 0's process (GiB)" if ctx.on_cpu else "peak memory (GiB)",
         ).name
     series = []
     warm = 0

@@ -110,6 +110,7 @@ def write_json(path: Path, ctx: ReportContext) -> None:
             "run_name": r.run_name,
             "label": r.label,
             "condition": r.condition,
+            "started": r.started,
             "revision": r.revision,
             "repeat": r.repeat,
             "kind": r.kind,
@@ -141,7 +142,11 @@ def write_json(path: Path, ctx: ReportContext) -> None:
         },
         "baseline": ctx.baseline,
         "tolerance": ctx.tolerance,
-        "conditions": [_clean(c.as_row()) for c in ctx.conds],
+        "tolerance_basis": ctx.tolerance_basis,
+        "notes": ctx.notes,
+        "logged_to": ctx.logged_to,
+        "conditions": [_clean({**c.as_row(), "settings": c.settings, "runs": [r.run_id for r in c.runs]})
+                       for c in ctx.conds],
         "parity": [_clean(p.as_row()) for p in ctx.parity],
         "grids": {
             name: {level: frame.reset_index().to_dict(orient="records") for level, frame in levels.items()}

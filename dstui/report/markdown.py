@@ -1,9 +1,10 @@
-"""Markdown reports with charts, CSV and JSON, built from MLflow.
+"""Markdown reports with charts, CSV and JSON, from loaded results.
 
-:func:`export_report` is the one entry point; the CLI (``dstui report``) and
-the TUI's results view both call it. It reads runs from MLflow (so live, old,
-imported and team-server runs all work), computes figures with
-:mod:`dstui.analysis.runs`, draws PNGs with :mod:`dstui.report.charts` and writes::
+:func:`write_report` renders a :class:`~dstui.report.context.ReportContext`
+(results loaded by :mod:`dstui.usecases.results`, the loader of ``dstui
+compare`` and the TUI too); :func:`dstui.usecases.report.export_report` is the
+entry point of the CLI (``dstui report``) and the TUI's results view. It draws
+PNGs with :mod:`dstui.report.charts` and writes::
 
     DIR/report.md            the report (charts referenced by relative path)
     DIR/*.png                charts
@@ -13,9 +14,9 @@ imported and team-server runs all work), computes figures with
     DIR/grid_iter_time.csv   model x micro_batch grids per ZeRO/offload level (when they apply)
     DIR/grid_mem.csv
 
-(the CSV and JSON files are written by :mod:`dstui.report.files`)
-and logs DIR as the ``report`` artifact of the batch's parent run. Failed
-runs are never dropped: they appear in every table with their reason.
+(the CSV and JSON files are written by :mod:`dstui.report.files`). Failed
+runs are never dropped: they appear in every table with their reason; runs
+that never started are listed apart, never as repeats of a condition.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from dstui.analysis import runs as an
 from dstui.analysis.fetch import read_artifact
-from dstui.analysis.runs import Progress, RunData
-from dstui.analysis.system import fetch_system
+from dstui.analysis.rundata import Progress, RunData
 from dstui.core.errors import DstuiError
 from dstui.report import files as report_files
-from dstui.report import found, mdformat
+from dstui.report import mdformat
 from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
 from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
@@ -38,65 +37,27 @@ from dstui.report.sections.quality import ds_config_of
 from dstui.tracking import tags as tag_keys
 
 
-def export_report(
-    experiment: str,
-    out_dir: str | Path,
-    *,
-    batch: str | None = None,
-    runs: Sequence[str] | None = None,
-    baseline: str | None = None,
-    tolerance: float | None = None,
-    tracking_uri: str | None = None,
-    progress: Progress | None = None,
-    log_artifact: bool = True,
-) -> Path:
-    """Write a report for an experiment (optionally one batch or given run ids); return report.md.
+def write_report(ctx: ReportContext, out_dir: str | Path, *, progress: Progress | None = None) -> Path:
+    """Write report.md, its charts and data files for loaded results into ``out_dir``; return report.md.
 
-    ``progress(fraction, message)`` is called between stages so the TUI can
-    show where a long export is. ``log_artifact=False`` skips uploading the
-    folder to the batch's parent run (for previews).
+    The folder is created only now, and removed again (what this call created,
+    only that) when writing fails: a report that fails leaves nothing behind.
     """
-    from dstui.core import paths
-    from dstui.tracking import client as tracking
 
     def step(frac: float, msg: str) -> None:
         if progress is not None:
             progress(frac, msg)
 
-    uri = tracking_uri or paths.tracking_uri()
     out = Path(out_dir)
-    _check_folder(out)
-    client = tracking.client(uri)
-
-    step(0.0, "searching runs")
-    exp, data = found.fetch_runs(client, experiment, batch=batch, run_ids=runs)
-    step(0.1, f"reading metric histories of {len(data)} runs")
-    method = an.fetch_histories(client, uri, data, progress=progress)
-    step(0.6, "computing statistics")
-    an.assign_labels(data)
-    for r in data:
-        r.stats = an.compute_run_stats(r)
-    fetch_system(client, data)
-    ctx = ReportContext(experiment, exp, batch, uri, tolerance, method, data)
-    for b in [batch] if batch else ctx.batches:
-        parent = an.find_batch_parent(client, exp.experiment_id, b)
-        if parent is not None:
-            ctx.parents[b] = parent
-    ctx.compute(baseline)
-    ctx.commands = _commands(data)
-    ctx.ds_configs = {r.run_id: ds_config_of(r) for r in data}
-
-    parent = None
-    parent_batch = batch or (ctx.batches[0] if len(ctx.batches) == 1 else None)
-    if log_artifact and parent_batch:
-        parent = ctx.parents.get(parent_batch)
-        ctx.parent_run_id = parent.info.run_id if parent is not None else None
-    created = _make_folder(out)  # only now: a report that fails before this leaves no folder behind
+    check_folder(out)
+    ctx.commands = _commands(ctx.runs)
+    ctx.ds_configs = {r.run_id: ds_config_of(r) for r in ctx.runs}
+    created = _make_folder(out)
     try:
         step(0.7, "drawing charts")
         draw(ctx, out)
         step(0.85, "writing report")
-        report_files.write_runs_csv(out / "runs.csv", data)
+        report_files.write_runs_csv(out / "runs.csv", ctx.runs)
         report_files.write_conditions_csv(out / "conditions.csv", ctx.conds, ctx.parity)
         if ctx.grid:
             report_files.write_grid_csv(out / "grid_iter_time.csv", ctx.grid["iter_time"])
@@ -110,14 +71,10 @@ def export_report(
         if isinstance(e, OSError):  # a full disk, a read-only folder: one line, not a traceback
             raise DstuiError(f"cannot write the report into '{out}': {e.strerror or e}") from None
         raise
-    if parent is not None:
-        step(0.95, "logging the report to MLflow")
-        tracking.log_report(client, parent.info.run_id, out)  # + report.md MLflow can preview
-    step(1.0, f"report written to {report}")
     return report
 
 
-def _check_folder(out: Path) -> None:
+def check_folder(out: Path) -> None:
     """Refuse an output path that cannot become a folder, before any work (one line, exit 2)."""
     for p in (out, *out.parents):
         if p.exists():
@@ -174,7 +131,7 @@ def render(ctx: ReportContext) -> str:
     return mdformat.neutralize("\n".join(p for p in parts if p).rstrip() + "\n")
 
 
-__all__ = ["DEFAULT_TOLERANCE", "ds_config_of", "export_report", "render"]
+__all__ = ["DEFAULT_TOLERANCE", "check_folder", "ds_config_of", "render", "write_report"]
 
 
 def _commands(runs: Sequence[RunData]) -> dict[str, str]:

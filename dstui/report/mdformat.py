@@ -164,6 +164,8 @@ def marker(c: ConditionStats) -> str:
         return "no data"
     if c.n_oom:
         return "OOM"
+    if c.n_failed and all(r.reason.startswith("cancelled") for r in c.runs if r.status in ("failed", "killed")):
+        return "cancelled"  # stopped by a person, not broken
     if c.n_failed:
         return "failed"
     return c.statuses or "no data"

@@ -1,8 +1,9 @@
-"""Rows for the results screen, from MLflow through :mod:`dstui.analysis.runs` (no textual).
+"""Rows for the results screen, from :mod:`dstui.usecases.results` (no textual).
 
-Runs in a thread worker: mlflow, numpy and pandas are imported here, never
-on the TUI's start path. The figures are the report's (same module, same
-warm-up rule), so what the TUI shows is what the exported report says.
+Runs in a thread worker: mlflow, numpy and pandas are imported there, never
+on the TUI's start path. The figures and the conditions are the report's
+(same loader, same grouping, same warm-up rule), so what the TUI shows is
+what the exported report says.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Results:
     tracking_uri: str = ""
     default_baseline: str | None = None
     run_data: dict[str, Any] = field(default_factory=dict)  # run id -> RunData with its history (charts)
+    notes: list[str] = field(default_factory=list)  # conditions split or pooled, and why (the report's notes)
 
 
 def _num(v: Any) -> float | None:
@@ -60,63 +62,43 @@ def search_text(runs: Any, *extra: str) -> str:
 
 
 def load(experiment: str | None, batch: str | None, *, tracking_uri: str | None = None) -> Results:
-    from dstui.analysis import runs as analysis
-    from dstui.core import paths
-    from dstui.tracking import client as tracking
+    """The screen's rows from :func:`dstui.usecases.results.browse` (the loader of reports and compare too)."""
+    from dstui.usecases.results import browse
 
-    uri = tracking_uri or paths.tracking_uri()
-    c = tracking.client(uri)
-    exps = sorted(
-        (e for e in c.search_experiments() if e.name != "Default"),
-        key=lambda e: e.last_update_time or e.creation_time or 0,
-        reverse=True,
-    )
-    names = [e.name for e in exps]
-    if not names:
-        return Results("", [], [], tracking_uri=uri)
-    if experiment not in names:
-        experiment = names[0]
-    try:
-        _, runs = analysis.fetch_runs(c, experiment)
-    except analysis.ReportError:
-        return Results(experiment, names, [], tracking_uri=uri)
-    batches = sorted({r.batch for r in runs if r.batch}, reverse=True)
-    if batch:
-        runs = [r for r in runs if r.batch == batch]
-    analysis.fetch_histories(c, uri, runs)
-    for r in runs:
-        r.stats = analysis.compute_run_stats(r)
-    analysis.assign_labels(runs)
-    conds = analysis.condition_stats(runs)
-    out = Results(experiment, names, batches, tracking_uri=uri)
-    for cs in conds:
-        out.conditions.append(
-            ResultRow(
-                label=cs.label, condition=cs.condition, revision=cs.revision, batch="",
-                runs=f"{cs.n_usable}/{cs.n_runs}", status=cs.statuses,
-                iter_mean=_num(cs.iter_time_mean), iter_std=_num(cs.iter_time_std),
-                tokens_per_s=_num(cs.tokens_per_s_mean), mem_peak=_num(cs.mem_peak_max),
-                final_loss=_num(cs.final_loss), reason="; ".join(cs.reasons),
-                run_means=[m for r in cs.runs if r.status == "done" and (m := _num(r.stats.get("iter_time_mean"))) is not None],
-                run_ids=[r.run_id for r in cs.runs], experiment=experiment,
-                search_text=search_text(cs.runs, cs.label, cs.statuses),
-            )
-        )  # fmt: skip
-    out.run_data = {r.run_id: r for r in runs}
-    for r in runs:
-        st = r.stats
-        out.runs.append(
-            ResultRow(
-                label=r.label, condition=r.condition, revision=r.revision, batch=r.batch,
-                runs=r.status, status=r.status, iter_mean=_num(st.get("iter_time_mean")),
-                iter_std=_num(st.get("iter_time_std")), tokens_per_s=_num(st.get("tokens_per_s_mean")),
-                mem_peak=_num(st.get("mem_peak_max")), final_loss=_num(st.get("final_loss")),
-                reason=r.reason, run_name=r.run_name, run_ids=[r.run_id], experiment=experiment,
-                search_text=search_text([r], r.label, r.reason),
-            )
-        )  # fmt: skip
-    try:
-        out.default_baseline = analysis.choose_baseline(conds, None)
-    except Exception:
-        out.default_baseline = conds[0].label if conds else None
+    found = browse(experiment, batch, tracking_uri=tracking_uri)
+    out = Results(found.experiment, found.experiments, found.batches, tracking_uri=found.uri)
+    res = found.results
+    if res is None:
+        return out
+    out.conditions = [_condition_row(cs, found.experiment) for cs in res.conds]
+    out.run_data = {r.run_id: r for r in res.runs}
+    out.runs = [_run_row(r, found.experiment) for r in res.runs]
+    out.default_baseline = res.baseline or (res.conds[0].label if res.conds else None)
+    out.notes = list(res.notes)
     return out
+
+
+def _condition_row(cs: Any, experiment: str) -> ResultRow:
+    """One condition: its started runs' figures (runs that never started are in no condition)."""
+    return ResultRow(
+        label=cs.label, condition=cs.condition, revision=cs.revision, batch="",
+        runs=f"{cs.n_usable}/{cs.n_runs}", status=cs.statuses,
+        iter_mean=_num(cs.iter_time_mean), iter_std=_num(cs.iter_time_std),
+        tokens_per_s=_num(cs.tokens_per_s_mean), mem_peak=_num(cs.mem_peak_max),
+        final_loss=_num(cs.final_loss), reason="; ".join(cs.reasons),
+        run_means=[m for r in cs.runs if r.status == "done" and (m := _num(r.stats.get("iter_time_mean"))) is not None],
+        run_ids=[r.run_id for r in cs.runs], experiment=experiment,
+        search_text=search_text(cs.runs, cs.label, cs.statuses),
+    )  # fmt: skip
+
+
+def _run_row(r: Any, experiment: str) -> ResultRow:
+    st = r.stats
+    return ResultRow(
+        label=r.label, condition=r.condition, revision=r.revision, batch=r.batch,
+        runs=r.status, status=r.status, iter_mean=_num(st.get("iter_time_mean")),
+        iter_std=_num(st.get("iter_time_std")), tokens_per_s=_num(st.get("tokens_per_s_mean")),
+        mem_peak=_num(st.get("mem_peak_max")), final_loss=_num(st.get("final_loss")),
+        reason=r.reason, run_name=r.run_name, run_ids=[r.run_id], experiment=experiment,
+        search_text=search_text([r], r.label, r.reason),
+    )  # fmt: skip

@@ -62,19 +62,19 @@ async def test_results_conditions_baseline_sort_filter(tui_env):  # noqa: F811
 async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
     make_store()
     calls = []
-    fake = types.ModuleType("dstui.report.markdown")
+    fake = types.ModuleType("dstui.usecases.report")
 
-    def export_report(experiment, out_dir, *, batch=None, runs=None, baseline=None, **kw):  # noqa: ANN001, ANN003
+    def export(experiment, out_dir, *, batch=None, runs=None, baseline=None, **kw):  # noqa: ANN001, ANN003
         out_dir.mkdir(parents=True)
         calls.append((experiment, batch, baseline))
         (out_dir / "report.md").write_text("# report\n")
-        return out_dir / "report.md"
+        return types.SimpleNamespace(report=out_dir / "report.md", where=lambda: "logged to MLflow nowhere (test)")
 
-    fake.export_report = export_report
-    monkeypatch.setitem(sys.modules, "dstui.report.markdown", fake)
-    import dstui.report
+    fake.export = export
+    monkeypatch.setitem(sys.modules, "dstui.usecases.report", fake)
+    import dstui.usecases
 
-    monkeypatch.setattr(dstui.report, "markdown", fake, raising=False)
+    monkeypatch.setattr(dstui.usecases, "report", fake, raising=False)
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = await open_results(pilot, app)
@@ -92,10 +92,10 @@ async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
 
 async def test_results_without_report_module(tui_env, monkeypatch):  # noqa: F811
     make_store()
-    monkeypatch.setitem(sys.modules, "dstui.report.markdown", None)  # import fails
-    import dstui.report
+    monkeypatch.setitem(sys.modules, "dstui.usecases.report", None)  # import fails
+    import dstui.usecases
 
-    monkeypatch.delattr(dstui.report, "markdown", raising=False)
+    monkeypatch.delattr(dstui.usecases, "report", raising=False)
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = await open_results(pilot, app)

@@ -28,8 +28,12 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"core", "spec", "tracking", "analysis"},
     "importer": {"core", "spec", "tracking", "analysis"},
     "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report"},
-    "commands": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
-    "tui": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
+    # one service per use case, shared by both faces (never importing them)
+    "usecases": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
+    "commands": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
+                 "usecases"},
+    "tui": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
+            "usecases"},
 }
 # The CLI's `tui`/`demo` commands start the TUI: the one arrow from commands to tui.
 STARTS_TUI = {"dstui/commands/tui.py", "dstui/commands/demo.py"}

@@ -164,7 +164,7 @@ def test_oom_without_metadata_and_report_over_import(uri: str, tmp_path: Path) -
     assert runs["z3_big"].status == "failed" and runs["z3_big"].reason == "CUDA out of memory"
     assert result.malformed_lines == 0
 
-    from dstui.report.markdown import export_report
+    from dstui.usecases.report import export_report
 
     md = export_report("old", tmp_path / "rep", batch=result.batch).read_text()
     assert "z3_big" in md and "OOM" in md and "z1_small" in md

@@ -20,7 +20,7 @@ import pytest
 from dstui.analysis import fetch
 from dstui.analysis import runs as an
 from dstui.report.charts import fmt_num
-from dstui.report.markdown import export_report
+from dstui.usecases.report import export_report
 
 GB = 1024**3
 EXP = "cmp"

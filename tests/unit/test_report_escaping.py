@@ -25,7 +25,7 @@ from test_report import BATCH, EXP, STEPS, log_run, losses, make_parent, store  
 
 from dstui.report import markdown as report_markdown
 from dstui.report import mdformat
-from dstui.report.markdown import export_report
+from dstui.usecases.report import export_report
 
 XSS = "<img src=x onerror=alert(3)> <script>alert(4)</script>"
 REASON = f"RuntimeError('{XSS}')"

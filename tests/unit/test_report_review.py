@@ -19,7 +19,7 @@ from test_report import BATCH, EXP, STEPS, log_run, store  # noqa: F401
 
 from dstui.cli import main
 from dstui.execute.mlflow_runs import batch_note, run_note
-from dstui.report.markdown import export_report
+from dstui.usecases.report import export_report
 
 NOTE = "mlflow.note.content"
 DESCRIPTION = "ZeRO stages 0-3 on tiny-llama: which is fastest at equal loss?"

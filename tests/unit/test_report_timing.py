@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from test_report import BATCH, EXP, log_run, make_parent, store  # noqa: F401
 
-from dstui.report.markdown import export_report
+from dstui.usecases.report import export_report
 
 T0_MS = 1_760_000_000_000
 SEGS = ("launch", "imports", "init", "compile", "steps", "teardown")

@@ -23,7 +23,7 @@ from test_report import BATCH, EXP, log_run, make_parent, read_csv, store  # noq
 from dstui.analysis import runs as an
 from dstui.analysis.rundata import RunData
 from dstui.report.charts import fmt_num
-from dstui.report.markdown import export_report
+from dstui.usecases.report import export_report
 
 REPO = Path(__file__).resolve().parents[2]
 FLOPS_PER_STEP_PER_GPU = 3.0e12  # model FLOPs of one step on one rank: tflops_per_gpu = 3 / iter_time

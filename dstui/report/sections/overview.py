@@ -6,8 +6,8 @@ import datetime as _dt
 import platform
 from collections.abc import Sequence
 
+from dstui.analysis import identity, speed
 from dstui.analysis import runs as an
-from dstui.analysis import speed
 from dstui.analysis.comparable import CHANGES_NUMERICS, KEEPS_NUMERICS
 from dstui.analysis.parity import NOT_COMPARABLE
 from dstui.analysis.runs import RunData
@@ -18,6 +18,7 @@ from dstui.report.mdformat import IDENTITY_PARAMS, Md, bold, code, codes, esc, e
 from dstui.tracking import tags as tag_keys
 
 _IDENTITY_PARAMS = IDENTITY_PARAMS
+MEMORY_SAME = 0.02  # peaks this close (relative) name no condition as using less
 
 
 def title(ctx: ReportContext) -> str:
@@ -28,7 +29,7 @@ def title(ctx: ReportContext) -> str:
     text = (
         f"# dstui report: {esc(ctx.experiment)}\n\n"
         f"Experiment {code(ctx.experiment)} (MLflow id {esc(ctx.exp.experiment_id)}), {what}, "
-        f"{len(ctx.runs)} runs. Generated {now} on {esc(platform.node() or 'unknown host')} "
+        f"{_run_count(ctx)}. Generated {now} on {esc(platform.node() or 'unknown host')} "
         f"from {code(strip_credentials(ctx.uri))}.\n"
     )
     if ctx.description.strip():
@@ -37,50 +38,63 @@ def title(ctx: ReportContext) -> str:
     return text
 
 
+def _run_count(ctx: ReportContext) -> str:
+    """'8 runs' or '8 runs (3 never started: not counted)'."""
+    text = f"{len(ctx.runs)} runs"
+    if ctx.not_started:
+        text += f" ({len(ctx.not_started)} never started: listed, not counted)"
+    return text
+
+
 def summary(ctx: ReportContext) -> str:
     lines = ["## Summary", ""]
-    _, varying = an.common_and_varying([r for r in ctx.runs if r.kind != "verify"] or ctx.runs)
+    _, varying = identity.common_and_varying([r for r in ctx.started if r.kind != "verify"] or ctx.started)
     varying = [v for v in varying if v not in _IDENTITY_PARAMS]
     repeats = max((c.n_runs for c in ctx.conds), default=0)
-    revs = sorted({r.revision for r in ctx.runs})
+    revs = sorted({r.revision for r in ctx.started})
     what = f"{len(ctx.conds)} conditions"
     if varying:
         what += " varying " + codes(varying)
     if len(revs) > 1:
         what += f", across DeepSpeed revisions {codes(revs)}"
-    what += f"; up to {repeats} repeat(s) each, {len(ctx.runs)} runs in all."
+    what += f"; up to {repeats} repeat(s) each, {_run_count(ctx)} in all."
     lines.append(f"Compared {what}")
     if ctx.baseline:
         lines.append(f"Baseline: {bold(ctx.baseline)}.")
+    if ctx.notes:
+        lines += ["", "How runs were grouped (a condition's runs ran with the same settings; a value a record lacks "
+                  "never splits them):", ""]  # fmt: skip
+        lines += [f"- {esc(n, 600)}" for n in ctx.notes[:12]]
+        if len(ctx.notes) > 12:
+            lines.append(f"- ... and {len(ctx.notes) - 12} more (data.json: notes)")
     lines += ["", "Headline findings:", ""]
     lines += [f"- {h}" for h in headlines(ctx)]
     return "\n".join(lines) + "\n"
 
 
 def speed_headline(ctx: ReportContext) -> str | None:
-    """Fastest and slowest in the report's speed unit; a speed ratio only with an interval."""
-    timed = [c for c in ctx.train if c.iter_time_mean is not None]
-    if not timed:
+    """The fastest condition only where the data bound its ratio over every other; else the figures, unranked."""
+    if not any(c.iter_time_mean is not None for c in ctx.train):
         return None
-    order = speed.ranked(ctx.train, ctx.speed_basis)
-    tokens = ctx.speed_basis == "tokens"
-    if not order:
+    claim = ctx.fastest
+    if claim is None:
         return ("Speed: tokens per step differ between conditions and no tokens/s was recorded, so per-step "
                 "times are not compared.")  # fmt: skip
-    fast, slow = order[0], order[-1]
-    text = f"Fastest: {bold(fast.label)} at {ctx.speed(fast)}"
-    if tokens:
-        text += " (tokens per step differ between conditions, so speed is compared in tokens/s, not per step)"
-    base = ctx.base()
-    sr = ctx.speed_ratios.get(fast.label)
-    if base is not None and sr is not None and sr.ratio is not None:
-        text += f"; speed vs the baseline: {sr.text()}"
-    if slow is not fast:
-        text += f"; slowest: {esc(slow.label)} at {ctx.speed(slow)}"
-    left_out = [c.label for c in timed if speed.value(c, ctx.speed_basis) is None]
-    if left_out:
-        text += f" (no tokens/s for {escs(left_out)})"
-    return text + "."
+    per = (" (tokens per step differ between conditions, so speed is compared in tokens/s, not per step)"
+           if ctx.speed_basis == "tokens" else "")  # fmt: skip
+    left_out = [c.label for c in ctx.train if c.iter_time_mean is not None and speed.value(c, ctx.speed_basis) is None]
+    per += f" (no tokens/s for {escs(left_out)})" if left_out else ""
+    lead = claim.leader
+    if not claim.over:
+        return f"Speed: {bold(lead.label)} at {ctx.speed(lead)}{per}, the only condition with a speed figure."
+    if claim.shown:
+        vs = "; ".join(f"{sr.text()} the speed of {esc(c.label)}" for c, sr in claim.over[:4])
+        return f"Fastest: {bold(lead.label)} at {ctx.speed(lead)}{per}: {vs}{' ...' if len(claim.over) > 4 else ''}."
+    order = [lead, *(c for c, _ in claim.over)]
+    figures = ", ".join(f"{esc(c.label)} {ctx.speed(c)}" for c in order[:8]) + (" ..." if len(order) > 8 else "")
+    c, sr = claim.unbounded()[0]
+    return (f"Speed: no condition is shown to be the fastest; the data do not bound the ratio ({esc(lead.label)} "
+            f"over {esc(c.label)}: {sr.text()}). Means, best first: {figures}{per}.")  # fmt: skip
 
 
 def parity_headline(ctx: ReportContext) -> str:
@@ -103,27 +117,26 @@ def parity_headline(ctx: ReportContext) -> str:
     return text + "."
 
 
-def headlines(ctx: ReportContext) -> list[str]:
-    out = []
-    if (line := speed_headline(ctx)) is not None:
-        out.append(line)
+def memory_headline(ctx: ReportContext) -> str | None:
+    """Least peak memory, with the figures; no winner where the peaks are within 2% of each other."""
     mem = [c for c in ctx.train if c.mem_peak_max is not None]
-    if mem:
-        low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
-        high = max(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
-        text = f"Least memory: {bold(low.label)} at {low.mem_peak_gb:.2f} GiB peak"
-        if high.label != low.label:
-            text += f" ({esc(high.label)}: {high.mem_peak_gb:.2f} GiB)"
-        out.append(text + ".")
-    for batch, (share, steps, wall) in sorted(ctx.step_shares.items()):
-        out.append(f"Step share{f' of {code(batch)}' if len(ctx.step_shares) > 1 else ''}: {share:.0%} of the wall "
-                   f"time went to optimizer steps ({steps:.1f} s of {wall:.1f} s) — see Where the time went.")  # fmt: skip
-    if ctx.parity:
-        out.append(parity_headline(ctx))
-    verdicts = [r.tags.get(tag_keys.VERDICT) for r in ctx.verify_runs if r.tags.get(tag_keys.VERDICT)]
-    if verdicts:
-        out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
-    failed = [r for r in ctx.runs if r.status in an.FAILED_STATES]
+    if not mem:
+        return None
+    what = "peak RSS" if ctx.on_cpu else "peak"
+    low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+    high = max(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+    if high is low:
+        return f"Memory: {bold(low.label)} at {low.mem_peak_gb:.2f} GiB {what}."
+    if (high.mem_peak_max - low.mem_peak_max) <= MEMORY_SAME * high.mem_peak_max:  # type: ignore[operator]
+        return (f"Memory: all conditions within {MEMORY_SAME:.0%} of each other ({low.mem_peak_gb:.3f} to "
+                f"{high.mem_peak_gb:.3f} GiB {what}): none uses noticeably less.")  # fmt: skip
+    return f"Least memory: {bold(low.label)} at {low.mem_peak_gb:.2f} GiB {what} ({esc(high.label)}: {high.mem_peak_gb:.2f} GiB)."
+
+
+def run_headlines(ctx: ReportContext) -> list[str]:
+    """Runs that failed, never started, or are still going, by name with their reason."""
+    out = []
+    failed = [r for r in ctx.started if r.status in an.FAILED_STATES]
     if failed:
         oom = sum(r.oom for r in failed)
         out.append(
@@ -132,60 +145,100 @@ def headlines(ctx: ReportContext) -> list[str]:
             + (" ..." if len(failed) > 8 else "")
             + "."
         )
-    skipped = [r for r in ctx.runs if r.status == "skipped"]
-    if skipped:
-        out.append(f"{len(skipped)} run(s) never launched: " + ", ".join(f"{esc(r.run_name)} ({esc(r.reason or 'skipped', 300)})"
-                                                                         for r in skipped[:8]) + ".")  # fmt: skip
-    other = [r for r in ctx.runs if r.status not in (*an.FAILED_STATES, "done", "skipped")]
+    if ctx.not_started:
+        where = (lambda r: f" of {code(r.batch or '-')}") if len(ctx.batches) > 1 else (lambda r: "")
+        out.append(f"{len(ctx.not_started)} run(s) never launched: "
+                   + ", ".join(f"{esc(r.run_name)}{where(r)} ({esc(r.reason or r.status, 300)})"
+                               for r in ctx.not_started[:8]) + (" ..." if len(ctx.not_started) > 8 else "")
+                   + " — not counted as repeats or conditions.")  # fmt: skip
+    other = [r for r in ctx.started if r.status not in (*an.FAILED_STATES, "done")]
     if other:
         out.append(
             f"{len(other)} run(s) not finished when this report was made: "
             + ", ".join(f"{esc(r.run_name)} ({esc(r.status)})" for r in other[:8])
             + "."
         )
+    return out
+
+
+def headlines(ctx: ReportContext) -> list[str]:
+    out = [line for line in (speed_headline(ctx), memory_headline(ctx)) if line is not None]
+    for batch, (share, steps, wall) in sorted(ctx.step_shares.items()):
+        out.append(f"Step share{f' of {code(batch)}' if len(ctx.step_shares) > 1 else ''}: {share:.0%} of the wall "
+                   f"time went to optimizer steps ({steps:.1f} s of {wall:.1f} s) — see Where the time went.")  # fmt: skip
+    if ctx.parity:
+        out.append(parity_headline(ctx))
+    verdicts = [r.tags.get(tag_keys.VERDICT) for r in ctx.verify_runs if r.tags.get(tag_keys.VERDICT)]
+    if verdicts:
+        out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
+    out += run_headlines(ctx)
     outl = sum(c.outliers for c in ctx.train)
     if outl:
         out.append(f"{outl} outlier iteration(s) (> {an.OUTLIER_FACTOR:g}x the run's median) — see Data quality.")
     return out or ["No timing, memory or loss data was recorded for these runs."]
 
 
-def setup(ctx: ReportContext) -> str:
-    lines = ["## Setup", ""]
+def hardware(ctx: ReportContext) -> list[str]:
+    """Where the started runs ran, as their runners reported it; runs stopped before that are counted apart."""
     hw: dict[tuple[str, ...], int] = {}
-    for r in ctx.runs:
+    unreported = 0
+    for r in ctx.started:
+        if not r.tags.get(tag_keys.DEVICE):
+            unreported += 1
+            continue
         key = tuple(r.tags.get(f"dstui.{k}", "") or "-" for k in ("hostname", "device", "gpu_name", "gpu_count"))
         hw[key] = hw.get(key, 0) + 1
-    lines += ["**Hardware**", "", table(["host", "device", "GPU", "GPUs", "runs"], [[*k, n] for k, n in hw.items()]), ""]
+    lines = ["**Hardware**", ""]
+    if hw:
+        lines += [table(["host", "device", "GPU", "GPUs", "runs"], [[*k, n] for k, n in hw.items()]), ""]
+    if unreported or not hw:
+        lines += [f"{unreported} started run(s) stopped before their runner reported the hardware"
+                  + ("; runs that never started ran nowhere." if ctx.not_started else "."), ""]  # fmt: skip
+    return lines
+
+
+def setup(ctx: ReportContext) -> str:
+    lines = ["## Setup", "", *hardware(ctx)]
+    runs = ctx.started or ctx.runs
     vrows = []
     for k in ("deepspeed", "torch", "transformers", "python"):
-        vals = an.distinct_tag(ctx.runs, f"dstui.version.{k}")
+        vals = an.distinct_tag(runs, f"dstui.version.{k}")
         vrows.append([k, ", ".join(vals) if vals else "not recorded"])
-    sha = an.distinct_tag(ctx.runs, tag_keys.DEEPSPEED_GIT_SHA)
+    sha = an.distinct_tag(runs, tag_keys.DEEPSPEED_GIT_SHA)
     vrows.append(["deepspeed git sha", ", ".join(s[:12] for s in sha) if sha else "not recorded"])
-    if len({r.revision for r in ctx.runs}) > 1:
-        for rev in sorted({r.revision for r in ctx.runs}):
-            rr = [r for r in ctx.runs if r.revision == rev]
-            ds = an.distinct_tag(rr, "dstui.version.deepspeed")
+    if len({r.revision for r in runs}) > 1:
+        for rev in sorted({r.revision for r in runs}):
+            ds = an.distinct_tag([r for r in runs if r.revision == rev], "dstui.version.deepspeed")
             vrows.append([Md(f"revision {code(rev)}"), ", ".join(ds) or "?"])
     lines += ["**Versions**", "", table(["component", "version"], vrows), ""]
-    pool = [r for r in ctx.runs if r.kind != "verify"] or ctx.runs
-    common, varying = an.common_and_varying(pool)
+    pool = [r for r in runs if r.kind != "verify"] or runs
+    common, varying = identity.common_and_varying(pool)
     shown = {k: v for k, v in common.items() if k not in ("command", "env", "extra_args", "launcher", "ds_overrides")}
     if shown:
-        lines += ["**Settings common to all runs**", ""]
-        lines.append(table(["setting", "value"], [[k, code(v) or "(empty)"] for k, v in shown.items()]))
+        lines += ["**Settings common to all runs** (that record them)", ""]
+        lines.append(table(["setting", "value"], [[k, _common_cell(pool, k, v)] for k, v in shown.items()]))
         lines.append("")
     varying = [v for v in varying if v not in _IDENTITY_PARAMS]
     if varying:
-        rows = []
-        for c in ctx.conds:
-            r0 = c.runs[0]
-            rows.append([c.label, *[r0.known_params.get(v, "-" if r0.kind == "command" else "") for v in varying]])
+        rows = [[c.label, *[_setting_cell(c.settings, c.kind, v) for v in varying]] for c in ctx.conds]
         lines += ["**Settings that differ**", "", table(["condition", *varying], rows), ""]
         lines += [numerics_text(varying), ""]
     lines += ["**What an iteration is**", ""]
     lines.append(iteration_text(ctx, pool))
     return "\n".join(lines) + "\n"
+
+
+def _common_cell(pool: Sequence[RunData], key: str, v: str) -> Md:
+    """The shared value, and how many runs do not record it (a value unknown to them, never assumed)."""
+    n = identity.not_recorded(pool, key)
+    return Md(code(v) + (f" (not recorded by {n} of {len(pool)} runs)" if n else ""))
+
+
+def _setting_cell(settings: dict[str, str], kind: str, key: str) -> str:
+    """A condition's value of a setting: as its runs record it, '(unset)' when empty, else not recorded."""
+    if key in settings:
+        return settings[key] if settings[key] != identity.EMPTY else "(unset)"
+    return "-" if kind == "command" else "not recorded"
 
 
 def iteration_text(ctx: ReportContext, pool: Sequence[RunData]) -> str:
@@ -268,7 +321,8 @@ def numerics_text(varying: Sequence[str]) -> str:
     keeps = [v for v in varying if v.split(".", 1)[0] in KEEPS_NUMERICS]
     parts = []
     if changes:
-        parts.append(f"{codes(changes)} change the numerics by design: conditions that differ in them are not "
+        parts.append(f"{codes(changes)} {'changes' if len(changes) == 1 else 'change'} the numerics by design: "
+                     "conditions that differ in them are not "
                      "judged against each other's loss (see Loss parity)")  # fmt: skip
     if keeps:
         parts.append(f"{codes(keeps)} should not change them: the loss check applies")

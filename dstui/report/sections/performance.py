@@ -80,13 +80,23 @@ def memory(ctx: ReportContext) -> str:
         if base and base.mem_peak_max and c.mem_peak_max:
             ratio = f"{c.mem_peak_max / base.mem_peak_max:.3f}x"
         rows.append([c.label, fnum(c.mem_peak_gb, digits=3), ratio, fmt_gib(c.mem_alloc_max)])
-    return (
-        "## Memory\n\n" + img(ctx, "memory", "peak memory")
-        + "\nPeak memory of rank 0 over the whole run (warm-up included: a peak is a peak), mean over repeats. "
-        "On GPU this is `torch.cuda.max_memory_allocated`, on CPU the process's peak RSS.\n\n"
-        + "Allocated: the largest `alloc_mem` (memory held by live tensors) a run logged, mean over repeats.\n\n"
-        + table(["condition", "peak (GiB)", "vs baseline", "allocated (GiB)"], rows) + "\n"
-    )
+    if ctx.on_cpu:  # the runner reads the process's RSS on CPU: say so, never "tensor memory"
+        what = (
+            "These runs ran on CPU, where dstui measures the resident memory (RSS) of rank 0's process, not the "
+            "memory of tensors: that includes Python, the libraries, DeepSpeed's buffers and the allocator's cache. "
+            "Peak RSS: the largest RSS the process reached over the whole run (warm-up included), mean over "
+            "repeats. RSS at a step: the largest RSS read when a step was logged, mean over repeats.\n\n"
+        )
+        head = ["condition", "peak RSS (GiB)", "vs baseline", "RSS at a step (GiB)"]
+    else:
+        what = (
+            "Peak memory of rank 0 over the whole run (warm-up included: a peak is a peak), mean over repeats. "
+            "On GPU this is `torch.cuda.max_memory_allocated`, on CPU the process's peak RSS.\n\n"
+            "Allocated: the largest `alloc_mem` a run logged (on GPU `torch.cuda.memory_allocated`, the memory "
+            "held by live tensors; on CPU the process's RSS at that step), mean over repeats.\n\n"
+        )
+        head = ["condition", "peak (GiB)", "vs baseline", "allocated (GiB)"]
+    return "## Memory\n\n" + img(ctx, "memory", "peak memory") + "\n" + what + table(head, rows) + "\n"
 
 
 def throughput(ctx: ReportContext) -> str:

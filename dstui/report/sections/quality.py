@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from dstui.analysis import runs as an
-from dstui.analysis import speed
+from dstui.analysis.comparable import numerics_differences
 from dstui.analysis.fetch import read_artifact
+from dstui.analysis.intervals import RECOMMENDED_REPEATS
 from dstui.analysis.runs import RunData
 from dstui.report.context import ReportContext
 from dstui.report.files import cell
-from dstui.report.mdformat import bold, code, esc, escs, fence, img, table
+from dstui.report.mdformat import bold, code, codes, esc, escs, fence, img, table
+from dstui.report.sections.overview import MEMORY_SAME
 from dstui.tracking import tags as tag_keys
 
 _METHODS = {
@@ -101,32 +103,9 @@ def recommendations(ctx: ReportContext) -> str:
     if not timed:
         lines.append("No usable timings: nothing to recommend yet.")
         return "\n".join(lines) + "\n"
-    order = speed.ranked(ctx.train, ctx.speed_basis)
-    if order:
-        fast = order[0]
-        per = " (tokens per step differ: compared in tokens/s)" if ctx.speed_basis == "tokens" else ""
-        lines.append(f"- **Fastest**: {esc(fast.label)} ({ctx.speed(fast)}){per}.")
-    mem = [c for c in ctx.train if c.mem_peak_max is not None]
-    if mem:
-        low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
-        lines.append(f"- **Least memory**: {esc(low.label)} ({low.mem_peak_gb:.3f} GiB peak).")
-    lossy = [c for c in ctx.train if c.final_loss is not None and math.isfinite(c.final_loss)]
-    if lossy:
-        best = min(lossy, key=lambda c: c.final_loss)  # type: ignore[arg-type, return-value]
-        spread = max(c.final_loss for c in lossy) - best.final_loss  # type: ignore[operator]
-        text = f"- **Best final loss**: {esc(best.label)} ({best.final_loss:.6f})"
-        if spread <= ctx.tolerance:
-            text += f" — but all conditions end within {ctx.tolerance:g} of each other, so loss does not separate them"
-        lines.append(text + ".")
-    front = an.pareto(ctx.train, ctx.speed_basis)
-    if len(front) > 1:
-        lines.append(
-            "- **Speed / memory trade-off**: no condition is both faster and smaller than these: "
-            + "; ".join(f"{esc(c.label)} ({ctx.speed(c)}, {c.mem_peak_gb:.2f} GiB)" for c in front)
-            + ". Pick the fastest that fits your memory budget."
-        )
-    elif len(front) == 1:
-        lines.append(f"- **Speed / memory trade-off**: {esc(front[0].label)} is both the fastest and the smallest of the timed conditions.")
+    lines += [line for line in (_speed_line(ctx), _memory_line(ctx), _loss_line(ctx)) if line]
+    if (line := _tradeoff_line(ctx)) is not None:
+        lines.append(line)
     fails = [p.label for p in ctx.parity if p.verdict == "FAIL"]
     if fails:
         lines.append(f"- Before adopting {escs(fails)}: their loss differs from the condition they were compared with "
@@ -139,10 +118,74 @@ def recommendations(ctx: ReportContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tradeoff_line(ctx: ReportContext) -> str | None:
+    """The speed/memory Pareto front, by means; said to be unbounded where the speed ratios are."""
+    front = an.pareto(ctx.train, ctx.speed_basis)
+    bounded = ctx.fastest is not None and ctx.fastest.shown
+    caveat = "" if bounded else " (by mean speed; the data do not bound the speed ratios, see Speed above)"
+    if len(front) > 1:
+        return ("- **Speed / memory trade-off**: no condition is both faster and smaller than these" + caveat + ": "
+                + "; ".join(f"{esc(c.label)} ({ctx.speed(c)}, {c.mem_peak_gb:.2f} GiB)" for c in front)
+                + ". Pick the fastest that fits your memory budget.")  # fmt: skip
+    if len(front) == 1:
+        what = "is both the fastest and the smallest" if bounded else "has both the best mean speed and the least memory"
+        return f"- **Speed / memory trade-off**: {esc(front[0].label)} {what} of the timed conditions{caveat}."
+    return None
+
+
+def _speed_line(ctx: ReportContext) -> str | None:
+    """The fastest condition, only where its ratio over every other is bounded above 1."""
+    claim = ctx.fastest
+    if claim is None or not claim.over:
+        return None
+    per = " (tokens per step differ: compared in tokens/s)" if ctx.speed_basis == "tokens" else ""
+    if claim.shown:
+        c, sr = claim.over[0]
+        return (f"- **Fastest**: {esc(claim.leader.label)} ({ctx.speed(claim.leader)}){per}: {sr.text()} the speed of "
+                f"the next, {esc(c.label)}.")  # fmt: skip
+    c, sr = claim.unbounded()[0]
+    return (f"- **Speed**: no condition is shown to be faster than the others ({esc(claim.leader.label)} over "
+            f"{esc(c.label)}: {sr.text()}); {RECOMMENDED_REPEATS}+ repeats per condition (`repeats:` in the spec) "
+            f"bound the ratios.")  # fmt: skip
+
+
+def _memory_line(ctx: ReportContext) -> str | None:
+    mem = [c for c in ctx.train if c.mem_peak_max is not None]
+    if len(mem) < 2:
+        return None
+    low = min(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+    high = max(mem, key=lambda c: c.mem_peak_max)  # type: ignore[arg-type, return-value]
+    what = "peak RSS" if ctx.on_cpu else "peak"
+    if high.mem_peak_max - low.mem_peak_max <= MEMORY_SAME * high.mem_peak_max:  # type: ignore[operator]
+        return f"- **Memory**: all within {MEMORY_SAME:.0%} ({low.mem_peak_gb:.3f} to {high.mem_peak_gb:.3f} GiB {what})."
+    return f"- **Least memory**: {esc(low.label)} ({low.mem_peak_gb:.3f} GiB {what}; most: {esc(high.label)}, {high.mem_peak_gb:.3f} GiB)."
+
+
+def _loss_line(ctx: ReportContext) -> str | None:
+    """Final loss ranked only among conditions that should compute the same numbers, with the tolerance."""
+    lossy = [c for c in ctx.train if c.final_loss is not None and math.isfinite(c.final_loss)]
+    if len(lossy) < 2:
+        return None
+    differ = sorted({d.setting for c in lossy[1:] for d in numerics_differences(c.runs, lossy[0].runs)})
+    if differ:
+        return (f"- **Final loss**: not ranked: the conditions differ in {codes(differ)}, which "
+                f"{'changes' if len(differ) == 1 else 'change'} the numerics by design (final losses are in the "
+                "Conditions table; see Loss parity).")  # fmt: skip
+    low = min(lossy, key=lambda c: c.final_loss)  # type: ignore[arg-type, return-value]
+    high = max(lossy, key=lambda c: c.final_loss)  # type: ignore[arg-type, return-value]
+    spread = high.final_loss - low.final_loss  # type: ignore[operator]
+    if spread <= ctx.tolerance:
+        return (f"- **Final loss**: every condition ends within {ctx.tolerance:g} of each other ({low.final_loss:.6f} "
+                f"to {high.final_loss:.6f}): loss does not separate them.")  # fmt: skip
+    return (f"- **Lowest final loss**: {esc(low.label)} ({low.final_loss:.6f}); highest {esc(high.label)} "
+            f"({high.final_loss:.6f}): {spread:.3g} apart, beyond the tolerance {ctx.tolerance:g} (see Loss parity).")
+
+
 def appendix(ctx: ReportContext) -> str:
     lines = ["## Appendix", "", "### MLflow runs", ""]
-    if ctx.parent_run_id:
-        lines.append(f"Parent (batch) run: {code(ctx.parent_run_id)}.\n")
+    if ctx.logged_to:
+        lines.append("This report is logged as artifact `report` to the parent (batch) run of every batch it covers: "
+                     + ", ".join(f"{code(b)}: {code(rid)}" for b, rid in ctx.logged_to.items()) + ".\n")  # fmt: skip
     lines.append(table(
         ["run", "condition", "revision", "repeat", "status", "batch", "MLflow run id"],
         [[r.run_name, r.condition, r.revision, r.repeat, "OOM" if r.oom else r.status, r.batch, code(r.run_id)] for r in ctx.runs],

@@ -40,9 +40,9 @@ def _compile_caches(ctx: ReportContext) -> list[str]:
     Beside the compile segment because it explains it: a repeat whose graphs
     still miss compiles again, whatever the cache folders hold.
     """
-    names = phases.row_names(ctx.runs)
+    names = phases.row_names(ctx.started)
     found = []
-    for run in ctx.runs:
+    for run in ctx.started:
         summary = {k.removeprefix("summary."): v for k, v in run.metrics.items() if k.startswith("summary.")}
         if line := compile_cache_line(summary):
             found.append(f"- {code(names[run.run_id])}: {esc(line)}")
@@ -56,7 +56,7 @@ def where_time_went(ctx: ReportContext) -> str:
     """The per-run table, the batches' step shares and the chart; a sentence when no run has phase times."""
     lines = ["## Where the time went", ""]
     frame = ctx.times
-    missing = [r.run_name for r in ctx.runs if not phases.has_breakdown(r)]
+    missing = [r.run_name for r in ctx.started if not phases.has_breakdown(r)]  # never-started runs ran nothing
     if frame is None or frame.empty:
         lines.append(
             "No run of this report recorded phase times (imported logs, runs from before dstui recorded them, "

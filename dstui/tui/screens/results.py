@@ -37,9 +37,10 @@ class Loaded(Message):
 
 
 class Exported(Message):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, where: str = "") -> None:
         super().__init__()
         self.path = path
+        self.where = where  # the MLflow parent runs it was logged to (or why not)
 
 
 class ResultsScreen(Screen):
@@ -326,26 +327,26 @@ class ResultsScreen(Screen):
         self, experiment: str, out: Path, batch: str | None, baseline: str | None, run_ids: list[str] | None = None
     ) -> None:
         try:
-            from dstui.report import markdown as report
+            from dstui.usecases import report
         except ImportError:
             self.app.call_from_thread(
                 self.notify,
-                "report export is not available in this version yet (dstui.report.markdown is missing)",
+                "report export is not available in this version yet (dstui.usecases.report is missing)",
                 severity="warning",
             )
             return
         try:
             if run_ids:  # the picked runs, whatever their batch or experiment (the report takes ids as they are)
-                path = report.export_report(experiment, out, runs=run_ids, baseline=baseline)
+                done = report.export(experiment, out, runs=run_ids, baseline=baseline)
             else:
-                path = report.export_report(experiment, out, batch=batch, baseline=baseline)
+                done = report.export(experiment, out, batch=batch, baseline=baseline)
         except Exception as e:  # noqa: BLE001 - any failure is the user's to read, not a traceback
             self.app.call_from_thread(self.notify, f"report export failed: {str(e)[:300]}", severity="error")
             return
-        self.post_message(Exported(Path(path)))
+        self.post_message(Exported(Path(done.report), done.where()))
 
     def on_exported(self, message: Exported) -> None:
-        self.notify(f"report written: {message.path}", timeout=10)
+        self.notify(f"report written: {message.path}; {message.where}", timeout=10)
 
     def action_mlflow_ui(self) -> None:
         self.app.push_screen(mlflow_ui_screen())
