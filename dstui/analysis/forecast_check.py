@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dstui.analysis.forecast import GIB, forecast, settings_of, zero_config_of
+from dstui.analysis.grouping import NOT_STARTED
 from dstui.core.failures import is_oom
 from dstui.tracking import tags as tag_keys
 
@@ -37,7 +38,7 @@ def forecast_vs_measured(runs: Sequence[Any], capacity: int | None = None) -> An
     capacity = capacity or capacity_of_reasons(r.reason for r in runs)
     groups: dict[str, list[Any]] = {}
     for run in runs:
-        groups.setdefault(run.label or run.condition, []).append(run)
+        groups.setdefault((run.label or run.condition).removesuffix(NOT_STARTED), []).append(run)
     out = []
     for cond, members in groups.items():
         settings = settings_of(members[0].params)

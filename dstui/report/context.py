@@ -60,9 +60,9 @@ class ReportContext(Results):
         ctx.times = phases.time_table(ctx.started)
         ctx.step_shares = phases.step_share_by_batch(ctx.started)
         try:
-            # a condition that never started (skipped: predicted OOM) keeps its forecast row, which says why
-            conditions = {r.label for r in ctx.started}
-            ctx.memory_forecast = forecast_vs_measured([r for r in ctx.runs if r.started or r.label not in conditions])
+            # a condition none of whose runs started (skipped: predicted OOM) keeps its forecast row: it says why
+            names = {r.condition for r in ctx.started}
+            ctx.memory_forecast = forecast_vs_measured([r for r in ctx.runs if r.started or r.condition not in names])
         except ImportError as e:  # DeepSpeed's estimators: the optional training stack (dstui[train])
             ctx.forecast_missing = f"{e.name or e}"
         return ctx

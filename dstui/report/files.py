@@ -145,7 +145,7 @@ def write_json(path: Path, ctx: ReportContext) -> None:
         "tolerance_basis": ctx.tolerance_basis,
         "notes": ctx.notes,
         "logged_to": ctx.logged_to,
-        "conditions": [_clean({**c.as_row(), "settings": c.settings, "runs": [r.run_id for r in c.runs]})
+        "conditions": [_clean({**c.as_row(), "settings": c.settings, "run_ids": [r.run_id for r in c.runs]})
                        for c in ctx.conds],
         "parity": [_clean(p.as_row()) for p in ctx.parity],
         "grids": {

@@ -87,11 +87,11 @@ def test_a_cancelled_batch_with_other_steps_changes_no_verdict(home: Path) -> No
     conds = {c["label"]: c for c in both["conditions"]}
     runs = {r["run_id"]: r for r in both["runs"]}
     for c in both["conditions"]:
-        assert {runs[rid]["params"]["steps"] for rid in c["runs"]} == {c["settings"]["steps"]}, c["label"]
-        assert all(runs[rid]["started"] for rid in c["runs"])
-    assert conds["z1-lr0.0001 (steps=3000)"]["runs"] == [
+        assert {runs[rid]["params"]["steps"] for rid in c["run_ids"]} == {c["settings"]["steps"]}, c["label"]
+        assert all(runs[rid]["started"] for rid in c["run_ids"])
+    assert conds["z1-lr0.0001 (steps=3000)"]["run_ids"] == [
         r["run_id"] for r in both["runs"] if r["tags"]["dstui.batch"] == second.id and r["run_name"] == "z1-lr0.0001-r0"]
-    assert conds["z1-lr0.0001 (steps=6)"]["runs"] == [
+    assert conds["z1-lr0.0001 (steps=6)"]["run_ids"] == [
         r["run_id"] for r in both["runs"] if r["tags"]["dstui.batch"] == clean.id and r["run_name"] == "z1-lr0.0001-r0"]
     assert sum(not r["started"] for r in both["runs"]) == 3
     assert "3 run(s) never launched" in md and "not counted as repeats or conditions" in md

@@ -45,7 +45,7 @@ def test_report_compare_and_results_screen_group_alike(store: tuple[Any, str, st
 
     export_report(EXP, tmp_path / "r", log_artifact=False)
     data = json.loads((tmp_path / "r" / "data.json").read_text())
-    assert {c["label"]: sorted(c["runs"]) for c in data["conditions"]} == expected
+    assert {c["label"]: sorted(c["run_ids"]) for c in data["conditions"]} == expected
 
     screen = results_data.load(EXP, None)
     assert {row.label: sorted(row.run_ids) for row in screen.conditions} == expected
