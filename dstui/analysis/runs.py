@@ -8,6 +8,9 @@ numbers; the tests check them against figures computed independently.
 
 Definitions (the report repeats them so a reader does not have to guess):
 
+* a *condition* is the runs that ran with the same settings (:mod:`~dstui.analysis.grouping`):
+  runs that never started are in none, and one spec condition run with other settings in
+  another batch (other ``steps``, another DeepSpeed) is a condition of its own;
 * a *step* is one optimizer step (``grad_accum`` micro-batches);
 * per-run statistics exclude the first ``warmup_steps`` optimizer steps
   (param ``warmup_steps``), because the first steps include compilation,
