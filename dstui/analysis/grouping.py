@@ -104,16 +104,20 @@ def _by(runs: Iterable[RunData], attr: str) -> dict[str, list[RunData]]:
     return out
 
 
-def _name_parts(name: str, members: Sequence[RunData], exclude: Iterable[str], notes: list[str]) -> list[
-        tuple[str, list[RunData], dict[str, str]]]:  # fmt: skip
-    """Split one name's runs; the labels of the parts (the name when it does not split) and a note."""
+def _name_parts(name: str, members: Sequence[RunData], exclude: Iterable[str],
+                splits: dict[str, list[str]]) -> list[tuple[str, list[RunData], dict[str, str]]]:  # fmt: skip
+    """Split one name's runs; the labels of the parts (the name when it does not split).
+
+    A split is recorded in ``splits`` (what differed -> the names split by
+    it), so names that split alike share one note.
+    """
     parts = split(members, exclude)
     if len(parts) > 1:
         keys = telling_keys([v for _, v in parts])
         shown = "; ".join(f"{k}: " + " / ".join(dict.fromkeys(_show(v[k]) for _, v in parts if k in v))
                           for k in keys[:3])  # fmt: skip
-        notes.append(f"{name}: its runs ran with different settings ({shown}{'; ...' if len(keys) > 3 else ''}): "
-                     f"reported as {len(parts)} conditions, never as repeats of one.")  # fmt: skip
+        detail = f"ran with different settings ({shown}{'; ...' if len(keys) > 3 else ''}): reported as {len(parts)} conditions"
+        splits.setdefault(detail, []).append(name)
     return [(name + sfx, rs, v) for sfx, (rs, v) in zip(_suffixes([v for _, v in parts]), parts, strict=True)]
 
 
@@ -140,20 +144,22 @@ def assign_labels(runs: Sequence[RunData]) -> list[str]:
     """
     started = [r for r in runs if r.started]
     several = len({r.revision for r in started}) > 1
-    notes: list[str] = []
+    splits: dict[str, list[str]] = {}
+    pooled: list[str] = []
     for name, members in _by(started, "condition").items():
-        for cond_label, rs, _ in _name_parts(name, members, REVISION_KEYS, notes):
+        for cond_label, rs, _ in _name_parts(name, members, REVISION_KEYS, splits):
             for r in rs:
                 r.condition_label = cond_label
     for cond_label, members in _by(started, "condition_label").items():
         for revision, rs in _by(members, "revision").items():
             base = f"{cond_label} @ {revision}" if several else cond_label
-            for label, part, values in _name_parts(base, rs, (), notes):
-                notes += _pooling_notes(label, part, values)
+            for label, part, values in _name_parts(base, rs, (), splits):
+                pooled += _pooling_notes(label, part, values)
                 for r in part:
                     r.label = label
     for r in runs:
         if not r.started:
             r.condition_label = r.condition
             r.label = (f"{r.condition} @ {r.revision}" if several else r.condition) + NOT_STARTED
-    return notes
+    return [f"{', '.join(names)}: {'its' if len(names) == 1 else 'their'} runs {detail}{'' if len(names) == 1 else ' each'}, "
+            "never as repeats of one." for detail, names in splits.items()] + pooled  # fmt: skip
