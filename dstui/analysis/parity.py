@@ -49,14 +49,14 @@ def loss_parity(
     by_label = {c.label: c for c in conds}
     base = by_label[baseline]
     out = []
-    for c in conds:
+    for i, c in enumerate(conds):
         if c.label == baseline:
             continue
         diffs = numerics_differences(c.runs, base.runs)
         why = "; ".join(d.text() for d in diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
         ref = base
         if diffs:
-            earlier = [o for o in conds if o.label != baseline and conds.index(o) < conds.index(c)]
+            earlier = [o for o in conds[:i] if o.label != baseline]  # by position: list.index compares whole dataclasses
             ref = reference_of(c, earlier)  # type: ignore[assignment]
         if ref is None:
             p = Parity(c.label, baseline, 0, None, None, None, tolerance, NOT_COMPARABLE, not_comparable=why)
