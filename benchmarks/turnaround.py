@@ -7,7 +7,7 @@ so load from other users of a shared machine hits both paths alike:
 
 * old: DeepSpeed's launcher starts the ranks (``DSTUI_RANK_LAUNCHER=deepspeed``)
   and runs go one after another (``--parallel 1``): what dstui did before;
-* new: dstui starts the ranks itself (dstui.execute.ranks) and runs share the
+* new: dstui starts the ranks itself (dstui.execute.injob.ranks) and runs share the
   box on disjoint GPUs where it has them (``--parallel 0``, the default).
 * no-bytecode-cache: new, but without the bytecode cache dstui gives the
   processes it starts where the environment forbids bytecode

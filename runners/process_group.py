@@ -64,7 +64,7 @@ def one_node(env: dict[str, str] | os._Environ[str]) -> bool:
 def init_distributed() -> None:
     """``deepspeed.init_distributed()``, with the rendezvous bound to MASTER_ADDR only (issue 33.7).
 
-    A one-node job (MASTER_ADDR loopback, as dstui.execute.ranks and DeepSpeed's
+    A one-node job (MASTER_ADDR loopback, as dstui.execute.injob.ranks and DeepSpeed's
     single-node launch give it) listens on 127.0.0.1 only: the store, and gloo's
     and NCCL's own sockets (their interface is ``lo`` unless the user chose one).
     A multi-node job's store listens on the address its scheduler gave as

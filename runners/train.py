@@ -3,7 +3,7 @@
 
 Started one process per rank, by dstui's rank starter (single node) or DeepSpeed's launcher::
 
-    python -m dstui.execute.ranks --nproc 2 --master-port 29500 -- \\
+    python -m dstui.execute.injob.ranks --nproc 2 --master-port 29500 -- \\
         python runners/train.py --model tiny-llama --zero-stage 3 --steps 10
     python -m deepspeed.launcher.runner --num_gpus 2 --master_port 29500 \\
         runners/train.py --model tiny-llama --zero-stage 3 --steps 10

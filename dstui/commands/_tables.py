@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dstui.commands._records import reason_of
+from dstui.core.errors import DstuiError
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute import live_phase
+from dstui.execute import backends, live_phase
 
 MIN_REASON = 20  # the narrowest reason column; the numbers are dropped first
 FALLBACK_WIDTH = 120  # not a terminal and no COLUMNS
@@ -59,10 +60,16 @@ COLUMNS = (
     Column("tok/s", lambda st: fmt_num((st.get("last") or {}).get("tokens_per_s"), ".0f"), 1),
     Column("peak_mem", lambda st: fmt_bytes((st.get("last") or {}).get("mem_peak")), 5),
 )
-SLURM_COLUMNS = (
-    Column("job", lambda st: str(st.get("job_id") or "-"), 7),
-    Column("nodes", lambda st: str(st.get("nodes") or "-"), 4),
-)
+
+
+def backend_columns(b: BatchDir) -> tuple[Column, ...]:
+    """The columns the batch's executor shows of its jobs (Slurm: job id, nodes)."""
+    try:
+        fields = backends.get(b.info().get("executor")).shown_fields
+    except DstuiError:  # an executor this process does not know (its registration is gone): the runs still show
+        fields = ()
+    return tuple(Column(header, lambda st, f=field: str(st.get(f) or "-"), keep) for header, field, keep in fields)
+
 REASON = "reason"
 
 
@@ -107,7 +114,7 @@ def render(b: BatchDir, *, width: int | None = None, verbose: bool = False) -> s
     width = width or terminal_width()
     runs = b.runs()
     statuses = _statuses(runs)
-    columns = COLUMNS + (SLURM_COLUMNS if b.info().get("executor") == "slurm" else ())
+    columns = COLUMNS + backend_columns(b)
     cols, widths, reason_w = choose(columns, statuses, width)
     lines = ["  ".join(c.header.ljust(w) for c, w in zip(cols, widths, strict=True)) + "  " + REASON]
     was_cut = []

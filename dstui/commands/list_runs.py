@@ -14,7 +14,7 @@ from dstui.commands._machine import emit
 from dstui.commands._records import plan_record
 from dstui.commands._tables import terminal_width
 from dstui.core.rundir import RunDir
-from dstui.execute import batch, feasibility, launch, sysmetrics
+from dstui.execute import backends, batch, feasibility, launch, sysmetrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
     forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
     # the same check `dstui run` refuses with: a list that says "valid" must also say what cannot run here
-    machine = feasibility.this_machine()
-    infeasible = feasibility.problems(p.runs, machine, forecasts=forecasts, capacity=capacity, executor=p.spec.executor)
+    machine = backends.get(p.spec.executor).capacity()  # None: a scheduler places the runs and judges them
+    infeasible = feasibility.problems(p.runs, machine, forecasts=forecasts, capacity=capacity)
     if args.json:
         return print_json(p, forecasts, capacity, commands=args.commands, validated=not args.no_validate,
                           infeasible=infeasible)  # fmt: skip
@@ -65,12 +65,12 @@ def run(args: argparse.Namespace) -> int:
     print(fitted_table(rows, header, width, drop_first=("key", "revision", "kind", "ga", "steps", "offload")))
     checked = "the spec and each run's ds_config" if not args.no_validate else "the spec (ds_configs not: --no-validate)"
     print(f"\n{len(p.runs)} runs ({p.spec.name}); {checked} valid")
-    if infeasible:
+    if infeasible and machine is not None:
         print(textwrap.fill(f"{len(infeasible)} cannot work on this machine ({machine.describe()}); `dstui run` "
                             "refuses them (--force launches anyway):", width=width))  # fmt: skip
         for problem in infeasible:
             print(textwrap.fill(problem.line(), width=width, initial_indent="  ", subsequent_indent="      "))
-    elif p.spec.executor == "local":
+    elif machine is not None:
         print(f"all can work on this machine ({machine.describe()})")
     print(textwrap.fill(forecast.capacity_note(capacity), width=width))
     if args.commands:

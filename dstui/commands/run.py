@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 
@@ -17,9 +16,9 @@ from dstui.commands import _argtypes, _machine
 from dstui.commands._common import batch_notes
 from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
-from dstui.core import failures, startup_trace
+from dstui.core import executors, failures, startup_trace
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import batch, feasibility, launch, slurm, slurm_script, supervisor, sysmetrics
+from dstui.execute import backends, batch, feasibility, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
 
 
@@ -53,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     slurm = p.add_argument_group("Slurm (each run is one job; see docs/CLUSTERS.md)")
     slurm.add_argument(
         "--executor",
-        choices=("local", "slurm"),
-        help="where runs start: this machine (default) or one Slurm job each; overrides the spec's 'executor'",
+        choices=executors.names(),  # the registry's: built-in ones and those of $DSTUI_EXECUTORS
+        help="where runs start: this machine (local, the default), one Slurm job each (slurm), or another "
+        "registered executor; overrides the spec's 'executor'",
     )
     slurm.add_argument("--partition", help="sbatch --partition (spec: slurm.partition)")
     slurm.add_argument("--account", help="sbatch --account (spec: slurm.account)")
@@ -122,10 +122,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"partition": args.partition, "account": args.account, "time_limit": args.time_limit, "max_jobs": args.max_jobs}
     plan = batch.plan(args.spec, validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides)
     _mark("plan_done")
-    if plan.spec.executor == "slurm":
-        if args.dry_run:
-            return print_job_scripts(plan)
-        slurm.preflight(plan.runs, plan.spec.slurm, plan.revisions)  # before any folder or job exists
+    backend = backends.get(plan.spec.executor)
+    if not args.dry_run:
+        backend.preflight(plan)  # what it would refuse (Slurm: sbatch --test-only), before any folder or job exists
     forecasts, capacity = forecast.for_plan(plan, sysmetrics.gpu_memory_total())
     _mark("forecast_done")
     skip = args.skip_predicted_oom or plan.spec.skip_predicted_oom
@@ -137,12 +136,11 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for r in plan.runs:
             rd = batch.RunDir(batch.paths.runs_dir() / "<batch>" / r.name)
-            python = (plan.revisions.get(r.revision) or {}).get("python")
             fc = forecasts.get(r.name)
             mem = f"  memory/GPU {forecast.column(fc, capacity)} ({fc.source})" if fc else ""
             oom = forecast.oom_reason(fc, capacity) if skip else None
             print(f"# {r.name}  (key {r.key}){mem}" + (f"  -> {oom}" if oom else ""))
-            print(shlex.join(launch.shown_command(r, launch.build_argv(r, rd, python=python))))
+            print(backend.preview(plan, r, rd).text)  # the command, or the job script it would submit
         print(f"# {forecast.capacity_note(capacity)}")
         print(f"# {len(plan.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
         return dry_run_output(plan, forecasts, capacity)
@@ -170,10 +168,10 @@ def dry_run_output(plan: batch.Plan, forecasts: dict, capacity: int | None) -> i
     """--dry-run with --json: the planned runs and their exact commands (as shown: secrets masked)."""
     if _machine.active():
         root = batch.paths.runs_dir() / "<batch>"
+        backend = backends.get(plan.spec.executor)
         runs = []
         for r in plan.runs:
-            python = (plan.revisions.get(r.revision) or {}).get("python")
-            argv = launch.shown_command(r, launch.build_argv(r, batch.RunDir(root / r.name), python=python))
+            argv = backend.preview(plan, r, batch.RunDir(root / r.name)).command
             runs.append(plan_record(r, forecasts.get(r.name), capacity, command=list(argv)))
         _machine.emit({"experiment": plan.spec.name, "dry_run": True, "runs": runs})
     return 0
@@ -186,28 +184,9 @@ def detached_output(b: BatchDir, fmt: str | None) -> int:
     return 0
 
 
-def print_job_scripts(plan: batch.Plan) -> int:
-    """--dry-run under Slurm: each run's job script, as it would be written to its folder."""
-    root = batch.paths.runs_dir() / "<batch>"
-    for r in plan.runs:
-        rd = batch.RunDir(root / r.name)
-        rev = plan.revisions.get(r.revision) or {}
-        cwd = None if r.settings.kind != "command" else os.getcwd()
-        print(f"# ---- {rd.path / slurm_script.SCRIPT_NAME}  (key {r.key})")
-        print(slurm_script.job_script(r, rd, plan.spec.slurm, port=29500, python=rev.get("python"), revision=rev, cwd=cwd))
-    print(f"# {len(plan.runs)} Slurm jobs; nothing submitted (--dry-run); master ports are chosen free at submission")
-    return 0
-
-
 def gpu_notes(b: BatchDir) -> list[str]:
-    """Other batches holding this machine's GPUs: this one's runs wait for them, said up front."""
-    if b.info().get("executor") == "slurm" or not sysmetrics.gpu_count():
-        return []
-    from dstui.execute import gpu_ledger
-
-    with gpu_ledger.opened() as ledger:
-        held = ledger.held_elsewhere(b.path)
-    return [f"GPUs busy: {gpu_ledger.holders_text(held)}; runs wait for them"] if held else []
+    """What the batch's backend says before its runs start (other batches hold this machine's GPUs, ...)."""
+    return backends.get(b.info().get("executor")).launch_notes(b)
 
 
 def skip_predicted_oom(b: BatchDir, forecasts: dict, capacity: int | None) -> None:

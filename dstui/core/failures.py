@@ -136,7 +136,7 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _LAUNCHER_EXIT = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
 _LAUNCHER_PROCS = re.compile(r"num_local_procs=(\d+)")
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
-# dstui.execute.ranks (the default single-node starter) names the rank that failed first
+# dstui.execute.injob.ranks (the default single-node starter) names the rank that failed first
 _STARTER_FAILED = re.compile(r"dstui ranks: rank (\d+) failed \((SIG[A-Z0-9]+|signal \d+)\)")
 SIGKILL_HINT = " (killed from outside: the kernel's OOM killer when host memory ran out, or a kill -9)"
 

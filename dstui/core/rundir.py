@@ -19,13 +19,14 @@ from typing import Any
 from dstui.core.names import RUN_NAME_MAX, is_safe
 
 ACTIVE_STATES = ("queued", "starting", "running")
+LIVE_STATES = ("running", "starting")  # a job was started and has not ended
 FINAL_STATES = ("done", "failed", "killed", "skipped")  # skipped: predicted OOM, never launched
 # What `dstui retry` (and the TUI's retry) queues again unasked: runs that gave no measurement. A done
 # run is queued again only on request (--force): its new attempt then replaces it in reports.
 RETRIABLE_STATES = ("failed", "killed", "skipped")
 
 # Names of the files in a run folder that processes outside this module write or skip.
-EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.wrap), stdlib only
+EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.injob.wrap), stdlib only
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
 PRIVATE_SPEC_FILE = "spec.private.json"  # where older versions kept the unmasked spec; never uploaded
 PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)

@@ -32,7 +32,7 @@ def remove_buffers(port: int | str | None, shm_dir: Path = SHM_DIR) -> list[str]
 
 
 def master_port_of(argv: list[str] | None) -> str | None:
-    """The master port of a deepspeed launcher argv (--master_port) or a dstui.execute.ranks one (--master-port)."""
+    """The master port of a deepspeed launcher argv (--master_port) or a dstui.execute.injob.ranks one (--master-port)."""
     argv = argv or []
     for i, arg in enumerate(argv):
         for flag in ("--master_port", "--master-port"):

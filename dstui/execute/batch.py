@@ -7,7 +7,6 @@ process or an MLflow run exists: a bad spec leaves nothing behind.
 from __future__ import annotations
 
 import fnmatch
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -26,9 +25,9 @@ from dstui.core.rundir import (
     list_batches,
     write_json_atomic,
 )
-from dstui.core.secrets import redact, strip_credentials
-from dstui.execute import guard_watch, launch, preflight
-from dstui.execute.executor import executor_for
+from dstui.execute import backends, creation, guard_watch, launch, preflight
+from dstui.execute.batch_lock import BatchLock
+from dstui.execute.control import kick
 from dstui.spec import dsconfig
 from dstui.spec.loading import naming_file
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
@@ -113,28 +112,7 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 
 def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
     """A new batch, whole (see :mod:`dstui.execute.creation`)."""
-    from dstui.execute import creation
-
     return creation.create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri)
-
-
-def info_of(p: Plan, batch_id: str, parallel: int, tracking_uri: str | None) -> dict[str, Any]:
-    """batch.json of a new batch."""
-    return {
-        "id": batch_id,
-        "experiment": p.spec.name,
-        "spec_path": str(p.spec_path),
-        "spec": redact(p.spec.model_dump(mode="json")),
-        "runs": [r.name for r in p.runs],
-        "parallel": parallel,
-        "created": time.time(),
-        "cwd": os.getcwd(),
-        # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
-        "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
-        "revisions": p.revisions,
-        "executor": p.spec.executor,
-        "slurm": p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
-    }
 
 
 def latest_batch_for(experiment: str, runs_root: Path | None = None) -> BatchDir | None:
@@ -194,8 +172,6 @@ def resume(
     batch keeps its other runs as they are instead of dropping them. A batch whose
     creation was cut short is completed here (its missing runs are laid out).
     """
-    from dstui.execute import creation
-
     root = runs_root or paths.runs_dir()
     if batch_ref:
         batch = creation.find_batch(batch_ref, root)
@@ -208,8 +184,6 @@ def resume(
         batch = latest_batch_for(p.spec.name, root)
     if batch is None:
         return create(p, runs_root=runs_root, parallel=parallel, tracking_uri=tracking_uri), {"new": len(p.runs)}
-    from dstui.execute.control import BatchLock
-
     lock = BatchLock(batch)
     try:
         lock.acquire()  # no supervisor may start on it (or finish it) while its runs are re-laid
@@ -222,8 +196,6 @@ def resume(
 
 
 def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> dict[str, int]:
-    from dstui.execute import creation
-
     counts = {"kept": 0, "requeued": 0, "new": 0}
     info = batch.info()
     run_names = [r.name for r in p.runs]
@@ -244,7 +216,7 @@ def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> di
         elif rd.path.exists() and st.get("key") == run.key and st.get("state") in ("starting", "running"):
             # its supervisor died (resume refuses supervised batches): a job that is gone
             # crashed with it and runs again; one still running is followed by the next supervisor
-            if executor_for(st).alive(st):
+            if backends.for_run(rd, st).alive(st):
                 counts["kept"] += 1
             else:
                 reset_run(rd, gone="its job was gone when the batch was resumed (supervisor and job died)")
@@ -254,8 +226,7 @@ def _resume_locked(batch: BatchDir, p: Plan, parallel: int, partial: bool) -> di
                 _remove_run_folder(batch, rd)
             counts["new"] += 1
         launch.prepare(batch.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
-    info.update(runs=run_names, parallel=parallel, finalized=False, resumed=time.time(), executor=p.spec.executor,
-                slurm=p.spec.slurm.model_dump(mode="json") if p.spec.executor == "slurm" else None,
+    info.update(runs=run_names, parallel=parallel, finalized=False, resumed=time.time(), **creation.executor_info(p),
                 **{creation.COMPLETE: False, creation.PROBLEM: None})  # fmt: skip
     write_json_atomic(batch.batch_file, info)
     creation.settle(batch, locked=True)  # runs --only left out and never laid out: failed, with the reason
@@ -286,8 +257,6 @@ def retry(rd: RunDir, *, kick_supervisor: bool = True, force: bool = False) -> N
     if not rd.spec_file.exists():  # settled after a cut-short creation (dstui.execute.creation)
         spec = rd.batch.info().get("spec_path") or "SPEC"
         raise DstuiError(f"run {rd.name} was never created; `dstui run {spec} --resume {rd.batch.id}` creates it")
-    from dstui.execute.control import kick
-
     batch = rd.batch
     reset_run(rd)
     batch.update_info(finalized=False)

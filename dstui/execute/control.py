@@ -1,68 +1,22 @@
-"""Who supervises a batch: the lock, starting a detached supervisor, cancelling a run.
+"""Who supervises a batch: starting a detached supervisor, taking over, cancelling a run.
 
 These are what the CLI and the TUI call; they never follow runs themselves.
-One supervisor per batch holds ``supervisor.lock`` (an flock, released by the
-kernel when its holder dies), so anyone can tell whether a batch is looked after
-and start a supervisor for it if not.
+One supervisor per batch holds ``supervisor.lock`` (:mod:`~dstui.execute.batch_lock`),
+so anyone can tell whether a batch is looked after and start a supervisor for it if not.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
+import logging
 import time
-from typing import Any
 
-from dstui.core.errors import LockHeld
-from dstui.core.rundir import ACTIVE_STATES, BatchDir, RunDir
-from dstui.execute.executor import executor_for
-from dstui.execute.wrap import start_supervisor
+from dstui.core.errors import DstuiError
+from dstui.core.rundir import BatchDir, RunDir
+from dstui.execute import backends, creation
+from dstui.execute.batch_lock import is_supervised
+from dstui.execute.injob.wrap import start_supervisor
 
-
-class BatchLock:
-    """flock on supervisor.lock: released by the kernel when the holder dies."""
-
-    def __init__(self, batch: BatchDir) -> None:
-        self.batch = batch
-        self._fh: Any = None
-
-    def acquire(self) -> None:
-        self.batch.path.mkdir(parents=True, exist_ok=True)
-        fh = open(self.batch.lock_file, "a+")  # noqa: SIM115 - held for the process lifetime
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise LockHeld(
-                f"batch {self.batch.id} is already supervised by {holder}; "
-                "use `dstui status` to watch it"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
-        fh.flush()
-        self._fh = fh
-
-    def release(self) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
-
-
-def is_supervised(batch: BatchDir) -> bool:
-    """True when a live process holds the batch lock."""
-    if not batch.lock_file.exists():
-        return False
-    with open(batch.lock_file, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        return False
+log = logging.getLogger("dstui.execute.control")
 
 
 def spawn(batch: BatchDir, *, env: dict[str, str] | None = None, wait_s: float = 10.0) -> int:
@@ -99,8 +53,6 @@ def ensure_supervised(batch: BatchDir) -> bool:
     A batch whose creation was cut short is settled first, so whoever looks at it
     next (the TUI's list) sees every run.
     """
-    from dstui.execute import creation
-
     creation.settle(batch)
     if batch.is_finished() and batch.info().get("finalized"):
         return False
@@ -111,16 +63,19 @@ def ensure_supervised(batch: BatchDir) -> bool:
 
 
 def request_cancel(rd: RunDir) -> None:
-    """Ask the supervisor to cancel a run; also kill at once if we can (the TUI's key)."""
-    rd.cancel_file.write_text(str(time.time()))
-    from dstui.execute import slurm
+    """Ask the supervisor to cancel a run; also stop its job at once if it has one (the TUI's key).
 
-    if slurm.cancel_now(rd):  # a Slurm job: scancel; the supervisor settles it as cancelled
-        return
+    A run whose job exists (a process group here, a Slurm job pending or running)
+    is stopped through its backend now; the supervisor settles it as cancelled.
+    """
+    rd.cancel_file.write_text(str(time.time()))
     st = rd.status()
-    if st.get("state") == "queued":
-        if not is_supervised(rd.batch):  # else the supervisor sees the request before launching
-            rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+    backend = backends.for_run(rd, st)
+    if backend.live(st):
+        try:
+            backend.cancel(st, grace_s=0.5)
+        except DstuiError as e:  # the scheduler did not answer: the supervisor sees the request and tries again
+            log.warning("%s: %s", rd.name, e)
         return
-    if st.get("state") in ACTIVE_STATES:
-        executor_for(st).kill(st, grace_s=0.5)
+    if st.get("state") == "queued" and not is_supervised(rd.batch):  # else the supervisor sees it before launching
+        rd.update_status(state="killed", reason="cancelled before start", ended=time.time())

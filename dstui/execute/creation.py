@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from dstui.core import names, paths
 from dstui.core.errors import DstuiError, LockHeld
 from dstui.core.rundir import BATCH_FILE, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute.control import BatchLock, is_supervised
+from dstui.core.secrets import prune_private, redact, strip_credentials
+from dstui.execute import backends, launch
+from dstui.execute.batch_lock import BatchLock, is_supervised
 
 if TYPE_CHECKING:  # pragma: no cover
     from dstui.execute.batch import Plan
@@ -50,10 +52,6 @@ NEVER_CREATED = "never created: `dstui run` stopped while laying out the batch"
 
 def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, tracking_uri: str | None = None) -> BatchDir:
     """Lay out a new batch of ``p``; whole when this returns, removed when it raises."""
-    from dstui.core.secrets import prune_private
-    from dstui.execute import batch as batch_mod
-    from dstui.execute import launch
-
     root = runs_root or paths.runs_dir()
     root.mkdir(parents=True, exist_ok=True)
     tmp = BatchDir(Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root)))
@@ -61,7 +59,7 @@ def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, trackin
     lock.acquire()  # held through the rename: the batch is never seen unlocked and incomplete
     b: BatchDir | None = None
     try:
-        b = claim(tmp, root, p.spec.name, lambda bid: batch_mod.info_of(p, bid, parallel, tracking_uri))
+        b = claim(tmp, root, p.spec.name, lambda bid: info_of(p, bid, parallel, tracking_uri))
         prune_private()  # the real env values of batches whose folder was deleted
         for run in p.runs:
             launch.prepare(b.path, run, p.ds_configs[run.name], revision=p.revisions.get(run.revision))
@@ -74,6 +72,29 @@ def create(p: Plan, *, runs_root: Path | None = None, parallel: int = 0, trackin
         raise
     finally:
         lock.release()
+
+
+def info_of(p: Plan, batch_id: str, parallel: int, tracking_uri: str | None) -> dict[str, Any]:
+    """batch.json of a new batch."""
+    return {
+        "id": batch_id,
+        "experiment": p.spec.name,
+        "spec_path": str(p.spec_path),
+        "spec": redact(p.spec.model_dump(mode="json")),
+        "runs": [r.name for r in p.runs],
+        "parallel": parallel,
+        "created": time.time(),
+        "cwd": os.getcwd(),
+        # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
+        "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
+        "revisions": p.revisions,
+        **executor_info(p),
+    }
+
+
+def executor_info(p: Plan) -> dict[str, Any]:
+    """batch.json's executor and its options (e.g. Slurm's job options), for the supervisor's backend."""
+    return {"executor": p.spec.executor, backends.OPTIONS: backends.get(p.spec.executor).batch_options(p.spec)}
 
 
 def claim(tmp: BatchDir, root: Path, name: str, info_of: Callable[[str], dict[str, Any]]) -> BatchDir:

@@ -9,9 +9,11 @@ reason); ``--force`` launches them anyway.
 
 The machine is what the supervisor will see: NVML's GPUs (``DSTUI_GPU_COUNT``
 overrides the count, as it does for the supervisor's GPU sharing), their
-memory and compute capability, and the CPU cores that carry CPU ranks. Slurm
-batches are not judged here: ``sbatch --test-only`` asks the partition itself
-(:func:`dstui.execute.slurm.preflight`).
+memory and compute capability, and the CPU cores that carry CPU ranks: what the
+local backend's :meth:`capacity` says a run gets. A backend whose runs go
+elsewhere has no such machine (``capacity() is None``) and its runs are not
+judged here: Slurm's preflight asks ``sbatch --test-only`` instead
+(:func:`dstui.execute.backends.slurm.preflight`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dstui.core.errors import DstuiError
-from dstui.execute import gpu_share, sysmetrics
+from dstui.execute import backends, gpu_share, sysmetrics
 
 GIB = 1024**3
 # CPU ranks per core a run may ask for: a functional CPU run of 3 ranks on 2 cores works (slowly,
@@ -113,14 +115,14 @@ def run_problem(
 
 def problems(
     runs: Iterable[Any],
-    machine: Machine,
+    machine: Machine | None,
     *,
     forecasts: Mapping[str, Any] | None = None,
     capacity: int | None = None,
-    executor: str = "local",
 ) -> list[Infeasible]:
-    """Every run (a RunSpec) that cannot work on ``machine``, in batch order."""
-    if executor != "local":
+    """Every run (a RunSpec) that cannot work on ``machine``, in batch order; none without a machine
+    (a backend whose runs a scheduler places: :meth:`~dstui.execute.backends.base.Backend.capacity`)."""
+    if machine is None:
         return []
     out = []
     for r in runs:
@@ -159,9 +161,12 @@ def refuse_infeasible(
 
     With ``force`` the problems are returned for the caller to print and nothing is
     raised. Runs that ``skip_predicted_oom`` will skip are not refused for memory.
+    ``machine``: what the runs are held against (default: what the plan's backend gives a run).
     """
-    machine = machine or this_machine()
-    found = problems(plan.runs, machine, forecasts=forecasts, capacity=capacity, executor=plan.spec.executor)
+    machine = machine or backends.get(plan.spec.executor).capacity()
+    if machine is None:
+        return []
+    found = problems(plan.runs, machine, forecasts=forecasts, capacity=capacity)
     if skip_predicted_oom:
         found = [p for p in found if p.field != "memory"]
     if found and not force:

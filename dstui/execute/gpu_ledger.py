@@ -44,7 +44,7 @@ class Holder:
 
 
 def _alive(h: Holder) -> bool:
-    from dstui.execute.executor import group_alive
+    from dstui.execute.process_group import group_alive
 
     rd = RunDir(Path(h.run_path))
     if not rd.path.is_dir() or rd.state in FINAL_STATES:

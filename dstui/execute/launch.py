@@ -170,7 +170,7 @@ _LOCAL_HOSTS = (None, "127.0.0.1", "localhost")
 
 
 def starts_ranks_directly(s: Settings) -> bool:
-    """Whether dstui starts the ranks itself (dstui.execute.ranks) instead of DeepSpeed's launcher.
+    """Whether dstui starts the ranks itself (dstui.execute.injob.ranks) instead of DeepSpeed's launcher.
 
     Only where DeepSpeed's launcher would take its single-node path with
     nothing but rank start-up to do: one node, no hostfile, no multi-node
@@ -187,10 +187,10 @@ def starts_ranks_directly(s: Settings) -> bool:
 
 
 def direct_ranks_args(s: Settings, *, port: int, gpu_slice: list[int] | None) -> list[str]:
-    """``python -m dstui.execute.ranks`` with the rank count, port and devices; the rank command follows."""
+    """``python -m dstui.execute.injob.ranks`` with the rank count, port and devices; the rank command follows."""
     devices = list(gpu_slice) if gpu_slice is not None else list(range(s.gpus))
     return [
-        sys.executable, "-m", "dstui.execute.ranks",
+        sys.executable, "-m", "dstui.execute.injob.ranks",
         "--nproc", str(len(devices)),
         "--master-port", str(s.launcher.master_port or port),
         "--devices", ",".join(str(d) for d in devices),
@@ -322,7 +322,7 @@ def start(
 ) -> subprocess.Popen:
     """Start the run in a new session; stdout+stderr of all ranks go to stdout.log.
 
-    The job runs under :mod:`dstui.execute.wrap`, which records its exit status in
+    The job runs under :mod:`dstui.execute.injob.wrap`, which records its exit status in
     the run folder, so a restarted supervisor still learns how it ended.
     """
     check_real_env(run, rd)
@@ -339,7 +339,7 @@ def start(
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_slice)
     with open(rd.log_file, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dstui.execute.wrap", str(rd.path), "--", *argv],
+            [sys.executable, "-m", "dstui.execute.injob.wrap", str(rd.path), "--", *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

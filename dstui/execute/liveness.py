@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from dstui.core import failures
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import guard_watch
-from dstui.execute.executor import Executor
 from dstui.execute.ingest import Tracked
 
 log = logging.getLogger("dstui.execute.supervisor")
@@ -44,19 +43,31 @@ def stall_limit(settings: dict, st: dict) -> tuple[float, str] | None:
     return max(STALL_FACTOR * slowest, STALL_FLOOR_S), f" ({STALL_FACTOR:.0f}x the slowest step so far, at least {STALL_FLOOR_S:.0f} s)"
 
 
-def check(t: Tracked, st: dict, executor: Executor) -> None:
-    """One look at a live run: cancel, hang, or end."""
+class ProcessJob(Protocol):
+    """A job this host can see ending: its leader's end, any of its processes alive, stopping it, reaping it."""
+
+    def ended(self, rd: RunDir, st: dict, handle: Any) -> bool: ...
+
+    def alive(self, st: dict) -> bool: ...
+
+    def cancel(self, st: dict, *, grace_s: float = ...) -> None: ...
+
+    def reap(self, handle: Any) -> None: ...
+
+
+def check(t: Tracked, st: dict, job: ProcessJob) -> None:
+    """One look at a live run whose processes this host sees: cancel, hang, or end."""
     rd = t.rd
-    if rd.cancel_file.exists() and executor.alive(st):
-        executor.kill(st)
-    if not executor.ended(rd, st, t.proc):
+    if rd.cancel_file.exists() and job.alive(st):
+        job.cancel(st)
+    if not job.ended(rd, st, t.proc):
         if hung(rd, st):
-            executor.kill(st)
+            job.cancel(st)
         return
     # the job is over: wait for the group to drain (ranks may outlive the leader)
-    if executor.alive(st):
-        executor.kill(st, grace_s=2.0)
-    executor.reap(t.proc)
+    if job.alive(st):
+        job.cancel(st, grace_s=2.0)
+    job.reap(t.proc)
     settle(rd, read_json(rd.exit_file) or wrapper_exit(t.proc))
 
 

@@ -11,7 +11,7 @@ resume) lists its earlier attempts in ``status.json``
 which needs no MLflow); the supervisor ends any of them MLflow still has
 RUNNING (:meth:`MlflowRuns.close_earlier`) before the batch may be finalized.
 A Slurm job that is requeued is not such an attempt: it keeps its MLflow run
-(:mod:`dstui.execute.slurm`, :mod:`dstui.core.attempt_steps`).
+(:mod:`dstui.execute.backends.slurm`, :mod:`dstui.core.attempt_steps`).
 """
 
 from __future__ import annotations
@@ -211,14 +211,6 @@ class MlflowRuns(StoreConnection):
             tracking.set_tags(c, rid, values)
         except Exception as e:
             self.down(e)
-
-
-def job_tags(st: dict[str, Any]) -> dict[str, Any]:
-    """A Slurm run's job id, Slurm's state of it and its nodes, from status.json; how often it was requeued."""
-    tags = {tag_keys.SLURM_JOB: st.get("job_id"), tag_keys.SLURM_STATE: st.get("slurm_state"), tag_keys.NODES: st.get("nodes") or ""}
-    if st.get("requeues"):  # the same MLflow run across its attempts (dstui.core.attempt_steps)
-        tags.update({tag_keys.REQUEUES: st["requeues"], tag_keys.REPEATED_STEPS: st.get("repeated_steps") or 0})
-    return tags
 
 
 def source_of(settings: dict[str, Any]) -> str:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import Any
 
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.execute import guard_watch, mlflow_params
 from dstui.execute.ingest import Tracked
-from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, job_tags, refused  # noqa: F401 - re-exported
+from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, refused  # noqa: F401 - re-exported
 from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
@@ -72,8 +73,11 @@ class MlflowSink(MlflowRuns):
         t.pending = []
         t.save()
 
-    def finish_run(self, t: Tracked) -> bool:
-        """Final tags, the run folder as artifacts, the MLflow status. False: try again later."""
+    def finish_run(self, t: Tracked, job_tags: dict[str, Any] | None = None) -> bool:
+        """Final tags (``job_tags``: the backend's of its job), the run folder as artifacts, the MLflow status.
+
+        False: try again later.
+        """
         rd = t.rd
         c = self.client()
         rid = self.child_run_id(rd)
@@ -90,8 +94,7 @@ class MlflowSink(MlflowRuns):
             }
             if st.get("verdict"):
                 final[tag_keys.VERDICT] = st["verdict"]
-            if st.get("job_id"):
-                final.update(job_tags(st))
+            final.update(job_tags or {})
             final.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
             tracking.set_tags(c, rid, final)
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)

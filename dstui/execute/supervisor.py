@@ -4,14 +4,15 @@ One supervisor per batch, in its own process session (``dstui supervise``),
 holding ``supervisor.lock``. It does not depend on a terminal or on the TUI:
 they only read the run folders. If it dies, the next ``dstui status`` or TUI
 start takes over: runs keep going (they are in their own sessions), their exit
-status is in ``exit.json`` (see :mod:`dstui.execute.wrap`), and ingestion resumes
+status is in ``exit.json`` (see :mod:`dstui.execute.injob.wrap`), and ingestion resumes
 from the byte offsets in each run's ``ingest.json``.
 
 The work is split by responsibility; this module is only the loop that ties it:
 
-- :mod:`~dstui.execute.control`: the batch lock, starting a supervisor, cancel;
-- :mod:`~dstui.execute.executor`: starting / checking / killing a run's job
-  (local process group today; other executors plug in there);
+- :mod:`~dstui.execute.control`: starting a supervisor, taking over, cancel
+  (:mod:`~dstui.execute.batch_lock`: the lock);
+- :mod:`~dstui.execute.backends`: where runs start, which may start now, their
+  jobs' state, readings and end (this machine's process groups, Slurm jobs, ...);
 - :mod:`~dstui.execute.follow`: one pass over a run (read, guard, check, send, finalize);
 - :mod:`~dstui.execute.ingest`: reading new records of a run into points;
 - :mod:`~dstui.execute.sink`: MLflow runs, sending points exactly once;
@@ -27,38 +28,28 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from dstui.core import secrets, startup_trace
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import (
-    creation,
-    gpu_ledger,
-    gpu_share,
-    launch,
-    live_phase,
-    prebuild,
-    slurm,
-    sysmetrics,
-)
+from dstui.execute import backends, creation, live_phase
+from dstui.execute.batch_lock import BatchLock
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
-    BatchLock,
     ensure_supervised,
     is_supervised,
     kick,
     request_cancel,
     spawn,
 )
-from dstui.execute.executor import KILL_GRACE_S, executor_for, group_alive, kill_group  # noqa: F401
-from dstui.execute.follow import LIVE_STATES, RunFollower  # noqa: F401
+from dstui.execute.follow import RunFollower
 from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
 from dstui.execute.sink import MlflowSink
 
 log = logging.getLogger("dstui.execute.supervisor")
 
 TROUBLE_WAIT_S = 5.0
-FINISHING_POLL_S = 0.1  # the pass interval while a run is past its last step ...
-FINISHING_FAST_FOR_S = 10.0  # ... for this long at most
+FINISHING_FAST_FOR_S = 10.0  # the backend's short pass interval (finishing_poll_s) for this long at most
 
 
 def is_finishing(st: dict) -> bool:
@@ -87,13 +78,10 @@ class Supervisor:
         self.batch = batch
         self.poll_s = poll_s
         self.info = batch.info()
-        self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
         self.lock = BatchLock(batch)
         self.sink = MlflowSink(batch, tracking_uri, flush_interval_s)
-        self.slurm = slurm.SlurmExecutor(self.info) if self.info.get("executor") == "slurm" else None
-        if self.slurm is not None:
-            self.parallel = self.slurm.max_active
-        self.follower = RunFollower(batch, self.sink, self.slurm, system_interval_s)
+        self.backend = backends.for_batch(self.info)  # where its runs start: this machine, Slurm, ...
+        self.follower = RunFollower(batch, self.sink, self.backend, system_interval_s)
         self._problem: str | None = None
         self._untracked: list[RunDir] = []  # launched, MLflow run not yet made
 
@@ -108,11 +96,7 @@ class Supervisor:
             if self.batch.info().get("ended"):  # finalized once; a retry or resume runs it again
                 self.sink.parent_run_id()
                 self.sink.reopen_parent()
-            if self.slurm is None:  # JIT ops built once, before any run's clock starts
-                prebuild.before_first_run(self.batch, on_gpu=sysmetrics.gpu_count() > 0, log=log)
-                startup_trace.mark("ops_checked", "supervisor")
-            else:
-                self.sink.parent_run_id()
+            self.backend.before_first_run(self.batch, log)
             while True:
                 try:
                     self.step()  # MLflow's batch run comes with the first launches' runs, after them
@@ -139,13 +123,14 @@ class Supervisor:
 
         Its reap, the last records and the MLflow run's end then follow within
         0.1 s instead of up to a whole poll, and so do the batch's end and
-        `dstui run`'s return. Local batches only: a Slurm batch's pass asks
-        the scheduler (squeue), which is not to be asked ten times a second;
-        and for the first seconds of the phase only: a teardown that hangs is
-        not watched at ten passes a second.
+        `dstui run`'s return. Where the backend allows it (a Slurm batch's pass
+        asks the scheduler, which is not to be asked ten times a second), and
+        for the first seconds of the phase only: a teardown that hangs is not
+        watched at ten passes a second.
         """
-        if self.slurm is None and any(is_finishing(rd.status()) for rd in self.batch.runs()):
-            return min(self.poll_s, FINISHING_POLL_S)
+        fast = self.backend.finishing_poll_s
+        if fast is not None and any(is_finishing(rd.status()) for rd in self.batch.runs()):
+            return min(self.poll_s, fast)
         return self.poll_s
 
     def _trouble(self, e: OSError) -> None:
@@ -173,8 +158,7 @@ class Supervisor:
         f = self.follower
         if self.sink.store_vanished():
             f.resend_all(runs)
-        if self.slurm is not None:
-            f.refresh_jobs(runs)
+        f.refresh_jobs(runs)
         for rd in runs:
             if not rd.path.exists():
                 continue
@@ -193,93 +177,20 @@ class Supervisor:
     # ---- launching ----
 
     def _start_queued(self, runs: list[RunDir]) -> None:
-        """Start queued runs in batch order while there is room (GPUs free, or Slurm's job limit)."""
-        queued = [rd for rd in runs if rd.state == "queued" and not rd.status().get("job_id")]
-        if not queued:
-            return
-        if self.slurm is None and sysmetrics.gpu_count() > 0:
-            # GPUs are one resource across batches: decide and launch under the machine's ledger
-            with gpu_ledger.opened() as ledger:
-                self._start_local(runs, queued, ledger)
-        else:
-            self._start_local(runs, queued, None)
+        """Start queued runs in batch order while the backend has room (GPUs free, Slurm's job limit)."""
+        f = self.follower
+        queued = [rd for rd in runs if rd.state == "queued" and not f.live(rd.status())]
+        for rd in [rd for rd in queued if rd.cancel_file.exists()]:
+            rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+            queued.remove(rd)
+        if queued:
+            active = [r for r in runs if f.live(r.status())]
+            self.backend.start_queued(self.batch, queued, active, self.launch)
 
-    def _start_local(self, runs: list[RunDir], queued: list[RunDir], ledger: gpu_ledger.Ledger | None) -> None:
-        active = [r for r in runs if self.follower.live(r.status())]
-        total_gpus = None
-        others = ledger.held_elsewhere(self.batch.path) if ledger is not None else []
-        for rd in queued:
-            if rd.cancel_file.exists():
-                rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
-                continue
-            if self.slurm is not None:  # Slurm places the job: only the count is ours
-                if len(active) >= self.parallel:
-                    break
-                self.launch(rd, None)
-                active.append(rd)
-                continue
-            if total_gpus is None:
-                total_gpus = sysmetrics.gpu_count()
-            go, gpu_slice = gpu_share.choose(
-                rd.settings(),
-                parallel=self.parallel,
-                active=len(active),
-                busy_slices=[b.status().get("gpu_slice") for b in active],
-                total_gpus=total_gpus,
-                elsewhere=[h.gpus for h in others],
-            )
-            if not go:
-                if others and not active:  # nothing of ours runs: it is the other batches we wait for
-                    live_phase.set_phase(rd, f"waiting for GPUs held by {gpu_ledger.holders_text(others)}")
-                break  # runs start in their batch order
-            self.launch(rd, gpu_slice)
-            active.append(rd)
-            if ledger is not None and rd.state not in FINAL_STATES:
-                ledger.add(rd, gpu_slice if gpu_slice is not None else list(range(total_gpus)))
-
-    def launch(self, rd: RunDir, gpu_slice: list[int] | None) -> None:
-        if self.slurm is not None:
-            self._submit(rd)
-            return
-        try:
-            run = launch.load_runspec(rd)
-        except (OSError, ValueError) as e:  # a folder without its spec: never a reason to stop supervising
-            rd.update_status(state="failed", reason=f"could not start: {type(e).__name__}: {e}"[:300], ended=time.time())
-            return
-        rev = rd.spec().get("revision_info") or {}
-        executor = executor_for(rd.status())
-        # the MLflow child's start time: the same moment in any store it is created in later
-        now = time.time()
-        rd.update_status(state="starting", starting=now, phase="launching", phase_since=now)
-        try:
-            handle = executor.start(
-                run,
-                rd,
-                python=rev.get("python"),
-                gpu_slice=gpu_slice,
-                # Bundled runners start in the run folder: `python -m` puts the cwd first on
-                # sys.path, and a DeepSpeed clone there would shadow the revision's deepspeed.
-                cwd=self.info.get("cwd") if run.settings.kind == "command" else None,
-                revision=rev,
-            )
-        except OSError as e:
-            rd.update_status(state="failed", reason=f"could not start: {e}", ended=time.time())
-            return
-        t = self.follower.tracked_of(rd)
-        t.proc = handle
-        pid = rd.status().get("pid")
-        t.tree = sysmetrics.ProcessTreeSampler(pid, wrapper=True) if pid else None
-        log.info("started %s (%s, pid %s)", rd.name, executor.name, pid)
-        startup_trace.mark("run_launched", "supervisor")
-        self._untracked.append(rd)
-
-    def _submit(self, rd: RunDir) -> None:
-        rd.update_status(starting=time.time())
-        self.sink.child_run_id(rd)
-        try:
-            self.slurm.submit(rd)  # type: ignore[union-attr]
-        except (slurm.SlurmError, OSError) as e:
-            rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
+    def launch(self, rd: RunDir, slot: Any) -> None:
+        """Start one run through the backend; its MLflow run follows at the end of the pass."""
+        if self.backend.start(rd, self.follower.tracked_of(rd), slot):
+            self._untracked.append(rd)
 
     # ---- finishing ----
 

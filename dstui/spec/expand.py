@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dstui.core import names
+from dstui.core import executors, names
 from dstui.core.errors import SpecError
 from dstui.spec import capabilities, messages, ulysses_rules
 from dstui.spec.experiment import ExperimentSpec, RunSpec
@@ -179,7 +179,7 @@ def conditions(spec: ExperimentSpec, *, file: str | None = None) -> list[tuple[s
     return [(name, _settings(merged, file=file, condition=name, executor=spec.executor)) for name, merged in named.conditions]
 
 
-def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = "local") -> Settings:
+def _settings(values: dict[str, Any], *, file: str | None, condition: str, executor: str = executors.DEFAULT) -> Settings:
     try:
         s = Settings.model_validate(values)
     except ValidationError as e:
@@ -191,9 +191,10 @@ def _settings(values: dict[str, Any], *, file: str | None, condition: str, execu
     cannot = capabilities.refusal(s)  # what the runner of this kind can do
     if cannot:
         raise SpecError(cannot.message, file=file, condition=condition, field=cannot.field)
-    # under Slurm the job's allocation says which nodes; locally DeepSpeed needs a hostfile
-    if s.nodes > 1 and not s.launcher.hostfile and executor != "slurm":
-        raise SpecError("nodes > 1 needs launcher.hostfile (or executor: slurm)", file=file, condition=condition, field="nodes")
+    # an executor that allocates nodes (Slurm's job) says which; otherwise DeepSpeed needs a hostfile
+    if s.nodes > 1 and not s.launcher.hostfile and not executors.places_nodes(executor):
+        placing = " or ".join(f"executor: {n}" for n in executors.names() if executors.places_nodes(n))
+        raise SpecError(f"nodes > 1 needs launcher.hostfile (or {placing})", file=file, condition=condition, field="nodes")
     return s
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dstui.core import executors
+from dstui.spec.messages import one_of
 from dstui.spec.settings import SUPERVISION_ONLY, Settings, StrictModel, safe_name
 
 # what dstui.revisions accepts as a PyPI release (after a leading '==' or 'v')
@@ -127,7 +129,11 @@ class ExperimentSpec(StrictModel):
     repeats: int = Field(1, ge=1, description="Runs per condition and revision.")
     revisions: list[Revision] = Field(default_factory=list, description="DeepSpeed revisions.")
     baseline: str | None = Field(None, description="Condition that reports compare against.")
-    executor: Literal["local", "slurm"] = Field("local", description="Where runs start: this machine, or one Slurm job each.")
+    executor: str = Field(
+        executors.DEFAULT,
+        description="Where runs start: 'local' (this machine), 'slurm' (one Slurm job each), or another registered "
+        "executor (dstui.core.executors).",
+    )
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm job options (executor: slurm).")
     guard: Guard = Field(default_factory=Guard, description="Live NaN/divergence guard.")
     skip_predicted_oom: bool = Field(False, description="Skip runs whose memory forecast exceeds the GPU's memory.")
@@ -136,6 +142,15 @@ class ExperimentSpec(StrictModel):
     )
 
     _name_ok = field_validator("name")(classmethod(lambda cls, v: safe_name(v)))
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, v: str) -> str:
+        # the registry's names, read where the spec may read them (the backends are not imported here)
+        known = executors.names()
+        if v not in known:
+            raise ValueError(one_of([repr(n) for n in known], v))
+        return v
 
 
 class RunSpec(BaseModel):

@@ -62,11 +62,11 @@ def memory_cells(runs: Sequence[RunSpec], ds_configs: dict[str, dict] | None, de
 
 def machine_problems(runs: Sequence[RunSpec], executor: str = "local") -> tuple[dict[str, str], str]:
     """(run name -> why it cannot work here, the machine in words): the check `dstui run` refuses by."""
-    from dstui.execute import feasibility
+    from dstui.execute import backends, feasibility
 
-    machine = feasibility.this_machine()
-    found = feasibility.problems(runs, machine, executor=executor)
-    return {p.run: p.line().split(": ", 1)[1] for p in found}, machine.describe()
+    machine = backends.get(executor).capacity()  # None: a scheduler places the runs (Slurm judges them itself)
+    found = feasibility.problems(runs, machine)
+    return {p.run: p.line().split(": ", 1)[1] for p in found}, machine.describe() if machine is not None else ""
 
 
 def check(

@@ -31,7 +31,7 @@ from test_reliability import (  # noqa: F401
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
 from dstui.execute import creation
 from dstui.execute.control import is_supervised, request_cancel
-from dstui.execute.executor import group_alive
+from dstui.execute.process_group import group_alive
 
 FILL_DISK = str(REPO / "tests" / "programs" / "fill_disk.py")
 # A job that writes two steps, then waits (printing) until a flag file exists, then writes its

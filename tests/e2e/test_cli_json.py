@@ -18,7 +18,7 @@ from helpers import SPECS
 
 from dstui.core import exit_codes
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute.executor import group_alive
+from dstui.execute.process_group import group_alive
 
 LONG_REASON = (
     "RuntimeError: the data loader could not open /data/shards/shard-00001.parquet; check that the dataset "

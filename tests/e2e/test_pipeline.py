@@ -130,7 +130,7 @@ def test_list_and_dry_run_show_runs_and_exact_commands(home: Path) -> None:
     out = dstui("list", str(SPECS / "smoke.yaml"), check=True).stdout
     assert "4 runs (smoke)" in out and "z3-r0" in out
     out = dstui("run", "--dry-run", str(SPECS / "smoke.yaml"), check=True).stdout
-    commands = [line for line in out.splitlines() if "dstui.execute.ranks" in line]
+    commands = [line for line in out.splitlines() if "dstui.execute.injob.ranks" in line]
     assert len(commands) == 4  # single node: dstui starts the ranks, not DeepSpeed's launcher
     assert all("--nproc 2" in c and "runners/train.py" in c for c in commands)
     assert "--zero-stage 3" in commands[3]

@@ -3,7 +3,7 @@
 Both start tests/programs/dump_rank_env.py (it only writes its argv and
 environment), DeepSpeed's launcher through `python -m deepspeed.launcher.runner
 --num_gpus 2` (it imports DeepSpeed twice), dstui's through `python -m
-dstui.execute.ranks --nproc 2`. Variables that differ by construction are
+dstui.execute.injob.ranks --nproc 2`. Variables that differ by construction are
 left out: the dump folder, and telemetry ids mlflow sets when DeepSpeed imports it.
 """
 
@@ -39,7 +39,7 @@ def test_same_rank_environment_as_deepspeeds_launcher(tmp_path: Path) -> None:
         [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port,
          str(DUMP), "--x", "1"], tmp_path / "ds")  # fmt: skip
     dstui = _dump(
-        [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2", "--master-port", port, "--",
+        [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "2", "--master-port", port, "--",
          sys.executable, str(DUMP), "--x", "1"], tmp_path / "dstui")  # fmt: skip
     for rank in (0, 1):
         assert dstui[rank]["argv"] == deepspeed[rank]["argv"] == [f"--local_rank={rank}", "--x", "1"]

@@ -42,7 +42,7 @@ STEPS = 4
 STAGES = (0, 1, 2, 3)
 SMOKE = yaml.safe_load((SPECS / "smoke.yaml").read_text())["settings"]  # the z0-z3 runs' settings
 MAX_PARALLEL = 2
-# started by DeepSpeed's launcher; the others (and the smoke batch) by dstui.execute.ranks
+# started by DeepSpeed's launcher; the others (and the smoke batch) by dstui.execute.injob.ranks
 DEEPSPEED_LAUNCHER = {"standalone", "t5"}
 COMMON = [
     "--model",
@@ -82,7 +82,7 @@ def _start(
     env["OMP_NUM_THREADS"] = "1"
     port = str(free_port())
     if direct:  # dstui's own rank starter (what dstui uses for single-node runs)
-        launcher = ["dstui.execute.ranks", "--nproc", "2", "--master-port", port, "--", sys.executable]
+        launcher = ["dstui.execute.injob.ranks", "--nproc", "2", "--master-port", port, "--", sys.executable]
     else:
         launcher = ["deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port]
     cmd = [sys.executable, "-m", *launcher, str(TRAIN), *args]

@@ -32,9 +32,8 @@ from test_reliability import (
 )
 
 from dstui.core.rundir import RunDir, list_batches
-from dstui.execute import slurm_cli
-from dstui.execute.executor import executor_for
-from dstui.execute.slurm_cli import JobInfo
+from dstui.execute.backends import for_status, slurm_cli
+from dstui.execute.backends.slurm_cli import JobInfo
 from dstui.execute.supervisor import is_supervised
 
 # one xdist worker runs the module in order: one Slurm cluster (a session fixture) for the module; a blocker job holds its node
@@ -135,7 +134,7 @@ def test_supervisor_kill9_takeover_every_step_once_then_retry(home: Path, slurm_
     os.kill(supervisor_pid(b), signal.SIGKILL)
     wait_for(lambda: not is_supervised(b), what="lock released")
     st = first.status()  # unsupervised, the job goes on; the registered executor sees it from its status alone
-    assert executor_for(st).name == "slurm" and executor_for(st).alive(st)
+    assert for_status(st).name == "slurm" and for_status(st).alive(st)
     assert "took over" in dstui("status", check=True).stdout
     wait_for(lambda: finalized(b), 180, what="batch finalized")
     for rd in (first, second):

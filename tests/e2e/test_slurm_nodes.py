@@ -61,7 +61,7 @@ def nodes_spec(home: Path, name: str, base: str, conditions: list[dict], **setti
 
 
 def placements(rd: RunDir) -> dict[int, dict]:
-    """rank -> where it ran, as each rank recorded it (dstui.execute.slurm_rank)."""
+    """rank -> where it ran, as each rank recorded it (dstui.execute.injob.slurm_rank)."""
     return {int(p.stem): json.loads(p.read_text()) for p in (rd.path / "ranks").glob("*.json")}
 
 

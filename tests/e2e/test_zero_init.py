@@ -52,7 +52,7 @@ def _start(program: list[str], env_extra: dict[str, str]) -> subprocess.Popen:
         k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_ZERO_INIT")
     }
     env.update(OMP_NUM_THREADS="1", **env_extra)  # one thread per rank: launches share two cores
-    ranks = ["-m", "dstui.execute.ranks", "--nproc", "2", "--master-port", str(free_port()), "--"]
+    ranks = ["-m", "dstui.execute.injob.ranks", "--nproc", "2", "--master-port", str(free_port()), "--"]
     return subprocess.Popen(
         [sys.executable, *ranks, sys.executable, *program],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

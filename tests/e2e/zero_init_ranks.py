@@ -1,6 +1,6 @@
 """Rank program of tests/e2e/test_zero_init.py: each preset built whole and under zero.Init, compared bit for bit.
 
-Started on 2 gloo ranks by dstui.execute.ranks. For every case it builds the
+Started on 2 gloo ranks by dstui.execute.injob.ranks. For every case it builds the
 model twice through runners/placement.py, the old way (DSTUI_ZERO_INIT=0:
 whole, on the host, cast the way deepspeed.initialize casts it) and the new
 way (partitioned under zero.Init), gathers the new one and compares every

@@ -25,9 +25,9 @@ from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.records import read_records, seed_line
 from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.execute import ingest
+from dstui.execute.backends.slurm_script import attempt_line, job_script
 from dstui.execute.follow import RunFollower
 from dstui.execute.ingest import Tracked
-from dstui.execute.slurm_script import attempt_line, job_script
 from dstui.spec.models import RunSpec, Settings, SlurmOptions
 
 EXAMPLES = settings(max_examples=int(os.environ.get("FUZZ_N", "100")), deadline=None,

@@ -14,8 +14,9 @@ import yaml
 
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.execute import batch, creation, launch, wrap
-from dstui.execute.control import BatchLock
+from dstui.execute import batch, creation, launch
+from dstui.execute.batch_lock import BatchLock
+from dstui.execute.injob import wrap
 
 
 @pytest.fixture

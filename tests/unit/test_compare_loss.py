@@ -237,7 +237,7 @@ def _run(job: Job, slots: threading.Semaphore) -> None:
         start = time.monotonic()
         # dstui's rank starter, what `dstui run` uses on one node (test_ranks_env.py: the ranks get
         # what DeepSpeed's launcher gives them); the launcher would import DeepSpeed twice per job
-        cmd = [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2",
+        cmd = [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "2",
                "--master-port", str(free_port()), "--", sys.executable, str(RUNNER), *job.argv,
                "--metrics-file", str(job.metrics)]
         env = {k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_PARITY_INJECT")}

@@ -96,7 +96,7 @@ def _run(settings: dict) -> tuple:
 def test_single_node_train_argv_starts_ranks_directly() -> None:
     run, rd = _run({"zero_stage": 2, "gpus": 2, "micro_batch": 4})
     argv = launch.build_argv(run, rd, python="/py", port=29555)
-    assert argv[1:3] == ["-m", "dstui.execute.ranks"]
+    assert argv[1:3] == ["-m", "dstui.execute.injob.ranks"]
     assert argv[argv.index("--nproc") + 1] == "2" and argv[argv.index("--devices") + 1] == "0,1"
     assert argv[argv.index("--master-port") + 1] == "29555" == shm.master_port_of(argv)
     after = argv[argv.index("--") + 1 :]

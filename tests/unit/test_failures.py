@@ -96,7 +96,7 @@ def test_the_rank_that_died_is_named_among_three(tmp_path: Path, sig: str, expec
     script = tmp_path / "r.py"
     script.write_text(RANK_DEATH)
     proc = subprocess.run(
-        [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "3", "--master-port", "1", "--", sys.executable, str(script), sig],
+        [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "3", "--master-port", "1", "--", sys.executable, str(script), sig],
         env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     log = proc.stdout + proc.stderr
@@ -110,7 +110,7 @@ def test_the_rank_that_died_is_named_among_three(tmp_path: Path, sig: str, expec
 
 
 def test_a_death_by_signal_wins_over_the_exits_it_caused() -> None:
-    from dstui.execute.ranks import first_failure
+    from dstui.execute.injob.ranks import first_failure
 
     assert first_failure([(0, 1), (1, 1), (2, -9)]) == (2, -9)  # zombies come back in start order
     assert first_failure([(0, -6), (3, -11)]) == (3, -11)  # gloo's abort is a consequence

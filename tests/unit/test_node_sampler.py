@@ -11,7 +11,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dstui.execute.node_sampler import NODES_DIR, OFFSETS_FILE, merge, node_label
+from dstui.execute.backends.slurm_nodes import OFFSETS_FILE, merge
+from dstui.execute.injob.node_sampler import NODES_DIR, node_label
 
 
 def _write(run: Path, node: str, data: bytes) -> None:

@@ -39,7 +39,7 @@ def test_an_address_of_another_host_is_not_bound_and_a_taken_port_is_an_error() 
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"WORLD_SIZE": "2", "LOCAL_SIZE": "2", "CROSS_SIZE": "1"}, True),  # dstui.execute.ranks, DeepSpeed's launch
+        ({"WORLD_SIZE": "2", "LOCAL_SIZE": "2", "CROSS_SIZE": "1"}, True),  # dstui.execute.injob.ranks, DeepSpeed's launch
         ({"WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_SIZE": "2"}, False),  # two nodes
         ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, True),  # torchrun's name
         ({"WORLD_SIZE": "4"}, False),  # unknown: not assumed local

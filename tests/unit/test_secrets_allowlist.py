@@ -20,7 +20,7 @@ from dstui.core.errors import SpecError
 from dstui.core.failures import classify
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
-from dstui.execute.slurm_script import job_script
+from dstui.execute.backends.slurm_script import job_script
 from dstui.spec.models import RunSpec, Settings, SlurmOptions, expand, parse_spec
 
 ENV = {"DB_URL": "postgres://u:pass@h/db", "MY_SECRET_THING": "s3cr3t", "OMP_NUM_THREADS": "1"}

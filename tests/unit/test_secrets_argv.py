@@ -163,18 +163,18 @@ def test_ui_warns_when_it_would_listen_beyond_this_host() -> None:
 
 
 def test_a_slurm_rank_resolves_references_from_the_jobs_environment(tmp_path: Path) -> None:
-    """job.sh holds ``{env:NAME}``; each rank (dstui.execute.slurm_rank) puts the value in its own argv."""
+    """job.sh holds ``{env:NAME}``; each rank (dstui.execute.injob.slurm_rank) puts the value in its own argv."""
     show = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "--hf_token", "{env:MY_TOKEN}"]
     env = {**os.environ, "MY_TOKEN": "tok-from-sbatch-env"}
-    ok = subprocess.run([sys.executable, "-m", "dstui.execute.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
+    ok = subprocess.run([sys.executable, "-m", "dstui.execute.injob.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip() == "['--hf_token', 'tok-from-sbatch-env']", ok.stderr
     env.pop("MY_TOKEN")
-    gone = subprocess.run([sys.executable, "-m", "dstui.execute.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
+    gone = subprocess.run([sys.executable, "-m", "dstui.execute.injob.slurm_rank", "--", *show], capture_output=True, text=True, env=env, timeout=60)
     assert gone.returncode == 127 and "MY_TOKEN is not set (the command names it as {env:MY_TOKEN})" in gone.stderr
 
 
 def test_a_slurm_job_script_names_argv_secrets_and_sbatch_gets_them(tmp_path: Path) -> None:
-    from dstui.execute.slurm_script import hidden_argv, job_script
+    from dstui.execute.backends.slurm_script import hidden_argv, job_script
     from dstui.spec.models import SlurmOptions
 
     command = ["prog", "--hf_token", "abc123", f"--login={HF}", "--ref", "{env:MY_TOKEN}", "--steps", "3"]

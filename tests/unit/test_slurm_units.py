@@ -11,10 +11,10 @@ import pytest
 
 from dstui.core.errors import SpecError
 from dstui.core.rundir import RunDir
-from dstui.execute import slurm_cli
-from dstui.execute.slurm_cli import JobInfo
-from dstui.execute.slurm_rank import rank_env
-from dstui.execute.slurm_script import job_script
+from dstui.execute.backends import slurm_cli
+from dstui.execute.backends.slurm_cli import JobInfo
+from dstui.execute.backends.slurm_script import job_script
+from dstui.execute.injob.slurm_rank import rank_env
 from dstui.spec.models import RunSpec, Settings, SlurmOptions, expand, parse_spec
 
 
@@ -75,13 +75,13 @@ def test_two_node_job_script(tmp_path: Path) -> None:
     assert "srun --kill-on-bad-exit=1 --ntasks-per-node=4 --cpus-per-task=8" in text
     assert "/envs/ds/bin/python -u " in text and "deepspeed.launcher" not in text  # srun is the launcher
     # one system sampler per node, beside the ranks, started before them
-    (sampler,) = [ln for ln in text.splitlines() if "dstui.execute.node_sampler" in ln]
+    (sampler,) = [ln for ln in text.splitlines() if "dstui.execute.injob.node_sampler" in ln]
     assert sampler.startswith("srun --overlap --ntasks-per-node=1 ") and sampler.endswith("&")
-    assert text.index("node_sampler") < text.index("dstui.execute.slurm_rank")
+    assert text.index("node_sampler") < text.index("dstui.execute.injob.slurm_rank")
 
 
 def test_over_memory_is_read_from_slurmstepd_lines() -> None:
-    from dstui.execute.slurm_cli import killed_over_memory
+    from dstui.execute.backends.slurm_cli import killed_over_memory
 
     log = "step 3 loss 1.2\nslurmstepd-node1: error: Exceeded job memory limit\nsrun: error: node1: task 0: Killed\n"
     assert killed_over_memory(log)

@@ -22,7 +22,7 @@ DUMP = Path(__file__).resolve().parent.parent / "programs" / "dump_rank_env.py"
 def _ranks(tmp_path: Path, *args: str, script: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "DUMP_DIR": str(tmp_path)}
     return subprocess.run(
-        [sys.executable, "-m", "dstui.execute.ranks", *args, "--", sys.executable, *script],
+        [sys.executable, "-m", "dstui.execute.injob.ranks", *args, "--", sys.executable, *script],
         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
 

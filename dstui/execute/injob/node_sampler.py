@@ -1,4 +1,4 @@
-"""System readings of every node of a Slurm job, and their way into the run's ``system.jsonl``.
+"""System readings of one node of a Slurm job, written where the supervisor reads them.
 
 For a local run the supervisor samples the machine it runs on. A Slurm job's
 processes are on its nodes, so the job script starts this sampler once per node
@@ -7,15 +7,10 @@ processes are on its nodes, so the job script starts this sampler once per node
 per interval in the format of :func:`dstui.execute.sysmetrics.sample`: host
 CPU and memory, the node's ranks (their pids from ``ranks/*.json``) and its
 GPUs. It stops when the job's wrapper writes ``exit.json`` (or when Slurm ends
-the job's steps).
+the job's steps). The supervisor copies these files into ``system.jsonl``
+(:mod:`dstui.execute.backends.slurm_nodes`).
 
-The supervisor alone writes ``system.jsonl`` (one writer: appends from several
-hosts to one file on a network filesystem can interleave): :func:`merge` copies
-each node file's new complete lines there, so ingestion, MLflow
-(``system/<node>/...``) and the Live view read every node as they read a
-local run's readings.
-
-Usage (from job.sh): python -m dstui.execute.node_sampler RUN_DIR [--interval S]
+Usage (from job.sh): python -m dstui.execute.injob.node_sampler RUN_DIR [--interval S]
 """
 
 from __future__ import annotations
@@ -32,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 NODES_DIR = "nodes"
-OFFSETS_FILE = "merged.json"  # in nodes/: how far each node's file is copied into system.jsonl
 EXIT_FILE = "exit.json"  # dstui.core.rundir's name; not imported: this starts on every node
-MAX_LINE = 64 * 1024  # a longer line is no sampler record: skipped and counted
 _SAFE_NODE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -48,7 +41,7 @@ def this_node() -> str:
 
 
 def rank_pids(run_dir: Path, node: str) -> list[int]:
-    """The pids of this node's ranks, as each rank recorded them (dstui.execute.slurm_rank)."""
+    """The pids of this node's ranks, as each rank recorded them (dstui.execute.injob.slurm_rank)."""
     pids = []
     for f in (run_dir / "ranks").glob("*.json"):
         try:
@@ -112,71 +105,8 @@ def run_sampler(run_dir: Path, interval_s: float) -> int:
             return 0
 
 
-def merge(run_dir: Path, system_file: Path) -> int:
-    """Append each node file's new complete lines to ``system_file``; returns how many were copied.
-
-    Offsets are saved after the append: a supervisor killed in between copies
-    those few lines once more on its next pass (two readings of the same
-    instant), never loses one. Lines that are not a JSON object of at most
-    ``MAX_LINE`` bytes are skipped and counted in the offsets file.
-    """
-    folder = run_dir / NODES_DIR
-    if not folder.is_dir():
-        return 0
-    offsets_path = folder / OFFSETS_FILE
-    try:
-        offsets = json.loads(offsets_path.read_text())
-        if not isinstance(offsets, dict):
-            offsets = {}
-    except (OSError, ValueError):
-        offsets = {}
-    lines: list[str] = []
-    changed = False
-    for f in sorted(folder.glob("*.jsonl")):
-        node = node_label(f.stem)
-        start = int(offsets.get(node, 0)) if str(offsets.get(node, 0)).isdigit() else 0
-        try:
-            with open(f, "rb") as fh:
-                fh.seek(start)
-                data = fh.read()
-        except OSError:
-            continue
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next pass
-        if end <= 0:
-            continue
-        for raw in data[:end].splitlines():
-            rec = _record(raw)
-            if rec is None:
-                offsets["bad_lines"] = int(offsets.get("bad_lines", 0) or 0) + 1
-                continue
-            rec["node"] = node  # the file says which node; a record cannot claim another
-            lines.append(json.dumps(rec) + "\n")
-        offsets[node] = start + end
-        changed = True
-    if lines:
-        with open(system_file, "a") as fh:
-            fh.write("".join(lines))
-    if changed:
-        tmp = offsets_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(offsets))
-        tmp.replace(offsets_path)
-    return len(lines)
-
-
-def _record(raw: bytes) -> dict[str, Any] | None:
-    if len(raw) > MAX_LINE:
-        return None
-    try:
-        rec = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("time"), (int, float)):
-        return None
-    return {k: v for k, v in rec.items() if k in ("time", "node") or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-
-
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dstui.execute.node_sampler")
+    ap = argparse.ArgumentParser(prog="python -m dstui.execute.injob.node_sampler")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--interval", type=float, default=2.0)
     args = ap.parse_args(argv)

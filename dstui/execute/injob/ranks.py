@@ -16,7 +16,7 @@ hostfiles keep DeepSpeed's launcher (dstui.execute.launch decides).
 
 Usage (what dstui.execute.launch writes into a run's argv)::
 
-    python -m dstui.execute.ranks --nproc 2 --master-port 29500 [--devices 0,1] \\
+    python -m dstui.execute.injob.ranks --nproc 2 --master-port 29500 [--devices 0,1] \\
         -- PYTHON SCRIPT [ARGS...]
 """
 
@@ -188,7 +188,7 @@ def _how(returncode: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dstui.execute.ranks",
+        prog="python -m dstui.execute.injob.ranks",
         description="Start the local ranks of a single-node DeepSpeed job with the environment "
         "DeepSpeed's launcher would give them (without importing DeepSpeed twice first).",
     )

@@ -11,7 +11,7 @@ place and renames it to ``exit.json`` (:func:`record`), which needs no new
 space. It also notes whether the run folder's disk was full when the job ended,
 so the reason says "disk full" even when the job's own last words could not be
 written to its log.
-Usage: python -m dstui.execute.wrap RUN_DIR -- ARGV...
+Usage: python -m dstui.execute.injob.wrap RUN_DIR -- ARGV...
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dstui.core import startup_trace
 from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
 from dstui.execute import bytecode
 
-USAGE = "usage: python -m dstui.execute.wrap RUN_DIR -- ARGV..."
+USAGE = "usage: python -m dstui.execute.injob.wrap RUN_DIR -- ARGV..."
 RESERVED_BYTES = 4096  # one block: an exit record is ~150 bytes
 DISK_FULL_BELOW = 1 << 20  # free bytes under which a failed job's disk counts as full
 
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     try:
         run_dir, cmd = parse_argv(argv)
     except ValueError as e:
-        print(f"dstui.execute.wrap: {e}", file=sys.stderr, flush=True)
+        print(f"dstui.execute.injob.wrap: {e}", file=sys.stderr, flush=True)
         return 2
     # every Python process of the job dumps its stack on SIGSEGV/SIGABRT/SIGBUS into stdout.log,
     # so a rank's death names its innermost frame (dstui.core.failures.signal_death)
@@ -169,7 +169,7 @@ def record(run_dir: str, data: dict, reserved: str | None) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         with contextlib.suppress(OSError):
-            print(f"dstui.execute.wrap: cannot record the exit status in {path}: {e}", file=sys.stderr, flush=True)
+            print(f"dstui.execute.injob.wrap: cannot record the exit status in {path}: {e}", file=sys.stderr, flush=True)
         return False
 
 

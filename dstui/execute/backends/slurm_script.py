@@ -17,7 +17,7 @@ from dstui.core import secrets
 from dstui.core.errors import SpecError
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
-from dstui.spec.models import RunSpec, SlurmOptions
+from dstui.spec.experiment import RunSpec, SlurmOptions
 
 SCRIPT_NAME = "job.sh"
 NODE_SAMPLE_INTERVAL_S = 2.0  # as the supervisor samples a local run (Supervisor.system_interval_s)
@@ -63,7 +63,7 @@ def hidden_argv(run: RunSpec, argv: list[str]) -> tuple[list[str], dict[str, str
     job.sh lies in the run folder (an MLflow artifact): an element that would be
     shown masked (a secret flag's value, a token shape, a hidden env value)
     becomes ``{env:DSTUI_ARGV_<i>}``, which each rank resolves
-    (dstui.execute.slurm_rank) from the environment sbatch hands the job.
+    (dstui.execute.injob.slurm_rank) from the environment sbatch hands the job.
     """
     shown = launch.shown_command(run, argv)
     out: list[str] = []
@@ -129,11 +129,11 @@ def job_script(
         attempt_line(run, rd),
         f'[ -z "$SLURM_RESTART_COUNT" ] || rm -f {shlex.quote(str(rd.exit_file))}  # the previous attempt\'s exit status',
         "# one system sampler per node (not per rank), beside the ranks: readings into the run folder's nodes/",
-        f"srun --overlap --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 {me} -m dstui.execute.node_sampler"
+        f"srun --overlap --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 {me} -m dstui.execute.injob.node_sampler"
         f" {shlex.quote(str(rd.path))} --interval {NODE_SAMPLE_INTERVAL_S:g} >/dev/null 2>&1 &",
-        "# dstui.execute.wrap records the exit status in exit.json; srun starts one task per rank",
-        f"exec {me} -m dstui.execute.wrap {shlex.quote(str(rd.path))} -- \\",
-        f"  srun --kill-on-bad-exit=1 --ntasks-per-node={run.settings.gpus} --cpus-per-task={opts.cpus_per_task} {me} -m dstui.execute.slurm_rank -- \\",
+        "# dstui.execute.injob.wrap records the exit status in exit.json; srun starts one task per rank",
+        f"exec {me} -m dstui.execute.injob.wrap {shlex.quote(str(rd.path))} -- \\",
+        f"  srun --kill-on-bad-exit=1 --ntasks-per-node={run.settings.gpus} --cpus-per-task={opts.cpus_per_task} {me} -m dstui.execute.injob.slurm_rank -- \\",
         "  " + shlex.join(argv),
         "",
     ]

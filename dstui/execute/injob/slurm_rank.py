@@ -8,7 +8,7 @@ script exports the last two). Stdlib only: it starts once per rank.
 Each rank also leaves ``ranks/<rank>.json`` in the run folder (its host, node
 and local rank): which ranks ran where is then a fact of the run, readable on
 the shared filesystem after the job, not a guess from the node list.
-Usage: srun python -m dstui.execute.slurm_rank -- ARGV...
+Usage: srun python -m dstui.execute.injob.slurm_rank -- ARGV...
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def record_placement(env: dict[str, str]) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "--":
-        print("usage: python -m dstui.execute.slurm_rank -- ARGV...", file=sys.stderr)
+        print("usage: python -m dstui.execute.injob.slurm_rank -- ARGV...", file=sys.stderr)
         return 2
     os.environ.update(rank_env(dict(os.environ)))
     record_placement(dict(os.environ))
