@@ -20,17 +20,22 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+from helpers import REPO, dstui, mlflow_client
+from test_reliability import only_batch, wait_for
+
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import LIVE_STATES, BatchDir, RunDir
 from dstui.execute import feasibility, launch, liveness
 from dstui.execute.backends.base import Preview
+from dstui.execute.process_group import kill_group
 
 HERE = Path(__file__).resolve().parent
 MARKER = "setsid.json"
@@ -144,16 +149,7 @@ class SetsidBackend:
         return bool(st.get("pgid")) and bool(session_pids(st["pgid"]))
 
     def cancel(self, st: dict[str, Any], *, grace_s: float = 5.0) -> None:
-        sid = st.get("pgid")
-        if not sid:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(sid, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        while time.time() < deadline and session_pids(sid):
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(sid, signal.SIGKILL)
+        kill_group(st.get("pgid"), grace_s=grace_s)  # `setsid` made the command its session's and group's leader
 
     def ended(self, rd: RunDir, st: dict[str, Any], handle: Any) -> bool:
         return handle.poll() is not None if handle is not None else not self.alive(st)
@@ -166,24 +162,8 @@ class SetsidBackend:
 
 # ---- the test --------------------------------------------------------------------------------
 
-import pytest  # noqa: E402 - below the backend: the supervisor imports this file for the class above
-import yaml  # noqa: E402
-from helpers import REPO, dstui, mlflow_client  # noqa: E402
-
-from dstui.core.rundir import list_batches  # noqa: E402
-
 FAKE = str(REPO / "tests" / "programs" / "fake_runner.py")
 STEPS = 8
-
-
-def wait_for(pred, timeout: float = 120, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def spec(home: Path) -> Path:
@@ -226,7 +206,7 @@ def test_a_backend_registered_from_its_test_file_runs_a_batch(registered: Path) 
     dry = dstui("run", "--executor", "setsid", "--dry-run", str(spec(home)), check=True).stdout
     assert shlex.join(["setsid", sys.executable, FAKE]) in dry  # its preview, not the local one
     dstui("run", "--executor", "setsid", "--detach", str(spec(home)), check=True)
-    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    b = only_batch(home)
     assert b.info()["executor"] == "setsid" and b.info()["executor_options"] == {"marker": MARKER}
     short, long_ = (RunDir(b.path / "short-r0"), RunDir(b.path / "long-r0"))
     wait_for(lambda: (long_.status().get("steps_done") or 0) >= 3, what="the long run streaming")
