@@ -1,5 +1,6 @@
 """Stage 3, *execute*: RunSpec -> run folder -> process; the detached supervisor that follows runs.
 
-May import core, spec, revisions and tracking. This is where executors plug in: a new way of
-starting a run's processes (Slurm, ...) goes beside :mod:`dstui.execute.launch`.
+May import core, spec, revisions and tracking. Where runs start is an executor backend
+(:mod:`dstui.execute.backends`: this machine's process groups, Slurm jobs, or one registered in
+:mod:`dstui.core.executors`); the programs that run inside a job are :mod:`dstui.execute.injob`.
 """

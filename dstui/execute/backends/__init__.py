@@ -36,7 +36,7 @@ def backend_class(name: str) -> type:
     module, _, attr = entry.target.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+    except Exception as e:  # a module named in $DSTUI_EXECUTORS may fail any way on import: one line, no traceback
         raise DstuiError(f"executor {name!r}: cannot load {entry.target} ({type(e).__name__}: {e})") from None
 
 
