@@ -126,14 +126,10 @@ def mlruns_dir() -> Path:
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI wins (a team server); else a SQLite store in <home>/mlruns, beside the runs.
 
-    MLflow >= 3.13 refuses the bare ``./mlruns`` file store, hence SQLite.
+    MLflow >= 3.13 refuses the bare ``./mlruns`` file store, hence SQLite. Naming it makes
+    nothing: the store is made (whole, atomically) at its first use, by dstui.tracking.sqlite_store.
     """
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    d = mlruns_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{d / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
 
 
 def artifact_root() -> str:

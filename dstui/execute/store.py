@@ -12,16 +12,16 @@ nothing is written into the unlinked file.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from dstui.core.rundir import BatchDir
 from dstui.core.secrets import strip_credentials
 from dstui.tracking import client as tracking
+from dstui.tracking import sqlite_store
+from dstui.tracking.sqlite_store import StoreBroken, sqlite_path  # noqa: F401 - sqlite_path re-exported (sink)
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -59,7 +59,8 @@ class StoreConnection:
         msg = f"MLflow unreachable ({type(e).__name__}: {detail}); metrics stay on disk and are sent later"
         if self.error is None:
             log.warning(msg)
-            self.report("MLflow unreachable; metrics stay in the run folders and are sent later")
+            # a broken store is said as it is, with the commands that mend it: waiting does not
+            self.report(str(e) if isinstance(e, StoreBroken) else "MLflow unreachable; metrics stay in the run folders and are sent later")
             self.error = msg
         self._client = None
         self._retry_at = time.time() + RETRY_AFTER_S
@@ -112,13 +113,6 @@ def quiet_store_tracebacks() -> None:
         logger.addFilter(_NoStoreTracebacks())
 
 
-def sqlite_path(uri: str | None) -> Path | None:
-    if not uri or not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///") :].split("?", 1)[0]
-    return Path(path) if path and path != ":memory:" else None
-
-
 def _file_id(uri: str | None) -> tuple[int, int] | None:
     """(device, inode) of a local SQLite store: changes when the file is deleted or replaced."""
     path = sqlite_path(uri)
@@ -133,15 +127,7 @@ def _file_id(uri: str | None) -> tuple[int, int] | None:
 
 def forget_sqlite_store(uri: str | None) -> None:
     """Drop MLflow's cached engine for a store (it would go on writing to a deleted file)."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service import utils
-
-    # MLflow caches the store per URI, and one engine per URI under it: drop both
-    utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
-    engine = SqlAlchemyStore._engine_map.pop(uri, None)
-    if engine is not None:
-        with contextlib.suppress(Exception):
-            engine.dispose()
+    sqlite_store.forget(uri)
     tracking._WAL_DONE.discard(uri or "")
 
 

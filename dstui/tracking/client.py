@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
 from dstui.core.rundir import PRIVATE_FILES
+from dstui.tracking import sqlite_store
 from dstui.tracking import tags as tag_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,10 +47,12 @@ def _quiet_mlflow() -> None:
 
 
 def client(uri: str | None = None) -> MlflowClient:
+    """MLflow's client for ``uri`` (default: this home's); a local SQLite store is made whole first (sqlite_store)."""
     _quiet_mlflow()
     from mlflow import MlflowClient
 
     uri = uri or paths.tracking_uri()
+    sqlite_store.ensure_store(uri)
     use_wal(uri)
     return MlflowClient(tracking_uri=uri)
 
@@ -68,16 +71,13 @@ def use_wal(uri: str) -> bool:
     Best effort: a store that cannot switch (read-only, a network file system)
     stays as it is.
     """
-    if not uri.startswith("sqlite:///") or uri in _WAL_DONE:
+    path = sqlite_store.sqlite_path(uri)
+    if path is None or uri in _WAL_DONE or not path.is_file():  # never a new empty file: sqlite_store makes stores
         return False
     import sqlite3
 
-    path = uri[len("sqlite:///") :].split("?", 1)[0]
-    if not path or path == ":memory:":
-        return False
     _WAL_DONE.add(uri)
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with contextlib.closing(sqlite3.connect(path, timeout=10)) as con:
             mode = con.execute("PRAGMA journal_mode=WAL").fetchone()
         return bool(mode) and str(mode[0]).lower() == "wal"
