@@ -9,6 +9,7 @@ can do (:mod:`dstui.spec.capabilities`).
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ def _named(spec: ExperimentSpec, *, file: str | None) -> _Named:
             continue
         out.append((name, merged))
 
+    from_axes = len(out)
     explicit: dict[str, int] = {}
     for i, cond in enumerate(spec.conditions):
         if cond.name in explicit:
@@ -115,6 +117,7 @@ def _named(spec: ExperimentSpec, *, file: str | None) -> _Named:
                                 field=f"conditions.{i}.{key}")  # fmt: skip
         out.append((cond.name, {**spec.settings, **overrides}))
 
+    _check_footprint(spec, from_axes=from_axes, explicit=[merged for _, merged in out[from_axes:]], file=file)
     # axis-derived names can repeat (e.g. two model paths with one basename): number them,
     # never onto a name that is already taken
     taken = {name for name, _ in out}
@@ -233,6 +236,31 @@ MAX_RUNS = 10_000
 def _check_size(n: int, *, file: str | None, field: str) -> None:
     if n > MAX_RUNS:
         raise SpecError(f"the spec expands to {n} runs; at most {MAX_RUNS} per batch", file=file, field=field)
+
+
+MAX_EXPANSION_BYTES = 32 << 20
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=str))
+
+
+def _check_footprint(spec: ExperimentSpec, *, from_axes: int, explicit: list[dict[str, Any]], file: str | None) -> None:
+    """Refuse a spec whose settings, repeated in every run's folder, would pass :data:`MAX_EXPANSION_BYTES`.
+
+    Each run's folder holds its condition's settings (spec.json, cmd.txt, ds_config.json,
+    MLflow params): a 514-byte spec once became 1.35 GB of run folders. Measured before
+    any condition is validated, from the spec's own values: an axis condition holds at
+    most the base settings and the longest value of each axis.
+    """
+    base = _size(spec.settings)
+    per_axis_condition = base + sum(max(map(_size, values), default=0) for values in spec.axes.values())
+    per_round = from_axes * per_axis_condition + sum(map(_size, explicit))
+    runs = (from_axes + len(explicit)) * max(1, len(spec.revisions)) * spec.repeats
+    total = per_round * max(1, len(spec.revisions)) * spec.repeats
+    if total > MAX_EXPANSION_BYTES:
+        raise SpecError(f"refused: the spec expands to {runs} runs holding {total / 2**20:.0f} MiB of settings in their folders; "
+                        f"at most {MAX_EXPANSION_BYTES >> 20} MiB (fewer runs, or smaller values)", file=file)  # fmt: skip
 
 
 def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:

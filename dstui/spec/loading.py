@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dstui.core.errors import SpecError
-from dstui.spec import messages
+from dstui.spec import bounded_yaml, messages
 from dstui.spec.experiment import ExperimentSpec, Revision
 from dstui.spec.settings import SETTING_NAMES
 
@@ -93,14 +93,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     if not path.is_file():
         raise SpecError("no such spec file", file=str(path))
     text = read_spec_text(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = str(getattr(e, "problem", None) or e).split("\n")[0]  # one line, whatever PyYAML says
-        raise SpecError(f"invalid YAML{where}: {' '.join(what.split())}", file=str(path)) from None
-    return parse_spec(data, file=str(path))
+    return parse_spec(bounded_yaml.load(text, file=str(path)), file=str(path))
 
 
 @contextmanager
@@ -209,7 +202,7 @@ def _yaml_rt(text: str) -> Any:
         return rep.represent_scalar("tag:yaml.org,2002:float", yaml.safe_dump(value).split("\n")[0])
 
     Representer.add_representer(float, float_as_pyyaml)
-    rt = YAML()
+    rt = bounded_yaml.bound_round_trip(YAML())
     rt.Representer = Representer
     rt.preserve_quotes = True
     rt.width = 4096  # never re-fold the user's long lines
@@ -237,8 +230,8 @@ def _fresh(value: Any, *, flow: bool | None = None) -> Any:
         return seq
     if isinstance(value, str):
         try:
-            plain = yaml.safe_load(value)
-        except (yaml.YAMLError, RecursionError):
+            plain = bounded_yaml.load(value)
+        except SpecError:
             plain = None
         if plain != value:
             return SingleQuotedScalarString(value)
@@ -373,8 +366,10 @@ def updated_text(original: str | None, data: dict[str, Any], *, file: str | None
     import io
 
     try:
-        old = yaml.safe_load(original)
-    except yaml.YAMLError:
+        old = bounded_yaml.load(original, file=file)
+    except bounded_yaml.SpecLimit:
+        raise
+    except SpecError:
         old = None
     if not isinstance(old, dict):
         raise SpecError("the file on disk is not a YAML mapping; save under a new name", file=file)
@@ -388,11 +383,13 @@ def updated_text(original: str | None, data: dict[str, Any], *, file: str | None
         rt.dump(doc, buf)
     except SpecError:
         raise
+    except bounded_yaml.LimitPassed as e:
+        raise bounded_yaml.limit_error(e, file) from None
     except Exception as e:  # ruamel is stricter than PyYAML (e.g. a key given twice): say so, write nothing
         why = " ".join(str(e).split())[:200]
         raise SpecError(f"cannot keep this file's layout ({type(e).__name__}: {why}); save under a new name", file=file) from None
     text = buf.getvalue()
-    if yaml.safe_load(text) != data:
+    if bounded_yaml.load(text, file=file) != data:
         raise SpecError("this edit cannot be written without changing other keys; save under a new name", file=file)
     return text
 

@@ -2,7 +2,7 @@
 conditions and the spec's run options (no textual here).
 
 A text is untrusted typing: bounded (:data:`MAX_TEXT`), read with PyYAML (JSON is
-YAML too), and checked against what it fills (the Settings field's own type via
+YAML too) within bounded_yaml's limits, and checked against what it fills (the Settings field's own type via
 pydantic, setting names for exclusions and conditions) before it reaches the
 spec mapping. Whatever does not fit is a ValueError with one line to show.
 """
@@ -14,6 +14,9 @@ from typing import Any
 
 import yaml
 
+from dstui.core.errors import SpecError
+from dstui.spec import bounded_yaml
+from dstui.spec.bounded_yaml import SpecLimit
 from dstui.spec.models import SETTING_NAMES, Settings
 from dstui.tui import compose_model as cm
 
@@ -32,14 +35,11 @@ def read_yaml(text: str, what: str) -> Any:
     if len(text) > MAX_TEXT:
         raise ValueError(f"{what}: {len(text)} characters; at most {MAX_TEXT}")
     try:
-        return yaml.safe_load(text) if text.strip() else None
-    except RecursionError:
-        raise ValueError(f"{what}: nested too deeply") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise ValueError(f"{what}: not valid YAML/JSON{where}: {problem}") from None
+        return bounded_yaml.load(text) if text.strip() else None
+    except SpecLimit as e:
+        raise ValueError(f"{what}: {e.message}") from None
+    except SpecError as e:
+        raise ValueError(f"{what}: not valid YAML/JSON{e.message.removeprefix('invalid YAML')}") from None
 
 
 def _check_value(field: str, value: Any) -> str | None:

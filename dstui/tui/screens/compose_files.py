@@ -20,9 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dstui.core.errors import SpecError
+from dstui.spec import bounded_yaml
 from dstui.spec.loading import SpecDraft, is_shipped, plain_text, save_spec_text, updated_text
 from dstui.spec.models import expand, parse_spec, read_spec_text
 from dstui.tui import compose_model as cm
@@ -48,12 +47,9 @@ class SpecFileActions:
         if path.is_file():
             try:
                 text = read_spec_text(path)
-                data = yaml.safe_load(text)
+                data = bounded_yaml.load(text, file=str(path))
             except SpecError as e:
                 self.notify(str(e), severity="error")
-                return
-            except yaml.YAMLError as e:
-                self.notify(f"{path}: invalid YAML: {' '.join(str(e).split())[:200]}", severity="error")
                 return
             if not isinstance(data, dict):
                 self.notify(f"{path}: a spec must be a YAML mapping", severity="error")
