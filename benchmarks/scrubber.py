@@ -1,4 +1,4 @@
-"""How long the credential scrubber takes on one 10 MiB line (goal: under 1 s; issue 33.1).
+"""How long the credential scrubber and the terminal sanitiser take on one 10 MiB line (goal: under 1 s).
 
 The scrubber (``dstui.core.secrets.strip_credentials``) reads every text file
 of a run when it is uploaded (stdout.log included), so a long blob in a run's
@@ -9,6 +9,11 @@ base64-like text, hex); the worst case of each rule (dashes, ``a://``, ``hf_``,
 too, to show it stays linear, not held to the goal.
 ``--old-kib N`` also times the pattern the URI rule had before (quadratic on
 runs of letters and digits) on N KiB of letters, for comparison.
+
+``dstui.core.terminal.printable`` (issue 40.4) is timed the same way: it runs on
+every reason, log line and table cell a terminal gets, so on the blobs a run
+prints, on text full of escape sequences (a colourised log), and on the worst
+case of each pattern (an introducer repeated, a sequence that never ends).
 
     python benchmarks/scrubber.py [--mib 10] [--old-kib 16]
 """
@@ -27,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dstui.core.secrets import MASK, strip_credentials  # noqa: E402
+from dstui.core.terminal import printable  # noqa: E402
 
 OLD_URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
 
@@ -44,6 +50,19 @@ def inputs(size: int) -> dict[str, str]:
         "'a://' repeated": ("a://" * (size // 4 + 1))[:size],
         "'hf_' repeated": ("hf_" * (size // 3 + 1))[:size],
         "'--token x ' repeated": ("--token x " * (size // 10 + 1))[:size],
+    }
+
+
+def terminal_inputs(size: int) -> dict[str, str]:
+    rng = random.Random(1)
+    colours = "".join(f"\x1b[{rng.randint(30, 37)}mword{i}\x1b[0m " for i in range(size // 16 + 1))[:size]
+    return {
+        "colourised log": colours,
+        "'\\x1b[' repeated": ("\x1b[" * (size // 2 + 1))[:size],
+        "'\\x1b]' repeated": ("\x1b]" * (size // 2 + 1))[:size],
+        "CSI that never ends": "\x1b[" + "0" * (size - 2),
+        "OSC that never ends": "\x1b]0;" + "t" * (size - 4),
+        "a control every 2nd char": ("a\x07" * (size // 2 + 1))[:size],
     }
 
 
@@ -67,6 +86,16 @@ def main() -> int:
             worst = max(worst, seconds)
         print(f"  {name:24s} {seconds:7.3f} s{'' if name in GOAL else '   (worst case of a rule)'}")
     print(f"slowest of {', '.join(GOAL)}: {worst:.3f} s (goal < 1 s): {'PASS' if worst < 1.0 else 'FAIL'}")
+    print(f"printable (core.terminal) on one {args.mib:g} MiB line (and on a tenth of it: linear when ~10x less):")
+    tenth = terminal_inputs(size // 10)
+    for name, text in {**{k: v for k, v in inputs(size).items() if k in GOAL}, **terminal_inputs(size)}.items():
+        seconds = timed(printable, text)
+        goal = name in GOAL or name == "colourised log"
+        if goal:
+            worst = max(worst, seconds)
+        small = f"   tenth: {timed(printable, tenth[name]):6.3f} s" if name in tenth else ""
+        print(f"  {name:24s} {seconds:7.3f} s{small}{'' if goal else '   (worst case of a pattern)'}")
+    print(f"slowest of the blobs and the colourised log: {worst:.3f} s (goal < 1 s): {'PASS' if worst < 1.0 else 'FAIL'}")
     if args.old_kib:
         letters = inputs(args.old_kib * 1024)["letters+digits"]
         old = timed(lambda t: OLD_URI.sub(lambda m: f"{m.group('scheme')}{MASK}@", t), letters)

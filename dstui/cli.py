@@ -13,7 +13,7 @@ import sys
 
 from dstui import __version__
 from dstui.commands import _machine
-from dstui.core import exit_codes, library_logs, secrets
+from dstui.core import exit_codes, library_logs, secrets, terminal
 from dstui.core.errors import DstuiError, NotFound
 from dstui.execute import bytecode
 
@@ -117,6 +117,7 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
     if args.command not in ("tui", "demo"):  # the Textual app owns the terminal
         secrets.mask_output()  # no credentials or hidden env values in anything a command prints
+        terminal.guard_output()  # no escape sequence from a run or spec reaches the terminal (core.terminal)
     if args.command != "supervise":  # the supervisor's stdout is its log already
         library_logs.route(verbose=getattr(args, "verbose", False))
     module = importlib.import_module(COMMANDS[args.command][0])

@@ -13,7 +13,7 @@ from typing import Any
 
 from dstui.commands import _machine, _tables
 from dstui.commands._records import batch_record, run_record
-from dstui.core import exit_codes
+from dstui.core import exit_codes, terminal
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.core.secrets import strip_credentials
 
@@ -37,7 +37,7 @@ class FollowOutput:
         if self.fmt == "jsonl":
             _machine.emit({"event": "note", "batch": self.b.id, "text": text}, one_line=True)
         else:
-            print(f"! {text}", flush=True)
+            print(f"! {terminal.printable(text, one_line=True)}", flush=True)  # a run's reason, often
 
     def finish(self, waiting_points: int | None) -> int:
         """The ending: the table, or the batch document; returns the exit status (1 when a run failed)."""

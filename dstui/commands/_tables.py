@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dstui.commands._records import reason_of
+from dstui.core import terminal
 from dstui.core.errors import DstuiError
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
@@ -30,8 +31,8 @@ def terminal_width() -> int:
 
 
 def printable(text: Any) -> str:
-    """One line of text safe for a terminal: control characters (escapes, newlines) become spaces."""
-    return "".join(ch if ch.isprintable() else " " for ch in str(text))
+    """One line of text safe for a terminal (core.terminal: escape sequences and controls gone, breaks spaces)."""
+    return terminal.printable(text, one_line=True)
 
 
 def cut(text: str, width: int) -> str:

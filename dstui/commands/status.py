@@ -19,7 +19,7 @@ from dstui.commands import _argtypes, _machine
 from dstui.commands._common import batch_notes, runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.commands._tables import terminal_width
-from dstui.core import exit_codes, paths, phases
+from dstui.core import exit_codes, paths, phases, terminal
 from dstui.core.errors import NotFound
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import BatchDir, RunDir, list_batches
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         width = terminal_width()  # notes wrapped here: a line the terminal wraps loses its indent
         print(fill(f"{b.id}  [{info.get('experiment')}]  created {created}  {note}", width))
         for line in notes:
-            print(fill(f"  ! {line}", width))
+            print(fill(f"  ! {terminal.printable(line)}", width))
         print(runs_table(b, verbose=getattr(args, "verbose", False), width=width))
         for line in time_lines(b.runs()):
             print(fill(line, width))

@@ -17,13 +17,16 @@ from textual.worker import WorkerState
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError
+from dstui.core.terminal import printable
 from dstui.tui.commands import DstuiCommands
 from dstui.tui.failure_watch import FailureWatch, bell_enabled, set_bell
 from dstui.tui.run_control import DEFAULT_PARALLEL
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
 from dstui.tui.screens.runs import RunsScreen
+from dstui.tui.terminal_filter import TerminalSafe
 
+_TERMINAL_SAFE = TerminalSafe()
 READY_ENV = "DSTUI_TUI_READY_FILE"  # benchmarks: written once the first frame is up
 
 
@@ -67,6 +70,15 @@ class DstuiApp(App):
         self.parallel = parallel  # for batches launched here: `dstui run --parallel` (0 = auto)
         self.supervise = supervise  # take over unfinished batches on start (off in snapshots)
         self.watch_s = watch_s
+
+    def get_line_filters(self) -> list:
+        """Textual's filters, then :class:`TerminalSafe`: no control character of any widget reaches the terminal."""
+        return [*super().get_line_filters(), _TERMINAL_SAFE]
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information", timeout: float | None = None,
+               markup: bool = False) -> None:  # fmt: skip
+        """A toast; its text is often a run's reason or a spec's error: printable, and never read as markup."""
+        super().notify(printable(message), title=printable(title), severity=severity, timeout=timeout, markup=markup)
 
     def on_mount(self) -> None:
         self.title = "dstui"

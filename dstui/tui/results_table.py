@@ -14,6 +14,7 @@ from rich.text import Text
 
 from dstui.analysis.intervals import RatioInterval, fieller_ratio
 from dstui.core.formatting import fmt_bytes, fmt_interval, fmt_num
+from dstui.core.terminal import printable
 
 COLUMNS = (
     ("condition", "label"),
@@ -112,7 +113,7 @@ class View:
         label.append(r.run_name or r.label, style="bold" if is_base else "")
         if is_base and not self.per_run:
             label.append(" (base)", style="cyan")
-        status = r.status + (f": {r.reason}" if r.reason else "")
+        status = printable(r.status + (f": {r.reason}" if r.reason else ""), one_line=True)  # the run's own words
         return {
             "label": label,
             "runs": r.runs if not self.per_run else r.batch[-15:],

@@ -14,6 +14,7 @@ from rich.text import Text
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.core.terminal import printable
 from dstui.execute import live_phase
 
 STATE_STYLE = {
@@ -71,9 +72,9 @@ def _progress(st: dict, total: object) -> str | Text:
 def reason_cell(st: dict, diverged: str | None) -> Text | str:
     """The reason; the guard's flag in red; else a run's bad metric lines (``N bad lines (first: ...)``)."""
     if diverged:
-        return Text((st.get("reason") or diverged)[:60], style="red")
+        return Text(printable(st.get("reason") or diverged, one_line=True)[:60], style="red")
     if st.get("reason"):
-        return st["reason"][:60]
+        return printable(st["reason"], one_line=True)[:60]
     bad = bad_lines_note(st)
     return Text(bad[:60], style="yellow") if bad else ""
 

@@ -70,9 +70,8 @@ def test_kill_at_random_instants_of_the_first_store_creation_leaves_no_broken_ho
 
 def _rewind(store: Path) -> None:
     """The state an interrupted migration leaves: the last migration's tables there, its revision not recorded."""
-    from mlflow.store.db import utils
-
     from alembic.script import ScriptDirectory
+    from mlflow.store.db import utils
 
     script = ScriptDirectory.from_config(utils._get_alembic_config(db_url=""))
     previous = script.get_revision(utils._get_latest_schema_revision()).down_revision

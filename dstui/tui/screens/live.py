@@ -24,6 +24,7 @@ from textual.widgets import Header, Log, Static
 
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.core.terminal import printable
 from dstui.tui import live_draw
 from dstui.tui.chart_pages import charts_per_page, grid_shape
 from dstui.tui.series import Delta, RunSeries
@@ -191,7 +192,7 @@ class LiveScreen(Screen):
         if message.log_lines[:1] == ["\x00reset"] or status_changed:
             self._show_log_title()
         if lines:
-            log.write_lines(lines)
+            log.write_lines([printable(line, one_line=True) for line in lines])
 
     def _update_legend(self, log_run: str) -> None:
         marks = {d.label: d for d in self.query_one("#plot-loss", MetricPlot).drawn}

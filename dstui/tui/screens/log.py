@@ -13,6 +13,7 @@ from textual.widgets import Header, Log, Static
 from dstui.core import paths
 from dstui.core.records import Follower
 from dstui.core.rundir import RunDir
+from dstui.core.terminal import printable
 from dstui.tui.widgets.fitting_footer import FittingFooter
 
 INITIAL_BYTES = 256 * 1024
@@ -77,7 +78,7 @@ class LogScreen(Screen):
         assert self.follower is not None
         lines = self.follower.read_lines(max_bytes=INITIAL_BYTES * 2)
         if lines:
-            self.query_one(Log).write_lines([line for line, _ in lines])
+            self.query_one(Log).write_lines([printable(line, one_line=True) for line, _ in lines])
 
     def action_follow(self) -> None:
         log = self.query_one(Log)
