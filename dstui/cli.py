@@ -13,7 +13,7 @@ import sys
 
 from dstui import __version__
 from dstui.commands import _machine
-from dstui.core import exit_codes, library_logs, secrets, terminal
+from dstui.core import exit_codes, home_check, library_logs, secrets, terminal
 from dstui.core.errors import DstuiError, NotFound
 from dstui.execute import bytecode
 
@@ -120,20 +120,41 @@ def _main(argv: list[str] | None = None) -> int:
         terminal.guard_output()  # no escape sequence from a run or spec reaches the terminal (core.terminal)
     if args.command != "supervise":  # the supervisor's stdout is its log already
         library_logs.route(verbose=getattr(args, "verbose", False))
-    module = importlib.import_module(COMMANDS[args.command][0])
+    return _run_command(importlib.import_module(COMMANDS[args.command][0]), args)
+
+
+def writes_home(args: argparse.Namespace) -> bool:
+    """Whether a command writes to the runs home (all but those that only print)."""
+    if args.command == "list" or getattr(args, "dry_run", False):
+        return False
+    return args.command != "ui" or bool(getattr(args, "start", False))
+
+
+def _run_command(module: object, args: argparse.Namespace) -> int:
+    """The command's work; a DstuiError, or a disk that cannot be written, is one line and an exit status."""
     fmt = _machine.wants(args)
+
+    def refuse(why: str, code: int) -> int:
+        print(f"dstui: error: {why}", file=sys.stderr)
+        if fmt is not None:
+            _machine.emit({"error": why, "exit_code": code}, one_line=fmt == "jsonl")
+        return code
+
     with _machine.machine_output(fmt is not None):
         try:
-            return int(module.run(args) or 0)
+            if writes_home(args):
+                home_check.check_writable()  # a read-only or full home: said before anything is written
+            return int(module.run(args) or 0)  # type: ignore[attr-defined]
         except DstuiError as e:
-            code = exit_codes.NOT_FOUND if isinstance(e, NotFound) else exit_codes.BAD_INPUT
-            print(f"dstui: error: {e}", file=sys.stderr)
-            if fmt is not None:
-                _machine.emit({"error": str(e), "exit_code": code}, one_line=fmt == "jsonl")
-            return code
+            return refuse(str(e), exit_codes.NOT_FOUND if isinstance(e, NotFound) else exit_codes.BAD_INPUT)
         except KeyboardInterrupt:
             print("\ndstui: interrupted", file=sys.stderr)
             return exit_codes.INTERRUPTED
+        except Exception as e:
+            why = home_check.problem_of(e)  # the disk filled, or went read-only, part way
+            if why is None:
+                raise
+            return refuse(why, exit_codes.BAD_INPUT)
 
 
 if __name__ == "__main__":

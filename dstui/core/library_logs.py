@@ -34,8 +34,15 @@ class _LazyFileHandler(logging.FileHandler):
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
 
+    def emit(self, record: logging.LogRecord) -> None:
+        # logging opens the file (our _open: the folder first) outside its own error handling
+        try:
+            super().emit(record)
+        except OSError:
+            self.handleError(record)
+
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        """A home that cannot be written costs the log, not the command."""
+        """A home that cannot be written (read-only, full) costs the log, not the command."""
 
 
 class _Divert(logging.Filter):
