@@ -18,17 +18,18 @@ The rules, applied by every writer through this module:
    dstui writes itself, too (everything the supervisor prints into its log,
    command lines), so an exception that quotes one does not leak it.
 
-5. Command lines (``command``, ``extra_args``): the value after a flag whose
-   name says token/key/secret/password/auth (``--hf_token V``, ``--api-key=V``)
-   and every well-known token shape (``hf_…``, ``sk-…``, ``ghp_…``,
-   ``github_pat_…``, ``AKIA…``, ``xox?-…``) become ``***``. An argv element may
-   take a value from the environment by reference, ``{env:NAME}``: files show
-   the reference, only the launched process gets the value (:func:`resolve_env_refs`).
+5. Command lines (``command``, ``extra_args``) and free text: the value after a
+   flag whose name says token/key/secret/password/auth (``--hf_token V``,
+   ``--api-key=V``, ``-p V``), an ``Authorization:`` header's credentials, a
+   quoted secret key's value (``{"token": "V"}``), a secret assignment
+   (``HF_TOKEN=V``) and every well-known token shape (``hf_…``, ``sk-…``,
+   ``ghp_…``, ``github_pat_…``, ``AKIA…``, ``xox?-…``) become ``***``
+   (:mod:`dstui.core.credential_text`). An argv element may take a value from
+   the environment by reference, ``{env:NAME}``: files show the reference, only
+   the launched process gets the value (:func:`resolve_env_refs`).
 
-Every scan here is linear in its input (issue 33.1: the scrubber reads whole
-run logs on upload): patterns anchor on rare characters (``://``, ``--``, a
-token's literal prefix) and look back a bounded distance or forward to the
-next anchor (benchmarks/scrubber.py: a 10 MiB line in well under a second).
+Every scan is linear in its input (issue 33.1: the scrubber reads whole run
+logs on upload; benchmarks/scrubber.py: a 10 MiB line in well under a second).
 
 What a job prints about its own environment is its own output (stdout.log);
 text artifacts lose URI credentials, token shapes and secret flags' values on
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
 import hashlib
 import json
 import os
@@ -51,7 +51,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-MASK = "***"
+# the free-text rules live in credential_text; MASK and strip_credentials are imported from here by most of dstui
+from dstui.core.credential_text import MASK, is_secret_flag, keeps_value, strip_credentials
 
 # Shown by default: harmless switches a reader of a report wants to see.
 VISIBLE_NAMES = frozenset(
@@ -76,29 +77,6 @@ SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", 
 MIN_TEXT_MASK = 4
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # an env_visible entry: NAME or PREFIX_*
 
-# '://' then a URI's userinfo: up to the first '/', '@' or whitespace, when that is an '@'.
-_USERINFO = re.compile(r"://(?=[^/@\s:])[^/@\s]*@")
-_SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
-SCHEME_LOOKBACK = 64  # a scheme longer than this still counts: its last 64 characters are looked at
-# Well-known token shapes, each behind a literal prefix (linear: a failed try costs at most the
-# prefix plus the minimum length). Not preceded by a word character: 'xhf_...' is not a token.
-_TOKEN_SHAPES = re.compile(
-    r"(?<![A-Za-z0-9_])(?:"
-    r"hf_[A-Za-z0-9]{20,}"  # Hugging Face
-    r"|sk-[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic (sk-proj-..., sk-ant-...)
-    r"|gh[pousr]_[A-Za-z0-9]{30,}"  # GitHub classic tokens
-    r"|github_pat_[A-Za-z0-9_]{22,}"  # GitHub fine-grained tokens
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"  # AWS access key ids
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
-    r")"
-)
-# Words of a flag name that say its value is secret (--hf_token, --api-key, --apiKey, --db-password).
-ARGV_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "pwd", "auth", "authorization",
-                     "credential", "credentials", "apikey")  # fmt: skip
-_FLAG_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
-# '--name=value', '--name value' or a Python list's "'--name', 'value'" in free text; the name
-# is bounded, so a run of dashes or letters costs one try per '-'.
-_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]{0,63})(=|[ \t]{1,8}|['\"], ?['\"])(?!-)([^\s'\",;)\]}]+)")
 ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]{0,127})\}")  # an argv element's value from the environment
 _KNOWN: set[str] = set()  # hidden values this process has read (see remember)
 
@@ -129,71 +107,6 @@ def mask_env(env: Mapping[str, Any], visible: Iterable[str] = ()) -> dict[str, A
     return {n: (_redact(v, visible) if is_visible(str(n), visible) else MASK) for n, v in env.items()}
 
 
-def strip_credentials(text: str) -> str:
-    """Credentials out of free text, in time linear in its length.
-
-    ``postgres://u:pass@h/db`` -> ``postgres://***@h/db``; a token shape
-    (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``, ...) -> ``***``; the value of a
-    secret-named flag (``--hf_token V``, ``--api-key=V``) -> ``***``.
-    """
-    if not text:
-        return text
-    text = _strip_userinfo(text)
-    if "-" in text:
-        text = _FLAG_IN_TEXT.sub(_mask_flag_match, text)
-    return _TOKEN_SHAPES.sub(MASK, text)
-
-
-def _strip_userinfo(text: str) -> str:
-    """``scheme://user:pass@`` -> ``scheme://***@``: anchored on '://' (rare), the scheme looked back for.
-
-    The userinfo is what lies between '://' and the first '/', '@' or whitespace
-    when that is an '@' and the userinfo does not start with ':'. A try stops at
-    the next '/', so the tries of two '://' never overlap: linear overall.
-    """
-    if "://" not in text:
-        return text
-    out: list[str] = []
-    done = 0  # text[:done] is in out
-    for m in _USERINFO.finditer(text):
-        if _has_scheme(text, m.start()):
-            out += [text[done : m.start() + 3], MASK]
-            done = m.end() - 1  # the '@' stays
-    if not out:
-        return text
-    out.append(text[done:])
-    return "".join(out)
-
-
-def _has_scheme(text: str, at: int) -> bool:
-    """Whether '://' at ``at`` follows a scheme: scheme characters with a letter among them."""
-    i = at
-    while i > 0 and text[i - 1] in _SCHEME_CHARS:
-        if at - i >= SCHEME_LOOKBACK:
-            return True  # a longer run: masking too much is safe, scanning it all is not
-        i -= 1
-        if text[i].isascii() and text[i].isalpha():
-            return True
-    return False
-
-
-@functools.lru_cache(maxsize=4096)  # a log repeats the same few flags
-def is_secret_flag(flag: str) -> bool:
-    """Whether a command-line flag's name says its value is secret (``--hf_token``, ``--apiKey``)."""
-    name = flag.lstrip("-")[:128]
-    if not name or not flag.startswith("-"):
-        return False
-    words = [w.lower() for w in _FLAG_WORD.findall(name)]
-    joined = "".join(words)
-    return any(w in ARGV_SECRET_WORDS for w in words) or joined.endswith(("token", "apikey", "secret", "password", "passwd"))
-
-
-def _mask_flag_match(m: re.Match[str]) -> str:
-    if not is_secret_flag(m.group(1)) or m.group(3) == MASK or m.group(3).startswith("{env:"):
-        return m.group(0)
-    return f"{m.group(1)}{m.group(2)}{MASK}"
-
-
 def mask_argv(argv: Iterable[str], values: Iterable[str] = ()) -> list[str]:
     """An argv as files and the terminal show it: secret flags' values, token shapes, hidden values masked.
 
@@ -203,13 +116,14 @@ def mask_argv(argv: Iterable[str], values: Iterable[str] = ()) -> list[str]:
     values = tuple(values)
     out: list[str] = []
     after_secret_flag = False
+    previous = ""
     for arg in argv:
         if not isinstance(arg, str):
             out.append(arg)
             after_secret_flag = False
             continue
         if after_secret_flag and not arg.startswith("--"):
-            out.append(arg if ENV_REF.fullmatch(arg) else MASK)
+            out.append(arg if ENV_REF.fullmatch(arg) or keeps_value(previous, arg) else MASK)
             after_secret_flag = False
             continue
         flag, eq, value = arg.partition("=")
@@ -218,6 +132,7 @@ def mask_argv(argv: Iterable[str], values: Iterable[str] = ()) -> list[str]:
         else:
             out.append(mask_text(arg, values))
         after_secret_flag = not eq and arg.startswith("-") and is_secret_flag(arg)
+        previous = arg
     return out
 
 

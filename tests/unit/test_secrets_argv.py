@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dstui.commands.ui import exposure_warning
-from dstui.core import secrets
+from dstui.core import credential_text, secrets
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
 from dstui.spec.models import expand, parse_spec
@@ -129,7 +129,7 @@ URI_ALPHABET = "ab1+.-:/@ \t%é"
 @given(st.text(alphabet=URI_ALPHABET, max_size=60))
 def test_uri_rule_matches_the_old_pattern(text: str) -> None:
     old = OLD_URI.sub(lambda m: f"{m.group('scheme')}{secrets.MASK}@", text)
-    assert secrets._strip_userinfo(text) == old
+    assert credential_text.strip_userinfo(text) == old
 
 
 SECRET = st.text(alphabet=string.ascii_letters + string.digits, min_size=8, max_size=40)
