@@ -6,8 +6,9 @@ often a batch's supervisor (``StoreConnection.client``: ``tracking.client(uri)``
 forked child per request, so a try costs the store's creation alone: MLflow and
 dstui are imported once, here, not once per try (6 s of imports on a loaded machine).
 
-Protocol, one line each way: the test writes ``URI``; this prints ``pid PID`` as the
-child starts, then ``exit CODE SECONDS`` when it has ended (``CODE`` -9 when killed).
+Protocol: the test writes ``URI``; this prints ``pid PID`` as the child starts; the test
+writes ``reap`` (after killing it, or not); this prints ``exit CODE SECONDS`` (``CODE`` -9
+when killed). The child is reaped only after ``reap``, so a kill never reaches a reused pid.
 ``--mode mlflow`` makes the store the way MLflow does by itself (in place, no lock):
 the behaviour dstui had before, for the benchmark's comparison.
 """
@@ -54,8 +55,11 @@ def main() -> int:
                 os._exit(1)
             os._exit(0)
         print(f"pid {pid}", flush=True)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, and left unreaped: its pid stays its own
+        lived = time.perf_counter() - start
+        sys.stdin.readline()  # the test's "reap", sent after any kill: a kill never meets a reused pid
         _, status = os.waitpid(pid, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)} {time.perf_counter() - start:.3f}", flush=True)
+        print(f"exit {os.waitstatus_to_exitcode(status)} {lived:.3f}", flush=True)
     return 0
 
 
@@ -93,10 +97,9 @@ class Creator:
         pid = int(self._line().split()[1])
         if kill_after is not None:
             time.sleep(kill_after)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # it had ended: a try that completed
+            os.kill(pid, signal.SIGKILL)  # a child that has ended is a zombie until "reap": the kill is a no-op
+        self.proc.stdin.write("reap\n")
+        self.proc.stdin.flush()
         _, code, seconds = self._line().split()
         return int(code), float(seconds)
 
