@@ -73,13 +73,15 @@ def strip_credentials(text: str) -> str:
     text = strip_userinfo(text)
     if "-" in text:
         text = _FLAG_IN_TEXT.sub(_mask_flag_match, text)
-    if ":" in text or "=" in text:
+    lower = text.lower()  # the case-blind rules run only where their word is (a scan of each costs more)
+    if "authorization" in lower:
         text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{MASK}", text)
     if ":" in text:
         text = _QUOTED_KEY.sub(_mask_quoted_key, text)
     if "=" in text:
         text = _ASSIGNMENT.sub(_mask_assignment, text)
-    text = _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    if "bearer" in lower:
+        text = _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return _TOKEN_SHAPES.sub(MASK, text)
 
 
