@@ -45,14 +45,14 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 # the free-text rules live in credential_text; MASK and strip_credentials are imported from here by most of dstui
 from dstui.core.credential_text import MASK, is_secret_flag, keeps_value, strip_credentials
+from dstui.core.terminal import filter_output
 
 # Shown by default: harmless switches a reader of a report wants to see.
 VISIBLE_NAMES = frozenset(
@@ -227,26 +227,9 @@ def mask_text(text: str, values: Iterable[str] = ()) -> str:
     return text
 
 
-class MaskingStream:
-    """A text stream that masks what goes through it (see :func:`mask_output`)."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self.inner = inner
-
-    def write(self, text: str) -> int:
-        self.inner.write(mask_text(text))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
-        return getattr(self.inner, name)
-
-
 def mask_output() -> None:
     """Mask everything this process prints: logging, tracebacks and warnings alike (the supervisor's log)."""
-    if not isinstance(sys.stdout, MaskingStream):
-        sys.stdout = MaskingStream(sys.stdout)  # type: ignore[assignment]
-    if not isinstance(sys.stderr, MaskingStream):
-        sys.stderr = MaskingStream(sys.stderr)  # type: ignore[assignment]
+    filter_output(mask_text)
 
 
 # ---- private files: dstui's own are this user's alone, whatever the umask ----

@@ -20,7 +20,7 @@ run, a spec or a log goes through :func:`printable` before it reaches a screen:
 It is linear in its input (each pattern starts at a rare character and scans to
 the next one at most; benchmarks/scrubber.py) and idempotent. JSON output needs
 none of it: ``json.dumps`` escapes every control character (``--json``).
-:class:`TerminalStream` applies it to everything a CLI command prints, a net
+:func:`guard_output` applies it to everything a CLI command prints, a net
 under the explicit calls (which come first, so that tables measure the text
 they show).
 """
@@ -28,6 +28,7 @@ they show).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, TextIO
 
 _STRING_END = r"(?:\x07|\x1b\\|\x9c)"  # BEL or ST (ESC \, or 8-bit 0x9c)
@@ -59,25 +60,40 @@ def printable(text: Any, *, one_line: bool = False) -> str:
     return _BREAKS.sub(" ", s) if one_line else s
 
 
-class TerminalStream:
-    """A text stream that passes only :func:`printable` text to the one it wraps (see :func:`guard_output`)."""
+class FilteredStream:
+    """A text stream that hands what is written, through ``fn``, to the stream it wraps."""
 
-    def __init__(self, inner: TextIO) -> None:
+    def __init__(self, inner: TextIO, fn: Callable[[str], str]) -> None:
         self.inner = inner
+        self.fn = fn
 
     def write(self, text: str) -> int:
-        self.inner.write(printable(text))
+        self.inner.write(self.fn(text))
         return len(text)
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
         return getattr(self.inner, name)
 
 
-def guard_output() -> None:
-    """Everything this process prints goes through :func:`printable` (the CLI's commands; not the TUI)."""
+def filter_output(fn: Callable[[str], str]) -> None:
+    """Everything this process prints to stdout and stderr goes through ``fn`` (once, however often asked).
+
+    The filter added last sees the text first: the CLI adds :func:`printable` after
+    secrets' masking, so a secret split by an escape sequence is whole when masked.
+    """
     import sys
 
-    if not isinstance(sys.stdout, TerminalStream):
-        sys.stdout = TerminalStream(sys.stdout)  # type: ignore[assignment]
-    if not isinstance(sys.stderr, TerminalStream):
-        sys.stderr = TerminalStream(sys.stderr)  # type: ignore[assignment]
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        chain = stream
+        while isinstance(chain, FilteredStream):
+            if chain.fn is fn:
+                break
+            chain = chain.inner
+        else:
+            setattr(sys, name, FilteredStream(stream, fn))
+
+
+def guard_output() -> None:
+    """Everything this process prints goes through :func:`printable` (the CLI's commands; not the TUI)."""
+    filter_output(printable)

@@ -15,7 +15,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstui.core.terminal import TerminalStream, printable
+from dstui.core.terminal import FilteredStream, printable
 
 LEFT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 HOSTILE_CHARS = st.sampled_from(list("\x1b\x07\x9b\x9d\x9c\r\n\t\x00\x7f\u202e\u2066[]];\\P^_X0m2J") + ["\ud800"])
@@ -66,7 +66,7 @@ def test_the_issues_reason_line() -> None:
 
 def test_the_stream_passes_only_printable_text() -> None:
     inner = io.StringIO()
-    stream = TerminalStream(inner)
+    stream = FilteredStream(inner, printable)
     assert stream.write("ok \x1b[2Jcleared\x07\n") == len("ok \x1b[2Jcleared\x07\n")
     stream.write('{"reason": "\\u001b]0;t\\u0007"}\n')  # JSON escapes control characters: left alone
     assert inner.getvalue() == 'ok cleared\n{"reason": "\\u001b]0;t\\u0007"}\n'
