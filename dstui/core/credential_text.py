@@ -18,7 +18,10 @@ character or word so that a try costs a bounded look around it
 
 A name "says secret" when one of its words (split at ``_ - .`` and case changes)
 is token, key, secret, password, auth, ... (:func:`is_secret_name`): ``hf_token``
-and ``apiKey`` do, ``tokenizers`` and ``tokens_per_s`` do not. An ``{env:NAME}``
+and ``apiKey`` do, ``tokenizers`` and ``tokens_per_s`` do not. A quoted key or an
+assignment takes a stricter reading (``key`` only as api/secret/access/private
+key, never ``pwd``), and a measurement (``0.5``, ``1.2e9``) is not a secret there:
+a run's ``"key"``, ``PWD=/x`` and ``flops_per_token=1.2e9`` stay. An ``{env:NAME}``
 reference is left as it is: it names a value, it does not hold one.
 """
 
@@ -145,15 +148,32 @@ def _mask_flag_match(m: re.Match[str]) -> str:
     return f"{m.group(1)}{m.group(2)}{MASK}"
 
 
+# The broad rules (a quoted key, an assignment) meet every dict and env line of a log, so they take a
+# stricter reading than a flag's: "key" counts only as the end of api/secret/access/private key, and
+# "pwd" not at all (PWD is the working directory). A run's "key" in dstui's own JSON, DSTUI_RUN_KEY,
+# a dict's "key" and PWD=/x stay; --key V and --pwd V are still masked by the flag rule.
+STRICT_WORDS = ("token", "secret", "password", "passwd", "credential", "credentials", "auth", "authorization", "apikey")
+STRICT_ENDINGS = ("token", "secret", "password", "passwd", "apikey", "secretkey", "accesskey", "privatekey")
+
+
+_MEASURE = re.compile(r"[-+]?\d*\.\d+(?:[eE][-+]?\d+)?|[-+]?\d+(?:\.\d*)?[eE][-+]?\d+")  # 0.5, 1.2e9: a measurement
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_a_secret(name: str) -> bool:
+    words = [w.lower() for w in _FLAG_WORD.findall(name[:128])]
+    return any(w in STRICT_WORDS for w in words) or "".join(words).endswith(STRICT_ENDINGS)
+
+
 def _mask_quoted_key(m: re.Match[str]) -> str:
     value = m.group(4) if m.group(4) is not None else m.group(5)
-    if not value or value == MASK or value.startswith("{env:") or not is_secret_name(m.group(2)):
+    if not value or value == MASK or value.startswith("{env:") or _MEASURE.fullmatch(value) or not _names_a_secret(m.group(2)):
         return m.group(0)
     quote = '"' if m.group(4) is not None else "'"
     return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{quote}{MASK}{quote}"
 
 
 def _mask_assignment(m: re.Match[str]) -> str:
-    if m.group(3) == MASK or not is_secret_name(m.group(1)) or m.group(1).lower().endswith("authorization"):  # the header rule's
+    if m.group(3) == MASK or _MEASURE.fullmatch(m.group(3)) or not _names_a_secret(m.group(1)) or m.group(1).lower().endswith("authorization"):
         return m.group(0)
-    return f"{m.group(1)}={m.group(2)}{MASK}"  # a closing quote stays where it was
+    return f"{m.group(1)}={m.group(2)}{MASK}"  # a closing quote stays where it was (an authorization: the header rule's)
