@@ -25,7 +25,8 @@ from helpers import REPO, dstui
 sys.path.insert(0, str(REPO / "tests" / "programs"))
 from store_creator import Creator, store_state  # noqa: E402
 
-from dstui.core.rundir import list_batches  # noqa: E402
+from dstui.core.rundir import BatchDir, list_batches, write_json_atomic  # noqa: E402
+from dstui.execute.store import StoreConnection  # noqa: E402
 from dstui.tracking import client as tracking  # noqa: E402
 from dstui.tracking import sqlite_store  # noqa: E402
 
@@ -105,6 +106,12 @@ def test_a_half_made_store_without_runs_is_remade_and_one_with_runs_is_named(tmp
     assert "\n" not in line and "1 runs in it" in line
     assert f"mlflow db upgrade sqlite:///{store}" in line and f"mv {store} {store}.broken" in line
     assert store_state(str(store)) == "broken"  # a store with runs is never moved by dstui
+    # a batch's supervisor says it as it is (status shows the batch's note), not "MLflow unreachable"
+    batch = tmp_path / "runs" / "b"
+    batch.mkdir(parents=True)
+    write_json_atomic(batch / "batch.json", {"id": "b", "experiment": "kept", "tracking_uri": f"sqlite:///{store}"})
+    assert StoreConnection(BatchDir(batch), None).client() is None
+    assert BatchDir(batch).info()["tracking_problem"] == line
 
 
 def test_a_home_whose_store_was_left_half_made_gets_every_point(tmp_path: Path, empty_db: Path) -> None:

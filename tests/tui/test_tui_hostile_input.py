@@ -1,4 +1,4 @@
-"""Issue 40.4 in the TUI: a run's escape sequences never reach the terminal.
+"""Issue 40.4 and 40.5 in the TUI: a run's escape sequences never reach the terminal; a YAML bomb is a notice.
 
 A failed run whose reason and log hold OSC (retitle, clipboard write), CSI (clear the
 screen, colours) and C1 sequences, a BEL and a bare CR, shown on the Runs screen, in the
@@ -84,3 +84,28 @@ def test_the_line_filter_removes_any_control_character_left_and_keeps_textuals_o
     assert [s.text for s in out] == ["a[2Jb", "\x1b[5;1H", "evil", "plain"]
     assert out[1] is cursor
     assert TerminalSafe().apply(line[3:], Color(0, 0, 0)) == line[3:]
+
+
+async def test_compose_refuses_a_yaml_bomb_in_one_line(tui_env) -> None:  # noqa: ANN001
+    """Issue 40.5 in the TUI: opening a billion-laughs spec in Compose is a one-line notice; nothing is loaded."""
+    import sys
+
+    from textual.widgets import Input
+    from tui_helpers import REPO, open_compose
+
+    sys.path.insert(0, str(REPO / "tests" / "programs"))
+    from yaml_bombs import specs
+
+    bomb = tui_env / "bomb.yaml"
+    bomb.write_text(specs()["billion laughs"])
+    app = DstuiApp(supervise=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        screen = await open_compose(pilot)
+        path = screen.query_one("#path", Input)
+        path.focus()
+        path.value = str(bomb)
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: any("refused" in n.message for n in app._notifications), timeout=10)
+        (note,) = [n.message for n in app._notifications if "refused" in n.message]
+        assert note == f"{bomb}: refused: the YAML stands for more than 100,000 values once its aliases are expanded (at line 7)"
+        assert screen.path != bomb.resolve()  # the bomb was not opened
