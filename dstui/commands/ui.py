@@ -11,6 +11,7 @@ from dstui.commands import _argtypes
 from dstui.core import paths
 from dstui.core.secrets import strip_credentials
 from dstui.tracking import client as tracking
+from dstui.tracking import sqlite_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr, flush=True)
     argv = tracking.run_ui_command(paths.tracking_uri(), port=args.port, host=args.host)
     if args.start:
+        # MLflow's server would make a new store in place, where a kill leaves it half-made: dstui makes it first
+        sqlite_store.ensure_store(paths.tracking_uri())
         # the running interpreter's mlflow: works without the venv on PATH
         os.execv(sys.executable, [sys.executable, "-m", "mlflow", *argv[1:]])
     print(strip_credentials(shlex.join(argv)))
