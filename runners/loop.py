@@ -10,6 +10,7 @@ from typing import Any
 
 import common
 from phases import PhaseClock
+from sp_probe import Probe
 from trainer import Trainer
 
 from dstui.core.records import HEADER, STEP, SUMMARY, MetricsWriter, seed_line
@@ -51,6 +52,30 @@ def timing_summary(
     return out
 
 
+def _write_header(writer: MetricsWriter, tr: Trainer, args: argparse.Namespace) -> None:
+    writer.write(
+        HEADER,
+        config=vars(args),
+        ds_config=tr.ds_config,
+        versions=common.versions(),
+        deepspeed_git_sha=common.deepspeed_git_sha(),
+        device=tr.dev["device"],
+        gpu_name=tr.dev["gpu_name"],
+        gpu_count=tr.dev["gpu_count"],
+        world_size=tr.world,
+        hostname=common.hostname(),
+        tokens_per_step=tr.tokens_per_step,
+        params=tr.params,
+        model_init=tr.model_init,
+        flops_per_token=tr.flops_per_token,
+        peak_tflops=tr.peak,
+        data=tr.data_source,
+        sequence_parallel=tr.sp,
+        dp_world_size=tr.dp,
+        model_shape={"layers": tr.layers, "hidden": tr.hidden, "heads": tr.heads, "kv_heads": tr.kv_heads, "vocab": tr.vocab},
+    )
+
+
 def train(
     args: argparse.Namespace,
     ds_config: dict[str, Any],
@@ -58,32 +83,16 @@ def train(
     use_sp: bool,
     writer: MetricsWriter | None,
     clock: PhaseClock | None = None,
+    probe: Probe | None = None,
 ) -> list[float]:
-    """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run."""
-    tr = Trainer(args, ds_config, use_sp=use_sp, clock=clock)
+    """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run.
+
+    A ``probe`` (the sp-check's) captures tensors in step 1 and is stopped after it.
+    """
+    tr = Trainer(args, ds_config, use_sp=use_sp, clock=clock, probe=probe)
     rank0 = tr.rank == 0
     if writer is not None:
-        writer.write(
-            HEADER,
-            config=vars(args),
-            ds_config=tr.ds_config,
-            versions=common.versions(),
-            deepspeed_git_sha=common.deepspeed_git_sha(),
-            device=tr.dev["device"],
-            gpu_name=tr.dev["gpu_name"],
-            gpu_count=tr.dev["gpu_count"],
-            world_size=tr.world,
-            hostname=common.hostname(),
-            tokens_per_step=tr.tokens_per_step,
-            params=tr.params,
-            model_init=tr.model_init,
-            flops_per_token=tr.flops_per_token,
-            peak_tflops=tr.peak,
-            data=tr.data_source,
-            sequence_parallel=tr.sp,
-            dp_world_size=tr.dp,
-            model_shape={"layers": tr.layers, "hidden": tr.hidden, "heads": tr.heads, "kv_heads": tr.kv_heads, "vocab": tr.vocab},
-        )
+        _write_header(writer, tr, args)
 
     times: list[float] = []
     losses: list[float] = []
@@ -91,6 +100,8 @@ def train(
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
         times.append(dt)
+        if probe is not None:
+            probe.stop()
         if clock is not None and step == 1:
             clock.mark("first_step_done")
         if clock is not None and step == args.steps:

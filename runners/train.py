@@ -18,10 +18,12 @@ steps, so the measurement does not perturb what it measures.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The runner runs as a script under the launcher, in whatever environment the
@@ -33,15 +35,29 @@ if str(REPO_DIR) not in sys.path:
 import common  # noqa: E402
 import process_group  # noqa: E402
 import sp_check  # noqa: E402
+import sp_probe  # noqa: E402
 from common import RunnerError  # noqa: E402
 from loop import train  # noqa: E402
 from phases import PhaseClock  # noqa: E402
 from train_args import build_parser, ds_config_of, settings_of  # noqa: E402
-from trainer import Trainer  # noqa: E402  (re-exported for benchmarks/gpu/sync_profile.py)
+from trainer import Trainer, compile_mode  # noqa: E402  (Trainer re-exported for benchmarks/gpu/sync_profile.py)
 
 from dstui.core.records import PHASES, SUMMARY, MetricsWriter  # noqa: E402
 
 __all__ = ["Trainer", "build_parser", "ds_config_of", "main", "settings_of"]
+
+
+def _checked(args: argparse.Namespace) -> tuple[dict[str, Any], sp_probe.Probe | None]:
+    """What can be refused before any process group exists; the ds_config and the sp-check's probe."""
+    s = settings_of(args)
+    if args.sp_check and args.sequence_parallel < 2:
+        raise RunnerError("--sp-check needs --sequence-parallel 2 or more")
+    probe = sp_probe.Probe(sp_probe.parse_layers(args.sp_check_layers)) if args.sp_check else None
+    if args.sequence_parallel > 1 and args.sp_mode == "ring" and (args.compile or args.deepcompile):
+        raise RunnerError("--sp-mode ring runs eager: drop --compile/--deepcompile")
+    if not common.is_preset(args.model) and not common.looks_like_hub_or_path(args.model):
+        common.model_config(args.model)  # fails fast, before any process group exists
+    return ds_config_of(args, s), probe
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     clock.live_to(args.metrics_file)  # the supervisor names each phase while it happens
     try:
-        s = settings_of(args)
-        if args.sp_check and args.sequence_parallel < 2:
-            raise RunnerError("--sp-check needs --sequence-parallel 2 or more")
-        if not common.is_preset(args.model) and not common.looks_like_hub_or_path(args.model):
-            common.model_config(args.model)  # fails fast, before any process group exists
-        ds_config = ds_config_of(args, s)
+        ds_config, probe = _checked(args)
     except RunnerError as e:
         print(f"train.py: error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -88,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     clock.mark("group_up")
     rank = deepspeed.comm.get_rank()
-    wants_dc = args.deepcompile or (args.sequence_parallel > 1 and args.sp_mode == "deepcompile")
-    if wants_dc and accel.device_name() == "cpu":
+    if compile_mode(args, args.sequence_parallel) == "deepcompile" and accel.device_name() == "cpu":
         # Its 'dc' op includes ATen/cuda headers (deepspeed/ops/csrc/includes/deepcompile.h);
         # on a CPU-only torch the JIT build fails after minutes with "cuda.h: No such file".
         print(
@@ -103,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         losses = train(
-            args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer, clock=clock
+            args, ds_config, use_sp=args.sequence_parallel > 1, writer=writer, clock=clock, probe=probe
         )
-        if args.sp_check:
-            result = sp_check.run(args, ds_config, losses)
+        if probe is not None:
+            result = sp_check.run(args, ds_config, losses, probe)
             # the verdict goes to the metrics file too: dstui tags the run PASS/FAIL from it
             writer.write(SUMMARY, steps=args.steps, **result)
             code = 0 if result["verdict"] == "PASS" else 1

@@ -38,10 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sp-atol", type=float, default=None, help="absolute tolerance of --sp-check (fixed)")
     a(
         "--sp-inject",
-        choices=["none", "head-split"],
+        choices=["none", "head-split", "shard-offset"],
         default="none",
-        help="break the Ulysses attention on purpose (head-split: each rank's value heads "
-        "rotated after the all-to-all) to prove --sp-check catches it",
+        help="break sequence parallelism on purpose, to prove --sp-check catches it: head-split = "
+        "each rank's value heads rotated after the exchange (all-to-all, or the ring's received "
+        "blocks); shard-offset = each rank handed the next rank's sequence shard",
+    )
+    a(
+        "--sp-check-layers",
+        default="0,-1",
+        help="layers whose Q/K/V and attention outputs --sp-check compares at step 1 "
+        "(comma-separated; negative = counted from the last)",
     )
     a(
         "--ds-config",

@@ -11,8 +11,29 @@ import corpus
 import placement
 from common import RunnerError
 from phases import PhaseClock
+from sp_probe import Probe
 
 from dstui.spec import dsconfig
+
+
+def compile_mode(args: argparse.Namespace, sp: int) -> str:
+    """How the engine runs: "deepcompile", "compile" or "eager" (ring attention runs eager)."""
+    if args.deepcompile or (sp > 1 and args.sp_mode == "deepcompile"):
+        return "deepcompile"
+    if args.compile or (sp > 1 and args.sp_mode == "compile"):
+        return "compile"
+    return "eager"
+
+
+def sp_impl(args: argparse.Namespace) -> Any:
+    """The module of the sequence-parallel mode: ring attention or Ulysses (eager, compile, DeepCompile)."""
+    if args.sp_mode == "ring":
+        import ring
+
+        return ring
+    import ulysses
+
+    return ulysses
 
 
 class Trainer:
@@ -25,9 +46,9 @@ class Trainer:
         *,
         use_sp: bool,
         clock: PhaseClock | None = None,
+        probe: Probe | None = None,
     ) -> None:
         import deepspeed
-        import torch
         from deepspeed.accelerator import get_accelerator
 
         self.args = args
@@ -55,19 +76,9 @@ class Trainer:
             )
         if hasattr(config, "use_cache"):
             config.use_cache = False  # a KV cache is useless in training and costs memory
-        mpu = None
-        if self.sp > 1:
-            import ulysses
-
-            mpu = ulysses.register(args, config, heads, kv_heads)
-        cfg = dict(ds_config)
-        if args.deepcompile or (self.sp > 1 and args.sp_mode == "deepcompile"):
-            cfg = dsconfig.deep_merge(cfg, {"compile": {"deepcompile": True}})
-        if self.sp > 1:
-            cfg["sequence_parallel_size"] = self.sp
-        else:
-            cfg.pop("sequence_parallel_size", None)
-        self.ds_config = cfg
+        mpu = self._attention(config, probe)
+        self.compile_mode = compile_mode(args, self.sp)
+        self.ds_config = cfg = self._engine_config(ds_config)
 
         # on its device; under ZeRO-3 partitioned while it is built (runners/placement.py)
         model, self.model_init = placement.build(
@@ -81,28 +92,7 @@ class Trainer:
         if clock is not None:
             clock.mark("model_built")
 
-        init: dict[str, Any] = {"model": model, "config": cfg}
-        if args.torch_adam or "optimizer" not in cfg:
-            init["optimizer"] = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        else:
-            init["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
-        if mpu is not None:
-            init["mpu"] = mpu
-        self.engine, *_ = deepspeed.initialize(**init)
-        # dstui refuses SP + DeepCompile (dstui/spec/ulysses_rules.py): DeepSpeed hands the
-        # 'dc' op a None group under the Ulysses mpu and the op dereferences it. Started
-        # by hand (GPU validation), give it the sequence-data-parallel group ZeRO uses,
-        # and let --sp-check judge the result.
-        dc_sp = self.sp > 1 and cfg.get("compile", {}).get("deepcompile")
-        if dc_sp and getattr(self.engine, "data_parallel_group", None) is None:
-            self.engine.data_parallel_group = self.engine.seq_data_parallel_group
-        if (
-            args.compile
-            or args.deepcompile
-            or (self.sp > 1 and args.sp_mode in ("compile", "deepcompile"))
-        ):
-            self.engine.compile()
-
+        self._initialize(model, cfg, mpu)
         self.micro_batch = self.engine.train_micro_batch_size_per_gpu()
         self.grad_accum = self.engine.gradient_accumulation_steps()
         self.tokens_per_step = self.micro_batch * self.grad_accum * args.seq_length * self.dp
@@ -114,6 +104,50 @@ class Trainer:
         self.batches = self._data()
         if clock is not None:
             clock.mark("engine_ready")  # the engine and this rank's data
+
+    def _attention(self, config: Any, probe: Probe | None) -> Any:
+        """Install this run's attention (an SP mode, or plain SDPA probed for the sp-check); the SP mpu or None."""
+        if probe is not None:
+            probe.resolve(self.layers)
+        if self.sp > 1:
+            return sp_impl(self.args).register(self.args, config, self.heads, self.kv_heads, probe)
+        if probe is not None:  # a no-SP run of the sp-check
+            import sp_attention
+
+            sp_attention.reference(probe)
+        return None
+
+    def _engine_config(self, ds_config: dict[str, Any]) -> dict[str, Any]:
+        cfg = dict(ds_config)
+        if self.compile_mode == "deepcompile":
+            cfg = dsconfig.deep_merge(cfg, {"compile": {"deepcompile": True}})
+        if self.sp > 1:
+            cfg["sequence_parallel_size"] = self.sp
+        else:
+            cfg.pop("sequence_parallel_size", None)
+        return cfg
+
+    def _initialize(self, model: Any, cfg: dict[str, Any], mpu: Any) -> None:
+        import deepspeed
+        import torch
+
+        init: dict[str, Any] = {"model": model, "config": cfg}
+        if self.args.torch_adam or "optimizer" not in cfg:
+            init["optimizer"] = torch.optim.AdamW(model.parameters(), lr=self.args.lr, weight_decay=0.0)
+        else:
+            init["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
+        if mpu is not None:
+            init["mpu"] = mpu
+        self.engine, *_ = deepspeed.initialize(**init)
+        # Under the SP mpu DeepSpeed (checked up to 0.19.8) stores None as the engine's
+        # data_parallel_group, and DeepCompile's 'dc' op dereferences it (SIGSEGV in
+        # _initialize_deepcompile_native). The group ZeRO reduces over is the
+        # sequence-data-parallel one: DeepCompile gets that (the sp-check judges the result).
+        dc_sp = self.sp > 1 and self.compile_mode == "deepcompile"
+        if dc_sp and getattr(self.engine, "data_parallel_group", None) is None:
+            self.engine.data_parallel_group = self.engine.seq_data_parallel_group
+        if self.compile_mode != "eager":
+            self.engine.compile()
 
     def _data(self) -> Any:
         """This rank's batch iterator. Every rank draws its own shard of the packed blocks."""
@@ -137,13 +171,11 @@ class Trainer:
         blocks = corpus.pack(tokens, a.seq_length)
         self.shard = corpus.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
         if self.sp > 1:
-            import ulysses
-
-            return ulysses.data(self.shard, self.accel)
+            return sp_impl(a).data(self.shard, self.accel, a)
         return iter(self.shard)
 
     def loss_of(self, batch: dict[str, Any]) -> Any:
-        if self.sp > 1:
+        if self.sp > 1:  # ring attention shares Ulysses' full-sequence loss
             import ulysses
 
             return ulysses.loss(self.engine, batch)

@@ -7,9 +7,18 @@ from sequence shards to head shards and back, and returns the sequence-parallel
 hands every rank of a sequence-parallel group its slice of the same sample.
 The loss is then each shard's token sum, gathered differentiably over the
 group and divided by the group's token count: the full-sequence mean, as the
-DeepSpeed ALST tutorial prescribes.
+DeepSpeed ALST tutorial prescribes. runners/ring.py reuses the data order and the loss.
 
 SP groups are consecutive ranks (``parallel_state_sp``): ranks 0..S-1, S..2S-1, ...
+
+With ``--sp-check`` a probe (runners/sp_probe.py) sees Q/K/V on both sides of the
+all-to-all and the attention output on both sides of the reverse one. ``--sp-inject``
+breaks the run on purpose, to prove the check catches it:
+
+* ``head-split``: the value heads a rank holds after the all-to-all rotated by one
+  (heads paired with another head's values, what a wrong all-to-all layout does);
+* ``shard-offset``: each rank handed the next rank's sequence shard (the data split
+  off by one shard, so the all-to-all reassembles the sequence in the wrong order).
 """
 
 from __future__ import annotations
@@ -19,66 +28,75 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import sp_attention
 from common import RunnerError
 from corpus import ShardedBatches
+from sp_probe import Place, Probe
 
-# torch 2.13 deprecates the autograd-aware all_gather in favour of a private
-# API; the public one is what DeepSpeed's tutorial uses, so keep it, quietly.
+# torch 2.13 deprecates the autograd-aware collectives of torch.distributed.nn in favour of
+# functional collectives that have no autograd all_reduce (and whose all_gather's backward,
+# a reduce-scatter, gloo lacks); the public ones still work on every backend, so keep them, quietly.
 warnings.filterwarnings(
-    "ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated"
+    "ignore", message=r"torch\.distributed\.nn\.functional\.all_reduce is deprecated"
 )
 
-_ATTN = "sdpa"
-_saved_attention: Any = None
+# stage -> (words for the verdict, its tensors)
+STAGES = {
+    "shard": ("before the all-to-all", "qkv"),
+    "exchanged": ("after the all-to-all", "qkv"),
+    "attention": ("attention output", "o"),
+    "returned": ("after the reverse all-to-all", "o"),
+}
 
 
-def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int) -> Any:
-    """Install Ulysses attention for ``config``'s model family; return DeepSpeed's SP mpu."""
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    global _saved_attention
+def check_shape(args: argparse.Namespace, heads: int, kv_heads: int) -> None:
     sp = args.sequence_parallel
     if heads % sp:
-        raise RunnerError(
-            f"--sequence-parallel {sp} must divide the model's {heads} attention heads"
-        )
+        raise RunnerError(f"--sequence-parallel {sp} must divide the model's {heads} attention heads")
     if not (kv_heads % sp == 0 or sp % kv_heads == 0):
         raise RunnerError(
             f"--sequence-parallel {sp} and the model's {kv_heads} KV heads must divide one another"
         )
     if args.seq_length % sp:
         raise RunnerError(f"--sequence-parallel {sp} must divide --seq-length {args.seq_length}")
+
+
+def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, probe: Probe | None) -> Any:
+    """Install Ulysses attention for ``config``'s model family; return DeepSpeed's SP mpu."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    check_shape(args, heads, kv_heads)
     # The check compares the config's attention with the one being wrapped.
-    config._attn_implementation = _ATTN
-    if _saved_attention is None:
-        _saved_attention = ALL_ATTENTION_FUNCTIONS[_ATTN]
+    config._attn_implementation = sp_attention.ATTN
+    sdpa = sp_attention.plain()
 
     class _Loaded:  # register_with_transformers reads .config of a loaded model
         pass
 
     holder = _Loaded()
     holder.config = config  # type: ignore[attr-defined]
-    # DeepSpeed wraps whatever ALL_ATTENTION_FUNCTIONS holds under this name now.
-    ALL_ATTENTION_FUNCTIONS[_ATTN] = _saved_attention
-    if getattr(args, "sp_inject", "none") == "head-split":
-        ALL_ATTENTION_FUNCTIONS[_ATTN] = _rotated_value_heads(_saved_attention)
-    return UlyssesSPAttentionHF.register_with_transformers(
+    inject = getattr(args, "sp_inject", "none")
+    # DeepSpeed wraps whatever ALL_ATTENTION_FUNCTIONS holds under this name now: the core slot
+    sp_attention.put(sp_attention.slot("ulysses_core", _injected(sdpa, inject)))
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=holder,
-        core_attn_implementation=_ATTN,
-        sequence_parallel_size=sp,
+        core_attn_implementation=sp_attention.ATTN,
+        sequence_parallel_size=args.sequence_parallel,
         micro_batch_size=args.micro_batch,
         seq_length=args.seq_length,
         seq_length_is_variable=False,
     )
+    outer = sp_attention.current()  # DeepSpeed's all-to-all wrapper
+    sp_attention.put(sp_attention.slot("ulysses_outer", outer))
+    if probe is not None:
+        _probe(probe, args, heads, kv_heads, mpu, sdpa, inject, outer)
+    return mpu
 
 
-def _rotated_value_heads(attention: Any) -> Any:
-    """A deliberately wrong head split: each rank's value heads rotated by one after the all-to-all.
-
-    The bug a broken all-to-all makes (heads paired with another head's values);
-    for the tests that prove the sp-check catches one.
-    """
+def _injected(attention: Any, inject: str) -> Any:
+    """The core attention, behind the all-to-all; with head-split, fed rotated value heads."""
+    if inject != "head-split":
+        return attention
 
     def broken(module: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         return attention(module, query, key, value.roll(1, dims=1), *args, **kwargs)
@@ -86,24 +104,68 @@ def _rotated_value_heads(attention: Any) -> Any:
     return broken
 
 
-def reset() -> None:
-    """Put the plain attention back (the --sp-check reference run must not all-to-all)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+def _places(args: argparse.Namespace, heads: int, kv_heads: int, rank: int) -> dict[str, Place]:
+    """Where SP rank ``rank``'s pieces belong in the no-SP tensors (DeepSpeed's split)."""
+    sp = args.sequence_parallel
+    local = args.seq_length // sp
+    tokens = ((rank * local, (rank + 1) * local),)
+    q_heads = tuple(range(rank * heads // sp, (rank + 1) * heads // sp))
+    # KV heads are repeated when there are fewer than ranks (DeepSpeed's kv_replication_factor)
+    rep = max(1, sp // kv_heads)
+    local_kv = 1 if rep > 1 else kv_heads // sp
+    kv_heads_of = tuple((rank * local_kv + j) // rep for j in range(local_kv))
+    return {
+        "q_shard": Place("q", tokens), "k_shard": Place("k", tokens), "v_shard": Place("v", tokens),
+        "q_exchanged": Place("q", None, q_heads), "k_exchanged": Place("k", None, kv_heads_of),
+        "v_exchanged": Place("v", None, kv_heads_of), "o_attention": Place("o", None, q_heads),
+        "o_returned": Place("o", tokens),
+    }  # fmt: skip
 
-    if _saved_attention is not None:
-        ALL_ATTENTION_FUNCTIONS[_ATTN] = _saved_attention
+
+def _probe(
+    probe: Probe, args: argparse.Namespace, heads: int, kv_heads: int, mpu: Any, sdpa: Any, inject: str, outer: Any
+) -> None:
+    """Probed versions of both slots; ``probe.stop()`` puts the plain ones back."""
+    places = _places(args, heads, kv_heads, mpu.get_sequence_parallel_rank())
+    probe.stages.update(STAGES)
+
+    def core(module: Any, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
+        for name, t in (("q", query), ("k", key), ("v", value)):
+            probe.take(module, "exchanged", name, t, places[f"{name}_exchanged"])
+        out, weights = sdpa(module, query, key, value, *a, **kw)
+        probe.take(module, "attention", "o", out, places["o_attention"])
+        return out, weights
+
+    def wrapped(module: Any, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
+        for name, t in (("q", query), ("k", key), ("v", value)):
+            probe.take(module, "shard", name, t, places[f"{name}_shard"])
+        out, weights = outer(module, query, key, value, *a, **kw)
+        probe.take(module, "returned", "o", out, places["o_returned"])
+        return out, weights
+
+    sp_attention.fill("ulysses_core", _injected(core, inject))
+    sp_attention.fill("ulysses_outer", wrapped)
+
+    def plain_again() -> None:
+        sp_attention.fill("ulysses_core", _injected(sdpa, inject))
+        sp_attention.fill("ulysses_outer", outer)
+
+    probe.on_stop(plain_again)
 
 
-def data(shard: ShardedBatches, accel: Any) -> Iterator[dict[str, Any]]:
+def data(shard: ShardedBatches, accel: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """This rank's sequence slices: each SP peer's batch in turn (DeepSpeed's adapter)."""
     import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 
+    sp, rank = mpu.get_sequence_parallel_world_size(), mpu.get_sequence_parallel_rank()
+    if getattr(args, "sp_inject", "none") == "shard-offset":
+        rank = (rank + 1) % sp  # the adapter slices by this index only: the next rank's shard
     return UlyssesSPDataLoaderAdapter(
         shard,
-        sp_rank=mpu.get_sequence_parallel_rank(),
+        sp_rank=rank,
         sp_group=mpu.get_sequence_parallel_group(),
-        sp_world_size=mpu.get_sequence_parallel_world_size(),
+        sp_world_size=sp,
         device=accel.current_device_name(),
     )
 
@@ -112,6 +174,7 @@ def loss(engine: Any, batch: dict[str, Any]) -> Any:
     """Mean token loss of the whole sequence, the same on every rank of the SP group, differentiable."""
     import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
     import torch
+    import torch.distributed as dist
     import torch.distributed.nn.functional as dfn
 
     labels = batch.pop("shift_labels")
@@ -124,9 +187,12 @@ def loss(engine: Any, batch: dict[str, Any]) -> Any:
     )
     count = (labels != -100).sum().float()
     group = mpu.get_sequence_parallel_group()
-    sums = dfn.all_gather(local, group=group)
-    counts = dfn.all_gather(count, group=group)
-    return torch.stack(list(sums)).sum() / torch.stack(list(counts)).sum().clamp(min=1.0)
+    # An all-reduce, not DeepSpeed's tutorial's all_gather: the same sum and gradient (the backward
+    # sums every rank's gradient), but torch's all_gather backward on gloo scatters from group
+    # index i as if it were global rank i, which breaks every SP group but the first (sp x dp on CPU).
+    total = dfn.all_reduce(local, group=group)
+    dist.all_reduce(count, group=group)
+    return total / count.clamp(min=1.0)
 
 
 def reference_batches(

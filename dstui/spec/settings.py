@@ -20,7 +20,7 @@ Offload = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 Kind = Literal["train", "verify", "command"]
 MetricsFormat = Literal["jsonl", "seed"]
-SpMode = Literal["eager", "compile", "deepcompile"]
+SpMode = Literal["eager", "compile", "deepcompile", "ring"]
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -87,14 +87,21 @@ class Settings(StrictModel):
     deepcompile: bool = Field(False, description="DeepSpeed DeepCompile: compile.deepcompile=true and engine.compile().", json_schema_extra=BOTH)
     compile: bool = Field(False, description="torch.compile the engine (engine.compile()).", json_schema_extra=BOTH)
     activation_checkpointing: bool = Field(False, description="HF gradient checkpointing (recompute activations in backward).", json_schema_extra=TRAIN)
-    sequence_parallel: int = Field(1, ge=1, description="Ulysses sequence-parallel degree (ranks that share one sequence); 1 = off.", json_schema_extra=TRAIN)
-    sp_mode: SpMode = Field("eager", description="How the Ulysses model runs: eager, torch.compile, or DeepCompile.", json_schema_extra=TRAIN)
+    sequence_parallel: int = Field(1, ge=1, description="Sequence-parallel degree (ranks that share one sequence; Ulysses or ring, see sp_mode); 1 = off.", json_schema_extra=TRAIN)
+    sp_mode: SpMode = Field(
+        "eager",
+        description="How the sequence is shared: Ulysses all-to-all run eagerly (eager), under torch.compile (compile) or "
+        "DeepCompile (deepcompile, CUDA only), or ring attention over the sequence-parallel group (ring: PyTorch's "
+        "context-parallel ring, eager).",
+        json_schema_extra=TRAIN,
+    )
     sp_check: bool = Field(
         False,
-        description="Ulysses: after the sequence-parallel run, train the same steps on the same samples without "
-        "sequence parallelism and compare the losses (the run fails when they differ beyond the tolerance: "
-        "derived from the dtype and a measured noise run unless the runner's --sp-rtol/--sp-atol are given; "
-        "see runners/sp_check.py).",
+        description="Sequence parallelism: after the run, train the same steps on the same samples without it and "
+        "compare (1) Q/K/V before and after the exchange and the attention outputs of chosen layers at step 1 "
+        "(a FAIL names the first layer and stage that differ) and (2) the losses of every logged step. The run "
+        "fails when either differs beyond its tolerance, derived from the dtype and a measured noise run "
+        "(see runners/sp_check.py, runners/sp_tensors.py).",
         json_schema_extra=TRAIN,
     )
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant).", json_schema_extra=BOTH)

@@ -1,39 +1,36 @@
-"""Conditions the bundled runner cannot run with Ulysses sequence parallelism, refused before launch.
+"""Sequence-parallel conditions the bundled runner cannot run, refused before launch (Ulysses and ring).
 
-DeepCompile with a sequence-parallel group crashes on stock DeepSpeed (seen on
-2xH200 with DeepSpeed 0.19.8: rank 1 SIGSEGV before step 1). The cause, read
-in DeepSpeed's source: with Ulysses, ``deepspeed.initialize`` gets the
-sequence-parallel ``mpu`` (``parallel_state_sp``, which has
-``initialize_sequence_parallel``), and ``deepspeed.utils.groups._get_data_parallel_group``
-then returns ``None`` for such an mpu; the engine stores that as
-``data_parallel_group``. ``engine.compile()`` with DeepCompile calls
-``init_z1_and_2`` (or ``init_z3``) -> ``engine._initialize_deepcompile_native``,
-which hands ``self.data_parallel_group`` (None) to the 'dc' op's C++ ``init``;
-that calls ``process_group->broadcast(...)`` on a null pointer. DeepCompile's
-passes also have no all-to-all for the Ulysses attention (seed 003's modified
-DeepSpeed inserted one in a compiler pass). Until a DeepSpeed release passes
-the sequence-data-parallel group there and handles the all-to-all, the
-condition is refused here with that reason.
+DeepCompile with Ulysses is no longer refused. It crashed on stock DeepSpeed (0.19.8,
+2xH100/H200: SIGSEGV in ``_initialize_deepcompile_native``) because under the Ulysses
+``mpu`` ``deepspeed.utils.groups._get_data_parallel_group()`` returns None, the engine
+stores that as its ``data_parallel_group``, and the 'dc' op's native init dereferences it.
+The runner now hands DeepCompile the sequence-data-parallel group ZeRO reduces over
+(runners/trainer.py), and the sp-check builds its no-SP engines after resetting the global
+mpu the SP engine left (runners/sp_check.py). Whether the compiled graph is right is the
+sp-check's verdict, not a rule here. On a machine without a GPU DeepCompile is refused by
+the feasibility check (dstui/execute/feasibility.py: its op is built against CUDA).
+
+What stays refused: ring attention compiled (the runner calls PyTorch's ring eagerly from
+the attention slot, runners/ring.py) and a sequence the ring cannot split into 2 x
+sequence_parallel equal chunks (causal load balancing).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-DEEPCOMPILE_WITH_SP = (
-    "DeepCompile with sequence_parallel > 1 crashes on stock DeepSpeed (checked up to 0.19.8): "
-    "with the Ulysses mpu, groups._get_data_parallel_group() returns None and "
-    "engine._initialize_deepcompile_native passes it to the 'dc' op's init "
-    "(SIGSEGV in process_group->broadcast); use sp_mode eager or compile"
-)
-
 
 def refusal(settings: Any) -> tuple[str, str] | None:
     """(field, reason) when the runner cannot run this condition with sequence parallelism."""
-    if settings.kind != "train" or settings.sequence_parallel <= 1:
+    if settings.kind != "train" or settings.sequence_parallel <= 1 or settings.sp_mode != "ring":
         return None
-    if settings.sp_mode == "deepcompile":
-        return "sp_mode", DEEPCOMPILE_WITH_SP
-    if settings.deepcompile:
-        return "deepcompile", DEEPCOMPILE_WITH_SP
+    for field in ("compile", "deepcompile"):
+        if getattr(settings, field):
+            return field, f"sp_mode ring runs eager (PyTorch's ring attention, called eagerly); drop {field}: true"
+    sp = settings.sequence_parallel
+    if settings.seq_length % (2 * sp):
+        return "seq_length", (
+            f"sp_mode ring splits the sequence into 2 x sequence_parallel = {2 * sp} equal chunks "
+            f"(causal load balancing): seq_length {settings.seq_length} is not a multiple of {2 * sp}"
+        )
     return None

@@ -1,0 +1,79 @@
+"""The attention function transformers calls, swapped per run: plain SDPA, Ulysses, ring, or a probed one.
+
+The bundled models run with ``attn_implementation="sdpa"`` (runners/placement.py), so
+``ALL_ATTENTION_FUNCTIONS["sdpa"]`` is the one place a sequence-parallel mode plugs in.
+What sits there is a *slot*: a fixed function that calls whatever the slot holds now.
+torch.compile traces through the slot and guards on what it holds, so a probe can be
+swapped out after step 1 (runners/sp_probe.py) and the compiled graph follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sp_probe
+
+ATTN = "sdpa"
+_plain: list[Any] = []  # transformers' own SDPA attention, saved before anything wraps it
+_slots: dict[str, Callable[..., Any]] = {}
+
+
+def plain() -> Callable[..., Any]:
+    """transformers' SDPA attention function, as it was before any mode wrapped it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if not _plain:
+        _plain.append(ALL_ATTENTION_FUNCTIONS[ATTN])
+    return _plain[0]
+
+
+def put(fn: Callable[..., Any]) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    plain()
+    ALL_ATTENTION_FUNCTIONS[ATTN] = fn
+
+
+def current() -> Callable[..., Any]:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[ATTN]
+
+
+def slot(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A function that calls what slot ``name`` holds (``fn`` for now); see :func:`fill`."""
+    _slots[name] = fn
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        return _slots[name](*args, **kwargs)
+
+    entry.__name__ = f"slot_{name}"
+    return entry
+
+
+def fill(name: str, fn: Callable[..., Any]) -> None:
+    _slots[name] = fn
+
+
+def reset() -> None:
+    """Plain SDPA again: the no-SP runs of the sp-check must not exchange anything."""
+    put(plain())
+
+
+def reference(probe: sp_probe.Probe | None) -> None:
+    """Plain SDPA for a no-SP run; with a probe, its Q/K/V and output are captured at step 1."""
+    sdpa = plain()
+    if probe is None:
+        put(sdpa)
+        return
+
+    def probed(module: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        for name, t in (("q", query), ("k", key), ("v", value)):
+            probe.take(module, sp_probe.REFERENCE, name, t, sp_probe.Place(name))
+        out, weights = sdpa(module, query, key, value, *args, **kwargs)
+        probe.take(module, sp_probe.REFERENCE, "o", out, sp_probe.Place("o"))
+        return out, weights
+
+    put(slot("reference", probed))
+    probe.on_stop(lambda: fill("reference", sdpa))

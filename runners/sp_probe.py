@@ -1,0 +1,107 @@
+"""Tensor capture for the sp-check: Q/K/V and attention outputs of chosen layers at the first forward.
+
+A :class:`Probe` is handed to the attention functions of one run (runners/ulysses.py,
+runners/ring.py, or the plain SDPA of the no-SP reference, runners/sp_attention.py). On the
+first forward of step 1, each chosen layer's tensors are copied to host memory, each with its
+:class:`Place`: where in the no-SP run's tensor of the same layer this rank's piece belongs
+(which tokens, which heads). runners/sp_tensors.py compares the pieces with the reference there.
+
+A piece is taken once per layer, stage and part (a recompute under activation checkpointing
+repeats the forward), and :meth:`Probe.stop` ends the capture after step 1. The taking is kept
+out of torch.compile's graphs (``torch.compiler.disable``: a graph break around it); ``stop``
+also runs the callbacks that swap the plain attention back in, so that the breaks leave the
+compiled graph after step 1, at the price of one recompile at step 2 (a warm-up step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common import RunnerError
+
+# Reference layouts (HF's attention functions): q/k/v [batch, heads, tokens, dim],
+# the attention output o [batch, tokens, heads, dim].
+TOKEN_DIM = {"q": 2, "k": 2, "v": 2, "o": 1}
+HEAD_DIM = {"q": 1, "k": 1, "v": 1, "o": 2}
+# The stages in data-flow order: the verdict names the first (layer, stage) that differs.
+STAGE_ORDER = ("shard", "exchanged", "attention", "returned")
+NAME_ORDER = ("q", "k", "v", "o")
+REFERENCE = "full"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank's piece sits in the no-SP tensor ``base`` of the same layer.
+
+    ``tokens``: (start, stop) spans of reference token indices, in the piece's order
+    (None = every token); ``heads``: reference head indices in the piece's order (None = all).
+    """
+
+    base: str
+    tokens: tuple[tuple[int, int], ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+    def token_index(self) -> list[int] | None:
+        if self.tokens is None:
+            return None
+        return [t for a, b in self.tokens for t in range(a, b)]
+
+
+def parse_layers(text: str) -> list[int]:
+    """``--sp-check-layers``: comma-separated layer indices, negative ones counted from the last."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise RunnerError(f"--sp-check-layers: not a comma-separated list of integers: {text!r}") from None
+    if not out:
+        raise RunnerError("--sp-check-layers: name at least one layer (e.g. 0,-1)")
+    return out
+
+
+def resolve_layers(wanted: list[int], n_layers: int) -> tuple[int, ...]:
+    """The chosen layer indices as 0..n_layers-1, sorted, without repeats."""
+    bad = [i for i in wanted if not -n_layers <= i < n_layers]
+    if bad:
+        raise RunnerError(f"--sp-check-layers {bad}: the model has {n_layers} layers (0..{n_layers - 1})")
+    return tuple(sorted({i % n_layers for i in wanted}))
+
+
+class Probe:
+    """The pieces one run captured: ``pieces[(layer, stage, name)][part] = (host tensor, Place)``."""
+
+    def __init__(self, wanted: list[int]) -> None:
+        import torch
+
+        self.wanted = wanted
+        self.layers: tuple[int, ...] = ()  # resolve() sets them once the model is known
+        self.pieces: dict[tuple[int, str, str], dict[int, tuple[Any, Place]]] = {}
+        # stage -> (words for the verdict, names of its tensors); set by the mode (ulysses.STAGES, ring.STAGES)
+        self.stages: dict[str, tuple[str, str]] = {}
+        self.active = True
+        self._on_stop: list[Callable[[], None]] = []
+        # the graph break is where the probe is called, so it is built here (torch is loaded by now)
+        self.take = torch.compiler.disable(self._take)
+
+    def _take(self, module: Any, stage: str, name: str, tensor: Any, place: Place, part: int = 0) -> None:
+        layer = getattr(module, "layer_idx", None)
+        if not self.active or layer not in self.layers:
+            return
+        parts = self.pieces.setdefault((layer, stage, name), {})
+        if part not in parts:  # the first forward's: a recompute (checkpointing) repeats it
+            parts[part] = (tensor.detach().float().cpu(), place)
+
+    def resolve(self, n_layers: int) -> None:
+        self.layers = resolve_layers(self.wanted, n_layers)
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        self._on_stop.append(fn)
+
+    def stop(self) -> None:
+        """End the capture (after step 1) and put the plain attention functions back."""
+        if not self.active:
+            return
+        self.active = False
+        for fn in self._on_stop:
+            fn()
