@@ -59,6 +59,11 @@ def check_shape(args: argparse.Namespace, heads: int, kv_heads: int) -> None:
         )
     if args.seq_length % sp:
         raise RunnerError(f"--sequence-parallel {sp} must divide --seq-length {args.seq_length}")
+    if getattr(args, "sp_inject", "none") == "head-split" and kv_heads // sp < 2:
+        raise RunnerError(
+            f"--sp-inject head-split rotates the value heads a rank holds: with {kv_heads} KV heads over "
+            f"{sp} ranks each holds {max(1, kv_heads // sp)}, and a rotation would change nothing"
+        )
 
 
 def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, probe: Probe | None) -> Any:

@@ -20,6 +20,7 @@ from dstui.analysis.forecast_check import forecast_vs_measured
 from dstui.analysis.grids import grids, wants_grid
 from dstui.analysis.parity import FP32_TOLERANCE
 from dstui.analysis.results import Results
+from dstui.analysis.sequence_parallel import SpRow, sp_rows
 from dstui.analysis.stats import ConditionStats
 from dstui.report import charts
 from dstui.tracking import client as tracking
@@ -40,6 +41,7 @@ class ReportContext(Results):
     scale: float = 1.0
     checks: list[CheckResult] = field(default_factory=list)
     sp_checks: list[CheckResult] = field(default_factory=list)
+    sp_rows: list[SpRow] = field(default_factory=list)  # sequence-parallel runs beside their no-SP run
     times: Any = None  # DataFrame: seconds per segment, one row per run with a breakdown
     step_shares: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     memory_forecast: Any = None  # DataFrame: forecast vs measured peak per condition
@@ -54,6 +56,7 @@ class ReportContext(Results):
         ctx.description = _description(ctx.parents, ctx.exp)
         ctx.checks = [check_of(r) for r in ctx.verify_runs]
         ctx.sp_checks = sp_check_runs(ctx.started)
+        ctx.sp_rows = sp_rows(ctx.started, ctx.sp_checks)
         if wants_grid(ctx.started):
             ctx.grid = grids(ctx.started)
         ctx.unit, ctx.scale = charts.time_unit([c.iter_time_mean for c in ctx.train if c.iter_time_mean])

@@ -32,7 +32,15 @@ from dstui.report import files as report_files
 from dstui.report import mdformat
 from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
 from dstui.report.draw import draw
-from dstui.report.sections import checks, memory_forecast, overview, performance, quality, timing
+from dstui.report.sections import (
+    checks,
+    memory_forecast,
+    overview,
+    performance,
+    quality,
+    sequence_parallel,
+    timing,
+)
 from dstui.report.sections.quality import ds_config_of
 from dstui.tracking import tags as tag_keys
 
@@ -122,7 +130,7 @@ def render(ctx: ReportContext) -> str:
         checks.parity(ctx),
         checks.revisions(ctx),
         checks.verify(ctx),
-        checks.sp_check(ctx),
+        sequence_parallel.section(ctx.sp_rows),
         quality.grids(ctx),
         quality.quality(ctx),
         quality.recommendations(ctx),

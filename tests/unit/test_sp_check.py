@@ -1,4 +1,4 @@
-"""The sp-check's derived tolerance (runners/sp_check.py), from known losses; no DeepSpeed launch."""
+"""The sp-check's derived loss tolerance (runners/sp_check.py) and the spec's sequence-parallel rules; no launch."""
 
 from __future__ import annotations
 
@@ -45,16 +45,45 @@ def test_missing_steps_fail() -> None:
     assert not ok
 
 
-def test_deepcompile_with_sequence_parallelism_is_refused_before_launch() -> None:
-    from dstui.core.errors import SpecError
+def _expand(settings: dict, axes: dict | None = None) -> list:
     from dstui.spec.models import expand, parse_spec
 
-    spec = {"name": "u", "settings": {"gpus": 2, "sequence_parallel": 2, "sp_check": True},
-            "axes": {"sp_mode": ["eager", "deepcompile"]}}  # fmt: skip
+    spec = {"name": "u", "settings": {"gpus": 2, "sequence_parallel": 2, "sp_check": True, **settings}}
+    if axes:
+        spec["axes"] = axes
+    return expand(parse_spec(spec))
+
+
+def test_every_sp_mode_expands_deepcompile_included() -> None:
+    """DeepCompile + Ulysses is no longer refused in specs (the runner passes the group DeepSpeed left None)."""
+    runs = _expand({}, {"sp_mode": ["eager", "compile", "deepcompile", "ring"]})
+    assert [r.settings.sp_mode for r in runs] == ["eager", "compile", "deepcompile", "ring"]
+    assert _expand({"deepcompile": True})[0].settings.deepcompile
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "words"),
+    [
+        ({"sp_mode": "ring", "compile": True}, "compile", "sp_mode ring runs eager"),
+        ({"sp_mode": "ring", "deepcompile": True}, "deepcompile", "drop deepcompile: true"),
+        ({"sp_mode": "ring", "seq_length": 130}, "seq_length", "seq_length 130 is not a multiple of 4"),
+    ],
+)
+def test_what_ring_attention_cannot_run_is_refused_with_the_field(settings: dict, field: str, words: str) -> None:
+    from dstui.core.errors import SpecError
+
     with pytest.raises(SpecError) as err:
-        expand(parse_spec(spec))
-    text = str(err.value)
-    assert "_get_data_parallel_group() returns None" in text and "0.19.8" in text
-    assert "sp_mode" in text and "deepcompile" in text  # names the field and the condition
-    spec["axes"] = {"sp_mode": ["eager", "compile"]}
-    assert len(expand(parse_spec(spec))) == 2
+        _expand(settings)
+    assert words in str(err.value) and err.value.field == field
+    # the same settings without sequence parallelism are nobody's business here
+    assert _expand({**settings, "sequence_parallel": 1})
+
+
+def test_deepcompile_is_refused_on_a_cpu_box_for_the_cpu_reason_only() -> None:
+    from dstui.execute import feasibility
+    from dstui.execute.feasibility import Machine
+
+    sp_dc = {"kind": "train", "sequence_parallel": 2, "sp_mode": "deepcompile", "gpus": 2}
+    field, value, why = feasibility.run_problem(sp_dc, Machine(gpus=0, cpu_cores=2))
+    assert (field, value) == ("sp_mode", "deepcompile") and "needs a CUDA GPU; this machine has none" in why
+    assert feasibility.run_problem(sp_dc, Machine(gpus=2, gpu_memory=80 * 1024**3, bf16=True, cpu_cores=16)) is None

@@ -1,4 +1,7 @@
-"""Report sections on correctness and revisions: loss parity, revision comparison, verify runs, Ulysses sp-check."""
+"""Report sections on correctness and revisions: loss parity, revision comparison, verify runs.
+
+The sequence-parallel check has its own section (:mod:`dstui.report.sections.sequence_parallel`).
+"""
 
 from __future__ import annotations
 
@@ -125,24 +128,6 @@ def verify(ctx: ReportContext) -> str:
             lines += [f"{code(ch.run.run_name)}: {esc(ch.reason)}", ""]
     lines.append(img(ctx, "verify_steps", "per-step differences of verify runs"))
     return "\n".join(lines) + "\n"
-
-
-def sp_check(ctx: ReportContext) -> str:
-    """Ulysses sequence parallelism against the same training without it (seed 003)."""
-    if not ctx.sp_checks:
-        return ""
-    rows = [
-        [c.run.run_name, c.run.label, c.run.params.get("sequence_parallel", "?"), c.run.params.get("sp_mode", "?"),
-         bold(c.verdict), c.run.params.get("sp_rtol", "1e-4 (default)"), c.run.params.get("sp_atol", "1e-5 (default)")]
-        for c in ctx.sp_checks
-    ]
-    npass = sum(c.verdict == "PASS" for c in ctx.sp_checks)
-    return (
-        "## Ulysses sequence-parallel check (`sp_check`)\n\n"
-        "Each run trained again without sequence parallelism on the same samples; PASS when every logged loss "
-        f"matches within rtol/atol. {npass} of {len(ctx.sp_checks)} PASS.\n\n"
-        + table(["run", "condition", "sequence parallel", "sp mode", "verdict", "rtol", "atol"], rows) + "\n"
-    )
 
 
 def _float(v: object) -> float | None:
