@@ -61,19 +61,30 @@ def reset() -> None:
     put(plain())
 
 
+def probed(
+    attention: Callable[..., Any], probe: sp_probe.Probe, inputs: tuple[str, dict[str, sp_probe.Place]],
+    output: tuple[str, sp_probe.Place],
+) -> Callable[..., Any]:
+    """``attention`` with its Q/K/V captured as stage ``inputs[0]`` and its output as stage ``output[0]``."""
+    stage_in, places = inputs
+    stage_out, out_place = output
+
+    def attend(module: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        for name, t in (("q", query), ("k", key), ("v", value)):
+            probe.take(module, stage_in, name, t, places[name])
+        out, weights = attention(module, query, key, value, *args, **kwargs)
+        probe.take(module, stage_out, "o", out, out_place)
+        return out, weights
+
+    return attend
+
+
 def reference(probe: sp_probe.Probe | None) -> None:
     """Plain SDPA for a no-SP run; with a probe, its Q/K/V and output are captured at step 1."""
     sdpa = plain()
     if probe is None:
         put(sdpa)
         return
-
-    def probed(module: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        for name, t in (("q", query), ("k", key), ("v", value)):
-            probe.take(module, sp_probe.REFERENCE, name, t, sp_probe.Place(name))
-        out, weights = sdpa(module, query, key, value, *args, **kwargs)
-        probe.take(module, sp_probe.REFERENCE, "o", out, sp_probe.Place("o"))
-        return out, weights
-
-    put(slot("reference", probed))
+    whole = {name: sp_probe.Place(name) for name in "qkv"}
+    put(slot("reference", probed(sdpa, probe, (sp_probe.REFERENCE, whole), (sp_probe.REFERENCE, sp_probe.Place("o")))))
     probe.on_stop(lambda: fill("reference", sdpa))

@@ -109,8 +109,8 @@ def _injected(attention: Any, inject: str) -> Any:
     return broken
 
 
-def _places(args: argparse.Namespace, heads: int, kv_heads: int, rank: int) -> dict[str, Place]:
-    """Where SP rank ``rank``'s pieces belong in the no-SP tensors (DeepSpeed's split)."""
+def _places(args: argparse.Namespace, heads: int, kv_heads: int, rank: int) -> dict[str, dict[str, Place]]:
+    """Stage -> tensor -> where SP rank ``rank``'s piece belongs in the no-SP tensor (DeepSpeed's split)."""
     sp = args.sequence_parallel
     local = args.seq_length // sp
     tokens = ((rank * local, (rank + 1) * local),)
@@ -120,11 +120,11 @@ def _places(args: argparse.Namespace, heads: int, kv_heads: int, rank: int) -> d
     local_kv = 1 if rep > 1 else kv_heads // sp
     kv_heads_of = tuple((rank * local_kv + j) // rep for j in range(local_kv))
     return {
-        "q_shard": Place("q", tokens), "k_shard": Place("k", tokens), "v_shard": Place("v", tokens),
-        "q_exchanged": Place("q", None, q_heads), "k_exchanged": Place("k", None, kv_heads_of),
-        "v_exchanged": Place("v", None, kv_heads_of), "o_attention": Place("o", None, q_heads),
-        "o_returned": Place("o", tokens),
-    }  # fmt: skip
+        "shard": {n: Place(n, tokens) for n in "qkv"},
+        "exchanged": {"q": Place("q", None, q_heads), "k": Place("k", None, kv_heads_of), "v": Place("v", None, kv_heads_of)},
+        "attention": {"o": Place("o", None, q_heads)},
+        "returned": {"o": Place("o", tokens)},
+    }
 
 
 def _probe(
@@ -133,21 +133,8 @@ def _probe(
     """Probed versions of both slots; ``probe.stop()`` puts the plain ones back."""
     places = _places(args, heads, kv_heads, mpu.get_sequence_parallel_rank())
     probe.stages.update(STAGES)
-
-    def core(module: Any, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
-        for name, t in (("q", query), ("k", key), ("v", value)):
-            probe.take(module, "exchanged", name, t, places[f"{name}_exchanged"])
-        out, weights = sdpa(module, query, key, value, *a, **kw)
-        probe.take(module, "attention", "o", out, places["o_attention"])
-        return out, weights
-
-    def wrapped(module: Any, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
-        for name, t in (("q", query), ("k", key), ("v", value)):
-            probe.take(module, "shard", name, t, places[f"{name}_shard"])
-        out, weights = outer(module, query, key, value, *a, **kw)
-        probe.take(module, "returned", "o", out, places["o_returned"])
-        return out, weights
-
+    core = sp_attention.probed(sdpa, probe, ("exchanged", places["exchanged"]), ("attention", places["attention"]["o"]))
+    wrapped = sp_attention.probed(outer, probe, ("shard", places["shard"]), ("returned", places["returned"]["o"]))
     sp_attention.fill("ulysses_core", _injected(core, inject))
     sp_attention.fill("ulysses_outer", wrapped)
 

@@ -21,6 +21,11 @@
 #                                      # condition twice: first compile vs a repeat from the cache
 #   benchmarks/gpu/validate.sh folders     # issue 31.3 on 1 GPU: config-only model folders (Qwen2-0.5B,
 #                                      # GPT-2 medium shapes) x ZeRO 1, 3; an empty tokenizer refused
+#   benchmarks/gpu/validate.sh sp          # issue 41 on 2 GPUs (~5.5 min): benchmarks/gpu/sp.yaml through
+#                                      # `dstui run`: no-SP, Ulysses eager/compile/DeepCompile, ring, Ulysses
+#                                      # ZeRO 2 and 3, four injected faults; the sp-check on each; then
+#                                      # benchmarks/gpu/sp_table.py's table and the report's SP section
+#   benchmarks/gpu/validate.sh sp4         # issue 41 on 4 GPUs (~3.5 min): benchmarks/gpu/sp4.yaml, sp 2 x dp 2
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
@@ -304,6 +309,26 @@ phase_profile() {  # a condition once (fills the compile caches), then its repea
     ls -la "$OUT"
 }
 
+phase_sp() {  # issue 41: a sequence-parallel spec through dstui run, its table and the report's SP section
+    local spec=${SP_SPEC:-benchmarks/gpu/sp.yaml} name sb
+    name=$(spec_name "$spec")
+    start_smi "$WORK/nvsmi-$name.csv"
+    say "dstui run $spec (limit $(( $(left) - 50 ))s)"
+    timeout "$(( $(left) - 50 ))" $PY -m dstui run "$spec" --quiet ${ONLY:+--only $ONLY} ${RESUME:+--resume}
+    say "dstui run exited $? (1 when a run FAILed: the injected faults must)"
+    stop_smi
+    sb=$(ls -dt "$DSTUI_HOME/runs/$name"-* 2>/dev/null | head -1)
+    [ -n "$sb" ] || { say "no batch laid out"; return 0; }
+    cancel_leftovers "$sb"
+    $PY benchmarks/gpu/sp_table.py "$sb" --json "$WORK/sp-table-$name.json" | tee "$WORK/sp-table-$name.md"
+    timeout 90 $PY -m dstui report --experiment "$name" --batch "$(basename "$sb")" -o "$WORK/report-$name" \
+        || say "report failed"
+    sed -n '/^## Sequence parallelism/,/^## /p' "$WORK/report-$name/report.md" 2>/dev/null | head -30
+    tar -C "$WORK" -czf "$OUT/$name-data.tgz" "report-$name" "sp-table-$name.md" "sp-table-$name.json" \
+        "nvsmi-$name.csv" "home/runs/$(basename "$sb")" build-*.log 2>/dev/null || true
+    ls -la "$OUT"
+}
+
 phase_share() {  # issue 26 on 1 GPU: feasibility, two batches one after another, a named op build
     say "feasibility on this machine (dstui run --dry-run)"
     $PY -m dstui run benchmarks/gpu/feasible1.yaml --dry-run > "$OUT/share-feasible.txt" 2>&1
@@ -344,6 +369,8 @@ case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.Deep
 case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
+# the SP specs train with torch's AdamW: only DeepCompile's op is built (sp4 has no DeepCompile run)
+case $PHASE in sp) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; sp4) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
     batch) phase_batch ;;
@@ -357,7 +384,9 @@ case $PHASE in
     bench) phase_mfu; phase_watch ;;
     all) phase_batch; phase_mfu; phase_watch ;;
     share) phase_share ;;
+    sp) phase_sp ;;
+    sp4) SP_SPEC=${SP_SPEC:-benchmarks/gpu/sp4.yaml} phase_sp ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

@@ -51,7 +51,8 @@ def _summary_records(run: RunData) -> list[dict[str, Any]]:
     return out
 
 
-def _num(v: Any) -> float | None:
+def finite_number(v: Any) -> float | None:
+    """``v`` as a finite float, else None (MLflow values, JSON fields: anything may come)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -70,25 +71,25 @@ def check_of(run: RunData) -> CheckResult:
             summary.update({k: v for k, v in rec.items() if v is not None})
     check = "sp-check" if (summary.get("check") == "sp-check" or run.param("sp_check")) and run.kind != "verify" else "verify"
     res = CheckResult(run=run, check=check, verdict=run.tags.get(tag_keys.VERDICT) or str(summary.get("verdict") or "n/a"))
-    first = _num(m.get("summary.first_diverging_step"))
+    first = finite_number(m.get("summary.first_diverging_step"))
     if first is None:
-        first = _num(summary.get("first_diverging_step"))
+        first = finite_number(summary.get("first_diverging_step"))
     if first is None and "within_tol" in run.history:
         steps, values = run.history["within_tol"]
         bad = [int(s) for s, v in zip(steps.tolist(), values.tolist(), strict=False) if v == 0]
         first = float(bad[0]) if bad else None
     res.first_diverging_step = int(first) if first is not None else None
     res.reason = str(summary.get("reason") or "")
-    res.rtol = _num(m.get("summary.rtol", summary.get("rtol", run.param("rtol"))))
-    res.atol = _num(m.get("summary.atol", summary.get("atol", run.param("atol"))))
+    res.rtol = finite_number(m.get("summary.rtol", summary.get("rtol", run.param("rtol"))))
+    res.atol = finite_number(m.get("summary.atol", summary.get("atol", run.param("atol"))))
     tol = summary.get("tolerance")
     if isinstance(tol, dict):
-        res.rtol, res.atol = _num(tol.get("rtol")) or res.rtol, _num(tol.get("atol")) or res.atol
+        res.rtol, res.atol = finite_number(tol.get("rtol")) or res.rtol, finite_number(tol.get("atol")) or res.atol
     res.tolerance_basis = str(summary.get("tolerance_basis") or run.tags.get(tag_keys.TOLERANCE_BASIS, ""))
     for k in DIFF_KEYS:
-        v = _num(m.get(f"summary.{k}_max"))
+        v = finite_number(m.get(f"summary.{k}_max"))
         if v is None and k in run.history and len(run.history[k][1]):
-            v = _num(max(run.history[k][1].tolist()))
+            v = finite_number(max(run.history[k][1].tolist()))
         if v is not None:
             res.maxima[k] = v
     worst: Any = summary.get("worst")
@@ -99,7 +100,7 @@ def check_of(run: RunData) -> CheckResult:
             worst = None
     if isinstance(worst, list):
         res.worst = [w for w in worst if isinstance(w, dict) and w.get("name")]
-        res.worst.sort(key=lambda w: -(_num(w.get("max_abs_diff")) or 0.0))
+        res.worst.sort(key=lambda w: -(finite_number(w.get("max_abs_diff")) or 0.0))
     return res
 
 

@@ -19,11 +19,11 @@ tensor margins, or the first difference the check named.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from dstui.analysis.checks import CheckResult
+from dstui.analysis.checks import finite_number as _num
 from dstui.analysis.rundata import RunData
 
 # what must agree for a no-SP run of the report to stand beside an SP run
@@ -57,14 +57,6 @@ class SpRow:
     verdict: str
     evidence: str
     nosp: NoSp | None
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _sp(run: RunData) -> int:

@@ -63,15 +63,14 @@ def _ulysses_capture(ref: sp_probe.Probe, sp: int, *, roll_v_at: int | None = No
     out.resolve(2)
     out.stages.update(ulysses.STAGES)
     for rank in range(sp):
-        places = ulysses._places(args, H, KV, rank)
-        for key, place in places.items():
-            name, stage = key.split("_")
-            for layer in ref.layers:
-                full = ref.pieces[(layer, sp_probe.REFERENCE, place.base)][0][0]
-                piece, _, _ = sp_tensors._select(full, place)
-                if layer == roll_v_at and key == "v_exchanged":
-                    piece = piece.roll(1, dims=1)
-                out._take(_Layer(layer), stage, name, piece, place, part=rank)
+        for stage, places in ulysses._places(args, H, KV, rank).items():
+            for name, place in places.items():
+                for layer in ref.layers:
+                    full = ref.pieces[(layer, sp_probe.REFERENCE, place.base)][0][0]
+                    piece, _, _ = sp_tensors._select(full, place)
+                    if layer == roll_v_at and (stage, name) == ("exchanged", "v"):
+                        piece = piece.roll(1, dims=1)
+                    out._take(_Layer(layer), stage, name, piece, place, part=rank)
     return out
 
 
@@ -122,9 +121,9 @@ def test_measured_noise_raises_the_tolerance_above_the_dtype_floor(group: None) 
 
 def test_gqa_places_repeat_kv_heads_when_there_are_more_ranks() -> None:
     args = argparse.Namespace(sequence_parallel=4, seq_length=S)
-    kv = [ulysses._places(args, 4, 2, r)["k_exchanged"].heads for r in range(4)]
+    kv = [ulysses._places(args, 4, 2, r)["exchanged"]["k"].heads for r in range(4)]
     assert kv == [(0,), (0,), (1,), (1,)]  # DeepSpeed repeats each KV head to every rank that needs it
-    q = [ulysses._places(args, 4, 2, r)["q_exchanged"].heads for r in range(4)]
+    q = [ulysses._places(args, 4, 2, r)["exchanged"]["q"].heads for r in range(4)]
     assert q == [(0,), (1,), (2,), (3,)]
 
 
