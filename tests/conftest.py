@@ -28,7 +28,7 @@ E2E_DIR = Path(__file__).resolve().parent / "e2e"
 #: xdist groups in the order they start, the longest first (docs/BENCHMARKS.md, "Test suite
 #: time", has their durations); ungrouped tests follow in file order
 LONGEST_FIRST = (
-    "revisions", "bisect", "runner", "zero-init", "compare-loss", "guard", "slurm", "smoke-batch",
+    "revisions", "bisect", "runner", "sp", "zero-init", "compare-loss", "guard", "slurm", "smoke-batch",
     "team-server", "spec-fuzz",
 )  # fmt: skip
 
