@@ -23,8 +23,10 @@ import sp_probe  # noqa: E402
 import sp_tensors  # noqa: E402
 import ulysses  # noqa: E402
 from common import RunnerError  # noqa: E402
+from helpers import IMPORTS_DEEPSPEED  # noqa: E402
 
 torch = pytest.importorskip("torch")
+pytestmark = IMPORTS_DEEPSPEED  # one worker pays the DeepSpeed import (the mpu test)
 
 B, H, KV, S, D = 1, 4, 4, 16, 3
 
@@ -162,3 +164,38 @@ def test_the_probe_takes_each_piece_once_and_nothing_after_stop() -> None:
     p.take(_Layer(0), "shard", "k", torch.ones(2), sp_probe.Place("k"))
     assert list(p.pieces) == [(0, "shard", "q")] and float(p.pieces[(0, "shard", "q")][0][0].sum()) == 2
     assert stopped == [True]
+
+
+def test_the_no_sp_engines_start_without_the_sp_runs_mpu(group: None) -> None:
+    """DeepSpeed keeps the SP mpu in groups.mpu; under it the data-parallel group is None (DeepCompile's SIGSEGV)."""
+    import deepspeed
+    import deepspeed.runtime.sequence_parallel.parallel_state_sp as sp_state
+    import sp_check
+    from deepspeed.utils import groups
+
+    deepspeed.comm.init_distributed("gloo")  # wraps the group torch already has
+    try:
+        groups.mpu = sp_state  # what deepspeed.initialize(mpu=...) of the SP run leaves behind
+        assert groups._get_data_parallel_group() is None
+        sp_check.clean_state()
+        assert groups.mpu is None and groups._get_data_parallel_group() is not None
+    finally:  # this worker's later tests must not find a DeepSpeed backend on a group that is gone
+        groups.mpu = None
+        groups._WORLD_GROUP = None
+        deepspeed.comm.comm.cdb = None
+
+
+def test_the_noise_run_is_compiled_as_the_sp_run_and_says_so() -> None:
+    import sp_check
+
+    base = argparse.Namespace(sequence_parallel=2, sp_mode="eager", compile=False, deepcompile=False)
+    cases = {("deepcompile", False): ("no-SP eager vs no-SP DeepCompile", False, True),
+             ("eager", True): ("no-SP eager vs no-SP DeepCompile", False, True),  # deepcompile: true + Ulysses
+             ("compile", False): ("no-SP eager vs no-SP torch.compile", True, False),
+             ("ring", False): ("no-SP run repeated", False, False),
+             ("eager", False): ("no-SP run repeated", False, False)}  # fmt: skip
+    for (mode, dc), (words, compiled, deepcompiled) in cases.items():
+        twin, what = sp_check.noise_twin(argparse.Namespace(**{**vars(base), "sp_mode": mode, "deepcompile": dc}))
+        assert (what, twin.compile, twin.deepcompile) == (words, compiled, deepcompiled)
+    cfg = {"compile": {"deepcompile": True}, "zero_optimization": {"stage": 1}}
+    assert sp_check.eager_config(cfg) == {"zero_optimization": {"stage": 1}} and cfg["compile"]  # a copy
