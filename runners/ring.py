@@ -75,13 +75,15 @@ def chunk_tokens(seq_length: int, sp: int, slot: int) -> tuple[tuple[int, int], 
     return ((slot * c, (slot + 1) * c), ((2 * sp - 1 - slot) * c, (2 * sp - slot) * c))
 
 
-def check_shape(args: argparse.Namespace) -> None:
+def check_shape(args: argparse.Namespace, heads: int) -> None:
     sp = args.sequence_parallel
     if args.seq_length % (2 * sp):
         raise RunnerError(
             f"sp_mode ring splits the sequence into 2 x {sp} chunks: --seq-length {args.seq_length} "
             f"must be a multiple of {2 * sp}"
         )
+    if getattr(args, "sp_inject", "none") == "head-split" and heads < 2:
+        raise RunnerError("--sp-inject head-split rotates value heads: the model has one head")
 
 
 def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, probe: Probe | None) -> Any:
@@ -89,7 +91,7 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, p
     import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
     from deepspeed.accelerator import get_accelerator
 
-    check_shape(args)
+    check_shape(args, heads)
     forward, backward, options = _torch_ring()
     options.enable_load_balance = True  # the chunk layout of data() below
     config._attn_implementation = sp_attention.ATTN
@@ -106,17 +108,18 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, p
     def attend(module: Any, query: Any, key: Any, value: Any, attention_mask: Any = None, dropout: float = 0.0,
                scaling: float | None = None, **kwargs: Any) -> Any:
         # The mask HF builds for this shard's positions means nothing across the ring: causal it is.
-        if probe is not None:
+        watching = probe if probe is not None and probe.active else None  # after step 1: not even a call
+        if watching is not None:
             for name, t in (("q", query), ("k", key), ("v", value)):
-                probe.take(module, "shard", name, t, Place(name, mine))
+                watching.take(module, "shard", name, t, Place(name, mine))
         rep = query.shape[1] // key.shape[1]
         if rep > 1:  # GQA: the kernels want as many K/V heads as Q heads
             key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
-        received = _received(module, probe, inject, args.seq_length, sp, rank, rep, key.shape[1])
+        received = _received(module, watching, inject, args.seq_length, sp, rank, rep, key.shape[1])
         out = ring_fn(query, key, value, scaling, received)
         out = out.transpose(1, 2).contiguous()  # [batch, tokens, heads, dim], as HF's SDPA returns it
-        if probe is not None:
-            probe.take(module, "attention", "o", out, Place("o", mine))
+        if watching is not None:
+            watching.take(module, "attention", "o", out, Place("o", mine))
         return out, None
 
     sp_attention.put(attend)

@@ -69,7 +69,7 @@ KEEPS_NUMERICS: dict[str, str] = {
     "nvme_path": "where offloaded state is kept",
     "compile": "compiles the same computation",
     "deepcompile": "compiles the same computation",
-    "sp_mode": "runs the same Ulysses computation eagerly or compiled",
+    "sp_mode": "computes the same attention (Ulysses eagerly or compiled, or as a ring)",
     "activation_checkpointing": "recomputes the same activations",
     "torch_adam": "the same AdamW from another implementation",
     "deterministic": "the same computation in a fixed order",

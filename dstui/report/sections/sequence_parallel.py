@@ -17,7 +17,7 @@ INTRO = (
     "sequence length: the no-SP run is a condition of this report with the same model, sequence length, "
     "dtype, ranks, ZeRO stage and compile setting where there is one, else the sp-check's own no-SP run "
     "(same ranks, compiled the same way). Step time is the mean after warm-up, tokens/s the whole job's, "
-    "peak memory the largest per-rank peak (on a CPU the process's RSS, which the check cannot split: "
+    "peak memory rank 0's (one GPU's; on a CPU the process's RSS, which the check cannot split: "
     "no no-SP figure there). The verdict is the sp-check's: Q/K/V before and after the exchange and the "
     "attention outputs of chosen layers at step 1, then the losses of every logged step, against the no-SP run."
 )
