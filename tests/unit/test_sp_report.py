@@ -13,8 +13,8 @@ from test_report import BATCH, EXP, STEPS, log_run, make_parent, store  # noqa: 
 
 from dstui.analysis.sequence_parallel import NoSp, SpRow
 from dstui.report import mdformat
-from dstui.report.markdown import export_report
 from dstui.report.sections.sequence_parallel import section
+from dstui.usecases.report import export_report
 
 GIB = 1024**3
 HOSTILE = "tensors differ | <img src=x onerror=alert(1)> [click](http://evil.example) `x`"
