@@ -22,6 +22,8 @@ K/V block received over the ring; ``shard-offset`` hands each rank the next rank
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -41,15 +43,26 @@ STAGES = {
 
 
 def _torch_ring() -> tuple[Any, Any, Any]:
-    try:
-        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
-    except ImportError as e:
-        import torch
+    """torch's ring forward, backward and options, where this torch keeps them (moved in 2.9's CP refactor)."""
+    import torch
 
-        raise RunnerError(
-            f"sp_mode ring needs PyTorch's context-parallel ring (torch >= 2.9); torch {torch.__version__}: {e}"
-        ) from None
-    return cp._templated_ring_attention, cp._templated_ring_attention_backward, cp._cp_options
+    for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
+                 "torch.distributed.tensor.experimental._attention"):  # fmt: skip
+        try:
+            cp = importlib.import_module(name)
+            return cp._templated_ring_attention, cp._templated_ring_attention_backward, cp._cp_options
+        except (ImportError, AttributeError):
+            continue
+    raise RunnerError(f"sp_mode ring needs PyTorch's context-parallel ring; torch {torch.__version__} has none")
+
+
+def _ring_group(fn: Any, group: Any, device_type: str) -> Any:
+    """What torch's ring takes first: the process group (torch >= 2.9) or, before, a 1-D mesh over it."""
+    if next(iter(inspect.signature(fn).parameters)) == "group":
+        return group
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, device_type)
 
 
 def _kernels(device_type: str) -> tuple[Any, dict[str, Any], Any, dict[str, Any], tuple[str, ...]]:
@@ -98,8 +111,8 @@ def register(args: argparse.Namespace, config: Any, heads: int, kv_heads: int, p
     sp_attention.plain()
     mpu.initialize_sequence_parallel(sequence_parallel_size=args.sequence_parallel)
     group, rank, sp = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank(), args.sequence_parallel
-    kernels = _kernels(get_accelerator().device_name())
-    ring_fn = _ring_function(forward, backward, group, kernels)
+    device_type = get_accelerator().device_name()
+    ring_fn = _ring_function(forward, backward, _ring_group(forward, group, device_type), _kernels(device_type))
     inject = getattr(args, "sp_inject", "none")
     if probe is not None:
         probe.stages.update(STAGES)

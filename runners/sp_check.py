@@ -185,8 +185,10 @@ def run(args: argparse.Namespace, ds_config: dict[str, Any], sp_losses: list[flo
         result["first_difference"] = {"layer": first.layer, "stage": first.label, "tensor": first.name,
                                       "rel": _finite(first.rel), "tol": first.tol, "token": first.token, "head": first.head}  # fmt: skip
         result["reason"] = f"tensors differ at step 1, first at {first.words()}"
-    elif not loss_ok:
+    elif not loss_ok and bad_loss is not None:
         result["reason"] = f"losses differ from logged step {bad_loss} on (tolerance {how})"
+    elif not loss_ok:
+        result["reason"] = f"{len(sp_losses)} logged losses against the reference's {len(ref)}"
     if like is not None:
         result.update({f"nosp_{k}": like[k] for k in ("iter_time_mean", "tokens_per_s_mean", "mem_peak_max")})
         result["nosp_mode"] = like["mode"]
