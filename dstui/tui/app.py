@@ -20,11 +20,11 @@ from dstui.core.errors import DstuiError
 from dstui.core.terminal import printable
 from dstui.tui.commands import DstuiCommands
 from dstui.tui.failure_watch import FailureWatch, bell_enabled, set_bell
-from dstui.tui.run_control import DEFAULT_PARALLEL
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
 from dstui.tui.screens.runs import RunsScreen
 from dstui.tui.terminal_filter import TerminalSafe
+from dstui.usecases.options import DEFAULT_PARALLEL
 
 _TERMINAL_SAFE = TerminalSafe()
 READY_ENV = "DSTUI_TUI_READY_FILE"  # benchmarks: written once the first frame is up
