@@ -39,7 +39,7 @@ def requeue(runs: list[RunDir], *, force: bool = False) -> list[RunDir]:
     """
     batches: dict[str, BatchDir] = {}
     for rd in runs:
-        batch.retry(rd, kick_supervisor=False, force=force)
+        batch.retry(rd, force=force)
         batches[rd.batch.id] = rd.batch
     for b in batches.values():
         takeover.after_requeue(b)
