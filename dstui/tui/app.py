@@ -165,6 +165,8 @@ class DstuiApp(App):
         return stack[0] if stack else None
 
     # -- one place where worker failures become visible ---------------------
+    # Textual posts Worker.StateChanged to the worker's own node without bubbling: a screen's worker
+    # reaches this only through its screen's handler (the Runs and Compose screens forward theirs)
 
     def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged
         if event.state != WorkerState.ERROR:

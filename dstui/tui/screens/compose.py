@@ -115,6 +115,9 @@ class ComposeScreen(SpecFileActions, Screen):
         self.refused: str | None = None  # what the check of the current spec refused (`dstui run` would too)
         self._refused_row: str | None = None  # the form row marked for it
 
+    def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged (does not bubble)
+        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]  (a failure said, not swallowed)
+
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="compose-body"):

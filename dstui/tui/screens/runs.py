@@ -92,6 +92,9 @@ class RunsScreen(Screen):
         self._last_takeover = time.monotonic()
         self._takeover = None  # this screen's takeover policy (its restarts are counted); made in its worker
 
+    def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged (does not bubble)
+        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]  (a failure said, not swallowed)
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield BatchBrowser(id="runs-body")
