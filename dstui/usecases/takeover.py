@@ -19,7 +19,7 @@ retry`'s kick, ...). Now every face asks :class:`Takeover`:
 After runs are queued again (retry), :func:`after_requeue` waits for a supervisor
 that was finishing to let go of the lock, then applies the same rule.
 
-The stdlib-only run wrapper (dstui/execute/wrap.py) also wakes a supervisor for an
+The stdlib-only run wrapper (dstui/execute/injob/wrap.py) also wakes a supervisor for an
 orphaned batch when one of its jobs ends; it cannot import this module (it runs
 inside the job) and only ever starts one where the lock is free.
 """
