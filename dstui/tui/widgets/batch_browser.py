@@ -19,6 +19,7 @@ from textual.widgets import DataTable, Static
 
 from dstui.core import paths
 from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.core.terminal import printable
 from dstui.tui import run_control
 from dstui.tui.runs_cells import BATCH_COLUMNS, RUN_COLUMNS, batch_cells, run_cells
 from dstui.tui.widgets.bisect_progress import BisectProgress
@@ -67,7 +68,8 @@ class BatchBrowser(Vertical):
             except ValueError:
                 shown = spec
             refused = self._refusal[1] if self._refusal and self._refusal[0] == Path(spec) else None
-            tail = ("  ✗ not launched: " + refused, "bold red") if refused else ("  l launches it", "dim")
+            # the refusal quotes the spec (untrusted): printable, one line, never markup (a Text)
+            tail = ("  ✗ not launched: " + printable(refused, one_line=True), "bold red") if refused else ("  l launches it", "dim")
             line.update(Text.assemble(("spec ", "dim"), str(shown), tail))
         else:
             line.update(Text("no spec open: 1 composes or opens one (ctrl+p: Open spec ...)", style="dim"))
