@@ -1,17 +1,18 @@
 """Build one commit's env and run the condition there, through the ordinary batch + supervisor path.
 
 Each test of a commit is a normal dstui batch (run folders, a detached
-supervisor, MLflow runs tagged with the revision's sha), so `dstui status`,
-the TUI and reports see bisect runs like any other. The batch id is saved in
-the commit's record *before* the supervisor starts: a bisect killed while the
-batch runs finds it on restart and follows it to the end instead of running
-the commit again (the supervisor, in its own session, never stopped).
+supervisor, MLflow runs tagged with the revision's sha), started by the launch
+service (:func:`dstui.usecases.launch.start`) and followed by the batch watcher
+(:class:`dstui.usecases.watch.BatchWatcher`, with the one takeover rule), so
+`dstui status`, the TUI and reports see bisect runs like any other. The batch id
+is saved in the commit's record *before* the supervisor starts: a bisect killed
+while the batch runs finds it on restart and follows it to the end instead of
+running the commit again (the supervisor, in its own session, never stopped).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,11 @@ from dstui.bisect.store import CommitRecord, Store
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.core.records import read_records
-from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import batch as batch_mod
-from dstui.execute import supervisor
+from dstui.core.rundir import BatchDir, RunDir
 from dstui.revisions import envs
-from dstui.spec import dsconfig
 from dstui.spec.models import ExperimentSpec, Revision, RunSpec, Settings
+from dstui.usecases import launch, watch
+from dstui.usecases.options import LaunchOptions
 
 Say = Callable[[str], None]
 
@@ -197,15 +197,20 @@ class Measurer:
                     repeat=rec.runs_done() + i, revision=resolved.name, order=i)
             for i in range(missing)
         ]  # fmt: skip
-        configs = {r.name: dsconfig.build(r, spec_dir=self.spec_path.parent, file=str(self.spec_path)) for r in runs}
-        plan = batch_mod.Plan(self.spec_path, self.spec, runs, configs, {resolved.name: resolved.to_dict()})
-        b = batch_mod.create(plan, runs_root=self.runs_root)
-        rec.batches.append(b.id)
-        self.store.save(rec)  # before the supervisor starts: a restart must find this batch
-        if self.on_batch:
-            self.on_batch(rec)
-        supervisor.spawn(b)
-        self._wait_and_collect(rec, b)
+        prepared = launch.plan_of(self.spec_path, self.spec, runs, {resolved.name: resolved.to_dict()})
+
+        def created(b: BatchDir) -> None:
+            rec.batches.append(b.id)
+            self.store.save(rec)  # before the supervisor starts: a restart must find this batch
+            if self.on_batch:
+                self.on_batch(rec)
+
+        def say(kind: str, text: str) -> None:
+            if kind == "note":
+                self.say(f"  ! {text}")
+
+        started = launch.start(prepared, LaunchOptions(), runs_root=self.runs_root, on_created=created, say=say)
+        self._wait_and_collect(rec, started.batch)
 
     def _batch(self, bid: str) -> BatchDir:
         root = self.runs_root or paths.runs_dir()
@@ -217,20 +222,17 @@ class Measurer:
             rec.batches.remove(b.id)
             self.store.save(rec)
             return
-        shown: dict[str, tuple] = {}
-        while True:
-            runs = b.runs()
-            for rd in runs:
-                st = rd.status()
-                key = (st.get("state"), st.get("steps_done"))
-                if shown.get(rd.name) != key:
-                    shown[rd.name] = key
-                    reason = f" ({st['reason']})" if st.get("reason") else ""
-                    self.say(f"  {rec.sha[:12]} {rd.name}: {st.get('state')} step {st.get('steps_done', 0)}/"
-                             f"{st.get('steps_total', '?')}{reason}")  # fmt: skip
-            if runs and all(rd.state in FINAL_STATES for rd in runs) and b.info().get("finalized"):
-                break
-            supervisor.ensure_supervised(b)  # taken over if its supervisor died
-            time.sleep(self.poll_s)
+        # every state and step of each run said; to the batch's finalization (its samples are read from it);
+        # a supervisor that died is replaced by the one takeover rule
+        watcher = watch.BatchWatcher(b, poll_s=self.poll_s, key=lambda st: (st.get("state"), st.get("steps_done")),
+                                     step_every_s=None, finalize_wait=False)  # fmt: skip
+        for ev in watcher.events():
+            if isinstance(ev, watch.RunChanged):
+                st = ev.status
+                reason = f" ({st['reason']})" if st.get("reason") else ""
+                self.say(f"  {rec.sha[:12]} {ev.run.name}: {st.get('state')} step {st.get('steps_done', 0)}/"
+                         f"{st.get('steps_total', '?')}{reason}")  # fmt: skip
+            elif isinstance(ev, watch.Note):
+                self.say(f"  ! {ev.text}")
         rec.samples.extend(run_sample(rd, b.id) for rd in b.runs())
         self.store.save(rec)

@@ -83,21 +83,3 @@ def find_runs(refs: list[str]) -> list[RunDir]:
     from dstui.commands._select import select_runs
 
     return select_runs(refs)
-
-
-LOW_SPACE_BYTES = 16 << 20
-
-
-def batch_notes(info: dict[str, Any], path: Any = None) -> list[str]:
-    """Problems of a batch a person must hear about once: store lost or down, disk full."""
-    import shutil
-
-    notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem", "creation_problem") if info.get(k)]
-    if path is not None:
-        try:
-            free = shutil.disk_usage(path).free
-        except OSError:
-            free = None
-        if free is not None and free < LOW_SPACE_BYTES:
-            notes.append(f"disk full: {free / 2**20:.1f} MiB free where the runs are ({path})")
-    return notes

@@ -4,7 +4,7 @@ Human: a header, then an aligned line per change, then the table and the failed
 runs' reasons whole. ``jsonl``: one record per change (``event: run``), per batch
 note (``event: note``) and a last ``event: batch`` with every run and the exit
 status. ``json``: only that last document. Following itself (polling, takeovers)
-is :func:`dstui.commands.run.follow`'s.
+is :class:`dstui.usecases.watch.BatchWatcher`'s; :func:`follow` renders its events.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from dstui.commands import _machine, _tables
 from dstui.commands._records import batch_record, run_record
-from dstui.core import exit_codes, terminal
+from dstui.core import exit_codes, startup_trace, terminal
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.core.secrets import strip_credentials
 
@@ -61,3 +61,34 @@ class FollowOutput:
             print(f"{waiting_points} points still wait for MLflow; they stay in the run folders and are sent "
                   f"when it answers (`dstui status {self.b.id}`)")  # fmt: skip
         return code
+
+
+def follow(b: BatchDir, *, quiet: bool = False, poll_s: float = 0.5, fmt: str | None = None, verbose: bool = False) -> int:
+    """Print progress until every run has ended; Ctrl-C leaves the runs going.
+
+    Returns once the runs have ended even if MLflow has not taken every point
+    yet: the supervisor keeps sending in the background, and the summary says
+    how many points still wait.
+    """
+    from dstui.usecases import watch
+
+    out = FollowOutput(b, fmt, quiet=quiet, verbose=verbose)
+    waiting = None
+    try:
+        for ev in watch.BatchWatcher(b, poll_s=poll_s).events():
+            if isinstance(ev, watch.RunChanged):
+                out.run_changed(ev.run, ev.status)
+            elif isinstance(ev, (watch.Trouble, watch.Note)):
+                out.note(ev.text)
+            elif isinstance(ev, watch.TookOver):
+                print("supervisor is gone; took over", flush=True)
+            elif isinstance(ev, watch.Ended):
+                waiting = ev.waiting_points
+    except KeyboardInterrupt:
+        print(f"\nstopped following; the runs go on. `dstui status {b.id}` to look again, "
+              f"`dstui cancel {b.id}` to stop them.")  # fmt: skip
+        return 130
+    startup_trace.mark("end_seen", "cli")
+    code = out.finish(waiting)
+    startup_trace.mark("final_table_printed", "cli")
+    return code

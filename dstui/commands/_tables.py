@@ -17,10 +17,9 @@ from typing import Any
 
 from dstui.commands._records import reason_of
 from dstui.core import terminal
-from dstui.core.errors import DstuiError
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
+from dstui.core.phases import live_text
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute import backends, live_phase
 
 MIN_REASON = 20  # the narrowest reason column; the numbers are dropped first
 FALLBACK_WIDTH = 120  # not a terminal and no COLUMNS
@@ -65,18 +64,16 @@ COLUMNS = (
 
 def backend_columns(b: BatchDir) -> tuple[Column, ...]:
     """The columns the batch's executor shows of its jobs (Slurm: job id, nodes)."""
-    try:
-        fields = backends.get(b.info().get("executor")).shown_fields
-    except DstuiError:  # an executor this process does not know (its registration is gone): the runs still show
-        fields = ()
-    return tuple(Column(header, lambda st, f=field: str(st.get(f) or "-"), keep) for header, field, keep in fields)
+    from dstui.usecases.watch import job_fields
+
+    return tuple(Column(header, lambda st, f=field: str(st.get(f) or "-"), keep) for header, field, keep in job_fields(b))
 
 REASON = "reason"
 
 
 def _reason_or_phase(st: dict[str, Any]) -> str:
     """The reason; for a live run without one, what it does now ('building op ShareMemComm 12s')."""
-    return reason_of(st) or live_phase.shown(st)
+    return reason_of(st) or live_text(st)
 
 
 def _statuses(runs: list[RunDir]) -> list[dict[str, Any]]:

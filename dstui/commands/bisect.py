@@ -165,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
     from dstui.bisect.session import Bisect, Options, Outcome, tag_mlflow
     from dstui.bisect.store import Store
     from dstui.core import paths
-    from dstui.execute import batch
     from dstui.revisions.history import first_parent_line
+    from dstui.usecases import launch
+    from dstui.usecases.options import LaunchOptions
 
     repeats = args.repeats or (3 if args.metric == "iter_time" else 1)
     if args.max_repeats is not None and args.max_repeats < repeats:  # each is >= 1 (_argtypes.count)
@@ -174,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
     if args.metric == "iter_time" and repeats < 2:
         raise SpecError("iter_time needs --repeats >= 2 (the test compares repeats)", field="--repeats")
     max_repeats = args.max_repeats or (3 * repeats if args.metric == "iter_time" else repeats)
-    with _as_condition_error():  # batch.plan says '--only', an option the user of bisect never gave
-        plan = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=[args.condition])
+    with _as_condition_error():  # the plan says '--only', an option the user of bisect never gave
+        options = LaunchOptions(validate=not args.no_validate, only=[args.condition])
+        plan = launch.make_plan(args.spec, options, resolve_revisions=False)
     conds = {r.condition: r for r in plan.runs if r.condition == args.condition}
     if not conds:
         raise SpecError(f"no condition named '{args.condition}'", file=str(plan.spec_path), field="--condition")

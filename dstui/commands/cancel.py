@@ -11,8 +11,7 @@ import argparse
 from dstui.commands import _machine
 from dstui.commands._common import add_run_refs, find_runs
 from dstui.commands._records import run_record
-from dstui.core.rundir import FINAL_STATES
-from dstui.execute import supervisor
+from dstui.usecases import control
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,14 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = find_runs(args.runs)
-    cancelled, ended = [], []
-    for rd in runs:
-        if rd.state in FINAL_STATES:
-            ended.append(rd)
-            continue
-        supervisor.request_cancel(rd)
-        cancelled.append(rd)
+    cancelled, ended = control.cancel(find_runs(args.runs))
+    for rd in cancelled:
         print(f"cancel requested: {rd.batch.id}/{rd.name}")
     if ended:
         print(f"already ended, left as they are: {', '.join(f'{rd.batch.id}/{rd.name}' for rd in ended)}")

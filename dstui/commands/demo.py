@@ -11,11 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dstui.core import paths
-from dstui.execute import batch, supervisor
-
-SMOKE = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
-SMOKE_GPU = paths.CONFIGS_DIR / "experiments" / "smoke_gpu.yaml"
+from dstui.usecases import launch
+from dstui.usecases.options import LaunchOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,35 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help="another spec to demo (default: the smoke spec for this machine)")
 
 
-def demo_spec() -> Path:
-    """smoke.yaml on CPU; on GPUs smoke_gpu.yaml, or smoke.yaml sized to the GPUs there are."""
-    from dstui.execute import sysmetrics
-
-    n = sysmetrics.gpu_count()
-    if n == 0:
-        return SMOKE
-    from dstui.spec.models import load_spec, save_spec
-
-    spec = load_spec(SMOKE_GPU if SMOKE_GPU.is_file() else SMOKE)
-    spec.settings["gpus"] = min(int(spec.settings.get("gpus", 2)), n)  # a 1-GPU box runs 1 rank
-    spec.settings["dtype"] = "bf16"
-    spec.name = "smoke-gpu"
-    out = paths.runs_dir() / "_specs" / "smoke-gpu.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_spec(spec, out)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    spec = Path(args.spec) if args.spec else demo_spec()
+    spec = Path(args.spec) if args.spec else launch.demo_spec()
     headless = args.no_tui or not sys.stdout.isatty()
     print(f"dstui demo: {spec}", flush=True)
-    plan = batch.plan(spec)
-    b = batch.create(plan)
-    supervisor.spawn(b)
-    print(f"batch {b.id}: {len(plan.runs)} runs in {b.path}", flush=True)
+    options = LaunchOptions()  # `dstui run SPEC`'s defaults: the same checks, skips and supervisor
+    started = launch.start(launch.prepare(spec, options), options)
+    b = started.batch
+    print(f"batch {b.id}: {started.runs} runs in {b.path}", flush=True)
     if headless:
-        from dstui.commands.run import follow
+        from dstui.commands._follow_out import follow
 
         return follow(b)
     from dstui.tui.app import DstuiApp

@@ -13,8 +13,10 @@ from dstui.commands._common import fitted_table
 from dstui.commands._machine import emit
 from dstui.commands._records import plan_record
 from dstui.commands._tables import terminal_width
-from dstui.core.rundir import RunDir
-from dstui.execute import backends, batch, feasibility, launch, sysmetrics
+from dstui.usecases import launch
+from dstui.usecases.options import LaunchOptions
+
+LISTED = Path("runs/<batch>")  # where the listed runs' folders are shown to be
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,16 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    p = batch.plan(args.spec, validate=not args.no_validate, resolve_revisions=False, only=args.only)
-    forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=not args.no_history)
-    # the same check `dstui run` refuses with: a list that says "valid" must also say what cannot run here
-    machine = backends.get(p.spec.executor).capacity()  # None: a scheduler places the runs and judges them
-    infeasible = feasibility.problems(p.runs, machine, forecasts=forecasts, capacity=capacity)
+    options = LaunchOptions(validate=not args.no_validate, only=args.only, history=not args.no_history)
+    # the checks `dstui run` refuses by, only found: a list that says "valid" must also say what cannot run here
+    prepared = launch.prepare(args.spec, options, refuse=False, resolve_revisions=False)
+    forecasts, capacity, infeasible = prepared.forecasts, prepared.capacity, prepared.problems
     if args.json:
-        return print_json(p, forecasts, capacity, commands=args.commands, validated=not args.no_validate,
-                          infeasible=infeasible)  # fmt: skip
+        return print_json(prepared, commands=args.commands, validated=not args.no_validate)
     rows = []
-    for r in p.runs:
+    for r in prepared.runs:
         s = r.settings
         row = [
             str(r.order), r.name, r.revision, s.kind, s.model, f"z{s.zero_stage}",
@@ -64,32 +64,28 @@ def run(args: argparse.Namespace) -> int:
     width = terminal_width()
     print(fitted_table(rows, header, width, drop_first=("key", "revision", "kind", "ga", "steps", "offload")))
     checked = "the spec and each run's ds_config" if not args.no_validate else "the spec (ds_configs not: --no-validate)"
-    print(f"\n{len(p.runs)} runs ({p.spec.name}); {checked} valid")
-    if infeasible and machine is not None:
-        print(textwrap.fill(f"{len(infeasible)} cannot work on this machine ({machine.describe()}); `dstui run` "
+    print(f"\n{len(prepared.runs)} runs ({prepared.spec.name}); {checked} valid")
+    if infeasible and prepared.machine is not None:
+        print(textwrap.fill(f"{len(infeasible)} cannot work on this machine ({prepared.machine}); `dstui run` "
                             "refuses them (--force launches anyway):", width=width))  # fmt: skip
         for problem in infeasible:
             print(textwrap.fill(problem.line(), width=width, initial_indent="  ", subsequent_indent="      "))
-    elif machine is not None:
-        print(f"all can work on this machine ({machine.describe()})")
+    elif prepared.machine is not None:  # None: a scheduler places the runs and judges them
+        print(f"all can work on this machine ({prepared.machine})")
     print(textwrap.fill(forecast.capacity_note(capacity), width=width))
     if args.commands:
-        for r in p.runs:
-            rd = RunDir(Path("runs/<batch>") / r.name)
-            print(shlex.join(launch.shown_command(r, launch.build_argv(r, rd))))
+        for _, argv in launch.commands(prepared.plan, root=LISTED, with_python=False):
+            print(shlex.join(argv))
     return 0
 
 
-def print_json(
-    p: batch.Plan, forecasts: dict, capacity: int | None, *, commands: bool, validated: bool,
-    infeasible: list[feasibility.Infeasible],
-) -> int:  # fmt: skip
+def print_json(prepared: launch.Prepared, *, commands: bool, validated: bool) -> int:
     """`--json`: the plan as one document; every run ``planned`` at step 0 (see _records.plan_record)."""
-    runs = []
-    for r in p.runs:
-        argv = launch.build_argv(r, RunDir(Path("runs/<batch>") / r.name)) if commands else None
-        runs.append(plan_record(r, forecasts.get(r.name), capacity, command=argv))
-    emit({"experiment": p.spec.name, "spec": str(p.spec_path), "validated": validated,
-          "gpu_memory": capacity, "runs": runs,
-          "cannot_work_here": [dataclasses.asdict(f) for f in infeasible]})  # fmt: skip
+    shown = launch.commands(prepared.plan, root=LISTED, with_python=False, shown=False) if commands else []
+    argvs = {r.name: argv for r, argv in shown}
+    runs = [plan_record(r, prepared.forecasts.get(r.name), prepared.capacity, command=argvs.get(r.name))
+            for r in prepared.runs]  # fmt: skip
+    emit({"experiment": prepared.spec.name, "spec": str(prepared.plan.spec_path), "validated": validated,
+          "gpu_memory": prepared.capacity, "runs": runs,
+          "cannot_work_here": [dataclasses.asdict(f) for f in prepared.problems]})  # fmt: skip
     return 0

@@ -15,8 +15,8 @@ from dstui.commands._common import add_run_refs, find_runs
 from dstui.commands._records import run_record
 from dstui.commands._select import names_whole_batch
 from dstui.core.errors import DstuiError, NotFound
-from dstui.core.rundir import FINAL_STATES, RETRIABLE_STATES, BatchDir, RunDir
-from dstui.execute import batch, control
+from dstui.core.rundir import FINAL_STATES, RETRIABLE_STATES
+from dstui.usecases import control
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,20 +51,9 @@ def run(args: argparse.Namespace) -> int:
             f"{names}: {'is' if len(done) == 1 else 'are'} {done[0].state}; retry queues failed, killed or skipped runs "
             "(--force runs done ones again: reports then count the new attempt, not both)"
         )
-    queued = requeue(runs, force=args.force)
+    queued = control.requeue(runs, force=args.force)
     for rd in queued:
         print(f"queued again: {rd.batch.id}/{rd.name} (previous attempt kept in {rd.path}/attempts/)")
     if _machine.active():
         _machine.emit({"queued": [run_record(rd) for rd in queued]})
     return 0
-
-
-def requeue(runs: list[RunDir], *, force: bool = False) -> list[RunDir]:
-    """Queue each run again, then make sure each batch has a supervisor (once per batch, not per run)."""
-    batches: dict[str, BatchDir] = {}
-    for rd in runs:
-        batch.retry(rd, kick_supervisor=False, force=force)
-        batches[rd.batch.id] = rd.batch
-    for b in batches.values():
-        control.kick(b)
-    return runs

@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 
 from dstui.commands import _argtypes, _machine
-from dstui.commands._common import batch_notes, runs_table
+from dstui.commands._common import runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.commands._tables import terminal_width
 from dstui.core import exit_codes, paths, phases, terminal
 from dstui.core.errors import NotFound
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import BatchDir, RunDir, list_batches
-from dstui.execute import creation, supervisor
+from dstui.usecases import takeover
+from dstui.usecases.watch import batch_notes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,22 +57,24 @@ def chosen_batches(root: Path, ref: str | None, n: int) -> list[BatchDir]:
 
 def run(args: argparse.Namespace) -> int:
     root = paths.runs_dir()
-    creation.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
+    takeover.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
     fmt = _machine.wants(args)
     batches = chosen_batches(root, args.batch, args.n)
     if not batches:
         return nothing_here(root, fmt)
+    policy = takeover.Takeover(enabled=not args.no_takeover)
     if args.follow:
-        from dstui.commands.run import follow
+        from dstui.commands._follow_out import follow
 
-        takeover(batches[0], args.no_takeover)
+        policy.look_one(batches[0])
         return follow(batches[0], fmt=fmt, verbose=getattr(args, "verbose", False))
     if fmt is None:
         print(f"runs: {paths.home_choice().describe()}\n")
     docs = []
+    looked_after = policy.look(batches)  # supervisors restarted where they died (the one takeover rule)
     for b in batches:
         info = b.info()
-        note = takeover(b, args.no_takeover)
+        note = looked_after[b.id]
         notes = batch_notes(info, b.path)
         if fmt is not None:
             doc = batch_record(b, supervision=note, notes=notes)
@@ -93,17 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         _machine.emit({**home_record(), "batches": docs, "exit_code": code})
     return code
-
-
-def takeover(b: BatchDir, no_takeover: bool) -> str:
-    """Restart the supervisor of an unfinished batch whose supervisor died; say how the batch is looked after."""
-    info = b.info()
-    live = supervisor.is_supervised(b)
-    note = "supervised" if live else ("finished" if info.get("finalized") else "supervisor not running")
-    if not live and not info.get("finalized") and not no_takeover:
-        supervisor.spawn(b)
-        note = "supervisor restarted (took over)"
-    return note
 
 
 def nothing_here(root: Path, fmt: str | None) -> int:

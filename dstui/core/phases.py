@@ -22,11 +22,12 @@ Core stage: stdlib only, used by the supervisor (MLflow ``time/*`` metrics),
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from dstui.core.records import PHASES, SUMMARY, read_records
-from dstui.core.rundir import RunDir, read_json
+from dstui.core.rundir import FINAL_STATES, RunDir, read_json
 
 SEGMENTS = ("launch", "imports", "init", "compile", "steps", "teardown")
 
@@ -179,3 +180,19 @@ def record(rd: RunDir) -> dict[str, Any]:
     if times is None:
         return rd.status()
     return rd.update_status(phases=times.as_dict())
+
+
+def live_text(st: dict[str, Any], now: float | None = None, width: int | None = None) -> str:
+    """'building op shm 12s' for a live run with a phase (status.json's ``phase``, ``phase_since``:
+    dstui/execute/live_phase.py keeps them); '' otherwise. ``width``: the phase's words are cut to
+    fit (with '…'), its seconds are always kept."""
+    phase = str(st.get("phase") or "")
+    if not phase or st.get("state") in FINAL_STATES:
+        return ""
+    if width is not None and len(phase) > width - 5:
+        phase = phase[: max(1, width - 6)] + "…"
+    since = st.get("phase_since")
+    if not isinstance(since, (int, float)):
+        return str(phase)
+    secs = max(0.0, (now or time.time()) - since)
+    return f"{phase} {secs:.0f}s" if secs < 600 else f"{phase} {secs / 60:.0f}m"

@@ -27,7 +27,6 @@ from dstui.core.rundir import (
 )
 from dstui.execute import backends, creation, guard_watch, launch, preflight
 from dstui.execute.batch_lock import BatchLock
-from dstui.execute.control import kick
 from dstui.spec import dsconfig
 from dstui.spec.loading import naming_file
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
@@ -240,8 +239,9 @@ def _remove_run_folder(batch: BatchDir, rd: RunDir) -> None:
     shutil.rmtree(rd.path)
 
 
-def retry(rd: RunDir, *, kick_supervisor: bool = True, force: bool = False) -> None:
-    """Queue a finished run again; ``kick_supervisor=False`` when the caller kicks once for many runs.
+def retry(rd: RunDir, *, force: bool = False) -> None:
+    """Queue a finished run again (its attempt kept); who supervises it is the caller's
+    (:func:`dstui.usecases.control.requeue`: the takeover rule, once per batch).
 
     A done run is refused unless ``force``: queuing a good measurement again by
     a slip of the finger would cost a run's time, and its result is replaced
@@ -257,8 +257,5 @@ def retry(rd: RunDir, *, kick_supervisor: bool = True, force: bool = False) -> N
     if not rd.spec_file.exists():  # settled after a cut-short creation (dstui.execute.creation)
         spec = rd.batch.info().get("spec_path") or "SPEC"
         raise DstuiError(f"run {rd.name} was never created; `dstui run {spec} --resume {rd.batch.id}` creates it")
-    batch = rd.batch
     reset_run(rd)
-    batch.update_info(finalized=False)
-    if kick_supervisor:
-        kick(batch)
+    rd.batch.update_info(finalized=False)

@@ -1,8 +1,9 @@
-"""Who supervises a batch: starting a detached supervisor, taking over, cancelling a run.
+"""Who supervises a batch: starting a detached supervisor, cancelling a run.
 
-These are what the CLI and the TUI call; they never follow runs themselves.
 One supervisor per batch holds ``supervisor.lock`` (:mod:`~dstui.execute.batch_lock`),
-so anyone can tell whether a batch is looked after and start a supervisor for it if not.
+so anyone can tell whether a batch is looked after. Whether and when to start another
+is one rule for every face: :mod:`dstui.usecases.takeover` (the only caller of
+:func:`spawn` besides the launch).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute import backends, creation
+from dstui.execute import backends
 from dstui.execute.batch_lock import is_supervised
 from dstui.execute.injob.wrap import start_supervisor
 
@@ -30,36 +31,6 @@ def spawn(batch: BatchDir, *, env: dict[str, str] | None = None, wait_s: float =
     while time.time() < deadline and proc.poll() is None and not is_supervised(batch):
         time.sleep(0.05)
     return proc.pid
-
-
-def kick(batch: BatchDir, *, settle_s: float = 3.0) -> None:
-    """Make sure queued runs of a batch get a supervisor.
-
-    A live supervisor picks up newly queued runs by itself; one that is just
-    finishing may already have looked. So: if the lock is free, or becomes free
-    within ``settle_s``, start a new supervisor.
-    """
-    deadline = time.time() + settle_s
-    while is_supervised(batch):
-        if time.time() > deadline:
-            return  # a supervisor in its main loop: it will see the queued run
-        time.sleep(0.1)
-    spawn(batch)
-
-
-def ensure_supervised(batch: BatchDir) -> bool:
-    """Take over an unfinished batch whose supervisor died. True if one was started.
-
-    A batch whose creation was cut short is settled first, so whoever looks at it
-    next (the TUI's list) sees every run.
-    """
-    creation.settle(batch)
-    if batch.is_finished() and batch.info().get("finalized"):
-        return False
-    if is_supervised(batch):
-        return False
-    spawn(batch)
-    return True
 
 
 def request_cancel(rd: RunDir) -> None:

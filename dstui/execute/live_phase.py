@@ -15,7 +15,7 @@ lives, from three sources:
   op built inside the run is named while it builds, whatever program runs.
 
 ``dstui status``, ``dstui run``, the runs table and the live legend show
-:func:`shown` (``building op shm 12s``).
+:func:`dstui.core.phases.live_text` (``building op shm 12s``).
 """
 
 from __future__ import annotations
@@ -105,18 +105,3 @@ def op_build(pid: Any) -> tuple[str, float] | None:
         if found is None or since < found[1]:  # the oldest builder: ninja, in the op's folder
             found = (name, since)
     return found
-
-
-def shown(st: dict[str, Any], now: float | None = None, width: int | None = None) -> str:
-    """'building op shm 12s' for a live run with a phase; '' otherwise. ``width``: the phase's
-    words are cut to fit (with '…'), its seconds are always kept."""
-    phase = str(st.get("phase") or "")
-    if not phase or st.get("state") in FINAL_STATES:
-        return ""
-    if width is not None and len(phase) > width - 5:
-        phase = phase[: max(1, width - 6)] + "…"
-    since = st.get("phase_since")
-    if not isinstance(since, (int, float)):
-        return str(phase)
-    secs = max(0.0, (now or time.time()) - since)
-    return f"{phase} {secs:.0f}s" if secs < 600 else f"{phase} {secs / 60:.0f}m"

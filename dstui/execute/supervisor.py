@@ -3,7 +3,7 @@
 One supervisor per batch, in its own process session (``dstui supervise``),
 holding ``supervisor.lock``. It does not depend on a terminal or on the TUI:
 they only read the run folders. If it dies, the next ``dstui status`` or TUI
-start takes over: runs keep going (they are in their own sessions), their exit
+start takes over (the rule: :mod:`dstui.usecases.takeover`): runs keep going (they are in their own sessions), their exit
 status is in ``exit.json`` (see :mod:`dstui.execute.injob.wrap`), and ingestion resumes
 from the byte offsets in each run's ``ingest.json``.
 
@@ -36,9 +36,7 @@ from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import backends, creation, live_phase
 from dstui.execute.batch_lock import BatchLock
 from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
-    ensure_supervised,
     is_supervised,
-    kick,
     request_cancel,
     spawn,
 )

@@ -20,11 +20,11 @@ from dstui.core.errors import DstuiError
 from dstui.core.terminal import printable
 from dstui.tui.commands import DstuiCommands
 from dstui.tui.failure_watch import FailureWatch, bell_enabled, set_bell
-from dstui.tui.run_control import DEFAULT_PARALLEL
 from dstui.tui.screens.help import HelpScreen
 from dstui.tui.screens.results import ResultsScreen
 from dstui.tui.screens.runs import RunsScreen
 from dstui.tui.terminal_filter import TerminalSafe
+from dstui.usecases.options import DEFAULT_PARALLEL
 
 _TERMINAL_SAFE = TerminalSafe()
 READY_ENV = "DSTUI_TUI_READY_FILE"  # benchmarks: written once the first frame is up
@@ -165,6 +165,8 @@ class DstuiApp(App):
         return stack[0] if stack else None
 
     # -- one place where worker failures become visible ---------------------
+    # Textual posts Worker.StateChanged to the worker's own node without bubbling: a screen's worker
+    # reaches this only through its screen's handler (the Runs and Compose screens forward theirs)
 
     def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged
         if event.state != WorkerState.ERROR:

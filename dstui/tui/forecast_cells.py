@@ -1,14 +1,11 @@
 """The memory-forecast column of the compose screen's run list, coloured against the GPU.
 
-Called by the compose screen's validation worker (dstui/tui/compose_check.py, a
-thread: the estimators import DeepSpeed, seconds the first time)::
-
-    cells = forecast_cells(runs, ds_configs, sysmetrics.gpu_memory_total(), spec.gpu_memory_gib)
-
-and shown in the run list's "mem/GPU" column (dstui/tui/widgets/run_preview.py).
-
-History from MLflow is not read here (it changes between keystrokes rarely and
-costs a store query); the analytic forecast is what a spec being edited gets.
+The compose screen's validation worker (dstui/tui/compose_check.py, a thread: the
+estimators import DeepSpeed, seconds the first time) turns the forecasts of
+:func:`dstui.usecases.draft_check.check` (with MLflow's history, as the launch
+forecasts) into :func:`cells_of`, shown in the run list's "mem/GPU" column
+(dstui/tui/widgets/run_preview.py). :func:`forecast_cells` is the analytic
+forecast alone, for a list of runs.
 """
 
 from __future__ import annotations
@@ -31,7 +28,10 @@ def forecast_cells(
 ) -> dict[str, Text]:
     """Run name -> '12.3 GiB' styled green / yellow (above 90%) / red (over) against the GPU's memory."""
     capacity = forecast.gpu_capacity(declared_gib, detected)
-    cells = {}
-    for name, fc in forecast.forecast_runs(runs, ds_configs, history=False).items():
-        cells[name] = Text(forecast.column(fc, capacity), style=LEVEL_STYLE[forecast.level(fc, capacity)])
-    return cells
+    return cells_of(forecast.forecast_runs(runs, ds_configs, history=False), capacity)
+
+
+def cells_of(forecasts: dict[str, Any], capacity: int | None) -> dict[str, Text]:
+    """Run name -> its forecast's cell, styled by how it fits ``capacity``."""
+    return {name: Text(forecast.column(fc, capacity), style=LEVEL_STYLE[forecast.level(fc, capacity)])
+            for name, fc in forecasts.items()}  # fmt: skip

@@ -13,8 +13,7 @@ from typing import Any
 from rich.text import Text
 
 from dstui.core.formatting import fmt_bytes, fmt_num
-from dstui.core.phases import from_status
-from dstui.execute import live_phase
+from dstui.core.phases import from_status, live_text
 from dstui.tui.series import RunSeries
 from dstui.tui.widgets.charts import Curve, Drawn, MetricPlot, color
 from dstui.tui.widgets.time_bar import stacked_bar
@@ -151,7 +150,7 @@ def legend(
             parts.append((f"(loss = {d.same_as}) ", "italic"))
         elif s.name in groups:
             parts.append((f"({groups[s.name]} identical) ", "italic"))
-        phase = live_phase.shown(st, width=32) if not st.get("steps_done") else ""
+        phase = live_text(st, width=32) if not st.get("steps_done") else ""
         progress = phase or f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}"
         parts += [
             (f"{st.get('state', '?')} ", "dim"),

@@ -1,39 +1,61 @@
 """What the runs screen's keys do to batches, run in its thread workers (no textual here).
 
-The same functions as the CLI (`dstui run`, `dstui cancel`, `dstui status`):
-the TUI must launch, cancel, retry and take over exactly as the headless
-commands do, with the same defaults.
+The services are the CLI's (:mod:`dstui.usecases`): the TUI launches, resumes,
+cancels, retries and takes over exactly as `dstui run`, `dstui cancel`, `dstui
+retry` and `dstui status` do, with the same defaults (``LaunchOptions``). This
+module only turns their answers into what the screen shows: a launch is
+:class:`Launched`, or :class:`Refused` with the one line `dstui run` prints
+(and whether "launch anyway?" may be asked).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dstui.core import paths
+from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir, list_batches
-from dstui.execute.gpu_share import AUTO
+from dstui.usecases.options import LaunchOptions
 
 if TYPE_CHECKING:  # the spec models cost ~0.2 s to import: not on the TUI's start path
     from dstui.spec.loading import SpecDraft
+    from dstui.usecases.takeover import Takeover
 
 MAX_BATCHES = 30
-DRAFT_FILE = "spec.yaml"  # an edited, unsaved spec's copy beside the batch it launched
-TAKEOVER_GRACE_S = 30.0
-# `dstui run`'s --parallel default: as many runs at once as fit on disjoint GPUs of this box,
-# one at a time without GPUs (dstui/execute/gpu_share.py)
-DEFAULT_PARALLEL = AUTO
+TAKEOVER_EVERY_S = 30.0  # how often the runs screen looks for batches whose supervisor died
+
+
+@dataclass
+class Launched:
+    batch_id: str
+    runs: int
+    resumed: dict[str, int] | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        how = ("resumed " if self.resumed is not None else "launched ") + self.batch_id
+        counts = ", ".join(f"{v} {k}" for k, v in self.resumed.items()) if self.resumed else f"{self.runs} runs"
+        skipped = f"; {len(self.skipped)} skipped: predicted OOM" if self.skipped else ""
+        return f"{how}: {counts}{skipped}"
+
+
+@dataclass
+class Refused:
+    text: str  # `dstui run`'s error line (the spec's path left out: the screen names the spec)
+    forceable: bool = False  # runs this machine cannot do: the screen may ask "launch anyway?"
 
 
 def supervised(b: BatchDir) -> bool:
     """Whether a live supervisor follows this unfinished batch."""
     if b.info().get("finalized"):
         return False
-    from dstui.execute.supervisor import is_supervised  # lazily: not on the start path
+    from dstui.usecases import takeover  # lazily: not on the start path
 
-    return is_supervised(b)
+    return takeover.supervised(b)
 
 
 def launch(
@@ -43,82 +65,75 @@ def launch(
     draft: SpecDraft | None = None,
     *,
     force: bool = False,
-) -> tuple[BatchDir, int]:
-    """Validate everything, lay out folders, detach a supervisor: (the batch, its number of runs).
+    resume: str | None = None,
+) -> Launched | Refused:
+    """Everything `dstui run SPEC` does before it follows: checks, folders, skips, a detached supervisor.
 
     ``draft``: a spec edited in Compose and not saved. It runs as edited, and its text is
     written as ``spec.yaml`` in the batch folder (batch.json's ``spec_path`` names that copy,
     ``edited_from`` the file it came from); the user's file is never written by a launch.
-    Runs that cannot work on this machine raise :class:`~dstui.execute.feasibility.InfeasibleRuns`
-    (the screen asks whether to launch anyway: ``force``), as `dstui run` refuses them.
+    ``resume``: a batch id to continue instead of a new batch (`dstui run SPEC --resume BATCH`).
     """
-    from dstui.analysis import forecast
-    from dstui.execute import batch, feasibility, supervisor, sysmetrics
-    from dstui.spec.loading import save_spec_text
+    from dstui.usecases import launch as service
 
-    p = batch.plan(spec, progress=progress, data=draft.data if draft else None)
-    forecasts, capacity = forecast.for_plan(p, sysmetrics.gpu_memory_total(), history=False)
-    feasibility.refuse_infeasible(p, force=force, forecasts=forecasts, capacity=capacity,
-                                  skip_predicted_oom=p.spec.skip_predicted_oom)  # fmt: skip
-    b = batch.create(p, parallel=parallel)
-    if draft is not None:
-        copy = b.path / DRAFT_FILE
-        save_spec_text(copy, draft.text)
-        b.update_info(spec_path=str(copy), edited_from=str(draft.origin) if draft.origin else None)
-    supervisor.spawn(b)
-    return b, len(p.runs)
+    options = LaunchOptions(parallel=parallel, force=force, resume=resume)
+    try:
+        prepared = service.prepare(spec, options, progress=progress, data=draft.data if draft else None)
+        started = service.start(prepared, options, draft=draft)
+    except DstuiError as e:
+        return Refused(service.refusal_text(e, spec), forceable=service.forceable(e))
+    b = started.batch
+    return Launched(b.id, started.runs, started.resumed, started.skipped, started.notes)
+
+
+def resume_spec(b: BatchDir) -> Path | None:
+    """The spec a batch was launched from (an edited one's kept copy), to resume it with."""
+    spec = b.info().get("spec_path")
+    return Path(spec) if spec and Path(spec).is_file() else None
 
 
 def cancel(rd: RunDir) -> None:
-    from dstui.execute import supervisor
+    from dstui.usecases import control
 
-    supervisor.request_cancel(rd)
+    control.cancel([rd])
 
 
 def unfinished(b: BatchDir) -> list[RunDir]:
     """The runs of a batch that a cancel would stop (queued, starting, running)."""
-    from dstui.core.rundir import FINAL_STATES
+    from dstui.usecases import control
 
-    return [rd for rd in b.runs() if rd.state not in FINAL_STATES]
+    return control.unfinished(b)
 
 
 def cancel_batch(b: BatchDir) -> list[RunDir]:
     """Cancel every unfinished run of a batch, as `dstui cancel BATCH` does; returns them."""
-    runs = unfinished(b)
-    for rd in runs:
-        cancel(rd)
-    return runs
+    from dstui.usecases import control
+
+    return control.cancel(b.runs())[0]
 
 
 def retry(rd: RunDir, notify: Callable[[str], None]) -> None:
-    """Queue a failed/killed run again (its old attempt is kept) and make sure someone supervises it."""
-    from dstui.execute import batch, supervisor
+    """Queue a failed/killed/skipped run again (its old attempt kept), as `dstui retry` does."""
+    from dstui.usecases import control
 
-    batch.retry(rd)
+    control.requeue([rd])
     notify(f"queued again: {rd.name} (old attempt kept)")
-    # a supervisor that was just finishing the batch may exit without seeing the
-    # re-queued run; make sure someone picks it up
-    for _ in range(20):
-        time.sleep(0.5)
-        if rd.state != "queued":
-            return
-    if not supervisor.is_supervised(rd.batch):
-        supervisor.spawn(rd.batch)
 
 
-def take_over() -> tuple[dict[str, bool], list[str]]:
-    """Restart supervisors of unfinished batches (leave and come back): (live batch ids, restarted ids)."""
-    from dstui.execute import supervisor
+def take_over(policy: Takeover) -> tuple[dict[str, bool], list[str], list[str]]:
+    """Look after the newest batches by the one takeover rule: (live ids, restarted ids, notes for given-up ones)."""
+    from dstui.usecases import takeover
 
-    live: dict[str, bool] = {}
-    restarted = []
-    for b in list_batches(paths.runs_dir())[:MAX_BATCHES]:
-        info = b.info()
-        if info.get("finalized") and b.is_finished():
-            continue
-        if time.time() - info.get("created", 0) < TAKEOVER_GRACE_S:
-            continue  # just launched (e.g. by `dstui demo`): its supervisor may still be starting
-        if supervisor.ensure_supervised(b):
-            restarted.append(b.id)
-        live[b.id] = True
-    return live, restarted
+    batches = {b.id: b for b in list_batches(paths.runs_dir())[:MAX_BATCHES]}
+    verdicts = policy.look(batches.values())
+    live = {bid: v in (takeover.SUPERVISED, takeover.RESTARTED) for bid, v in verdicts.items()}
+    restarted = [bid for bid, v in verdicts.items() if v == takeover.RESTARTED]
+    gave_up = [f"{bid}: {policy.gave_up_note(batches[bid])}" for bid, v in verdicts.items() if v == takeover.GAVE_UP]
+    return live, restarted, gave_up
+
+
+def new_takeover() -> Takeover:
+    from dstui.usecases.takeover import Takeover
+
+    return Takeover()
+

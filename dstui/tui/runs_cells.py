@@ -12,10 +12,10 @@ from typing import Any
 from rich.text import Text
 
 from dstui.core.formatting import eta, fmt_bytes, fmt_num
+from dstui.core.phases import live_text
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.core.terminal import printable
-from dstui.execute import live_phase
 
 STATE_STYLE = {
     "queued": "dim",
@@ -65,7 +65,7 @@ PHASE_WIDTH = 36  # the step column's width for a phase: the other columns stay 
 
 def _progress(st: dict, total: object) -> str | Text:
     """'4/20', or what a live run does before its first step ('building op shm_comm 12s')."""
-    phase = live_phase.shown(st, width=PHASE_WIDTH) if not st.get("steps_done") else ""
+    phase = live_text(st, width=PHASE_WIDTH) if not st.get("steps_done") else ""
     return Text(phase, style="yellow") if phase else f"{st.get('steps_done') or 0}/{total}"
 
 

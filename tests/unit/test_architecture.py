@@ -27,16 +27,20 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"core", "spec", "tracking"},
     "report": {"core", "spec", "tracking", "analysis"},
     "importer": {"core", "spec", "tracking", "analysis"},
-    "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report"},
-    # one service per use case, shared by both faces (never importing them)
-    "usecases": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
-    "commands": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
-                 "usecases"},
-    "tui": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
-            "usecases"},
+    # one service per use case (launch, watch, takeover, cancel/retry), over the stages for both faces
+    "usecases": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer"},
+    "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "usecases"},
+    # the faces reach batches through the use cases, never through execute (see FACES below)
+    "commands": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases"},
+    "tui": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases"},
 }
 # The CLI's `tui`/`demo` commands start the TUI: the one arrow from commands to tui.
 STARTS_TUI = {"dstui/commands/tui.py", "dstui/commands/demo.py"}
+# The two faces: they render and ask; launching, watching and taking over are the use cases'.
+FACES = ("commands", "tui")
+# `dstui supervise BATCH` is the detached supervisor's own entry point (the process the launch service
+# spawns), not a face over it: the one module of a face that imports dstui.execute.
+FACE_EXECUTE_EXCEPTIONS = {"dstui/commands/supervise.py"}
 UI_LIBS = {"textual", "textual_plotext", "plotext", "rich"}
 HEAVY_LIBS = {"torch", "deepspeed", "transformers", "datasets", "mlflow", "matplotlib", "pandas", "scipy"}
 
@@ -108,8 +112,22 @@ def test_lower_stages_never_import_higher_ones() -> None:
             continue
         if dst == "tui" and imp.file in STARTS_TUI:
             continue
+        if dst == "execute" and imp.file in FACE_EXECUTE_EXCEPTIONS:
+            continue
         bad.append(f"{imp.file}:{imp.line} ({src}) imports {imp.module} ({dst})")
     assert not bad, "imports against the data flow:\n" + "\n".join(bad)
+
+
+def test_the_faces_never_import_execute() -> None:
+    """commands/ and tui/ call dstui.usecases; an import of dstui.execute there (at any depth, in a function
+    too) would let a face orchestrate a launch, a follow loop or a takeover of its own again."""
+    bad = [
+        f"{i.file}:{i.line} imports {i.module}"
+        for i in _all(PACKAGE)
+        if _stage(i.file) in FACES and i.file not in FACE_EXECUTE_EXCEPTIONS
+        and (i.module == "dstui.execute" or i.module.startswith("dstui.execute."))
+    ]
+    assert not bad, "the faces go through dstui.usecases:\n" + "\n".join(bad)
 
 
 def test_core_never_imports_ui_libraries() -> None:

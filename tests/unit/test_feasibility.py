@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dstui.core.phases import live_text
 from dstui.core.rundir import RunDir, write_json_atomic
 from dstui.execute import feasibility, gpu_ledger, gpu_share, live_phase
 from dstui.execute.feasibility import Machine
@@ -140,7 +141,7 @@ def test_an_op_build_in_a_jobs_process_tree_is_named_while_it_runs(tmp_path: Pat
             time.sleep(0.2)
         assert phase == "building op fused_thing"
         st = rd.status()
-        assert st["phase"] == "building op fused_thing" and live_phase.shown(st).startswith("building op fused_thing ")
+        assert st["phase"] == "building op fused_thing" and live_text(st).startswith("building op fused_thing ")
     finally:
         os.killpg(job.pid, 9)
         job.wait()
@@ -148,7 +149,7 @@ def test_an_op_build_in_a_jobs_process_tree_is_named_while_it_runs(tmp_path: Pat
     write_json_atomic(rd.path / "phase.json", {"mark": "group_up", "time": time.time() - 3})
     rd.update_status(pid=None)
     assert phases.update(rd, {}) == "building model"
-    assert live_phase.shown(rd.status(), now=rd.status()["phase_since"] + 3) == "building model 3s"
+    assert live_text(rd.status(), now=rd.status()["phase_since"] + 3) == "building model 3s"
     write_json_atomic(rd.path / "phase.json", {"mark": "engine_ready", "time": time.time()})
     assert phases.update(rd, {"compile": True}) == "first step (compiling)"
     rd.update_status(steps_done=3)

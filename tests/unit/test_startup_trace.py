@@ -68,7 +68,7 @@ def test_a_run_past_its_last_step_is_watched_closely_for_a_few_seconds_only() ->
     assert not is_finishing({"state": "done", "phase": "finishing", "phase_since": now})
     assert not is_finishing({"state": "running", "phase": "training", "phase_since": now})
     assert not is_finishing({"state": "running", "phase": "finishing", "phase_since": "garbage"})
-    from dstui.commands.run import all_steps_done
+    from dstui.usecases.watch import all_steps_done
 
     assert all_steps_done({"state": "running", "steps_done": 3, "steps_total": 3})
     assert not all_steps_done({"state": "running", "steps_done": 2, "steps_total": 3})
@@ -78,7 +78,7 @@ def test_a_run_past_its_last_step_is_watched_closely_for_a_few_seconds_only() ->
 
 def test_dstui_run_wakes_when_batch_json_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dstui run`'s wait between passes ends at the batch's end (batch.json rewritten), not a poll later."""
-    from dstui.commands import run as run_cmd
+    from dstui.usecases import watch as run_cmd
 
     batch_json = tmp_path / "batch.json"
     batch_json.write_text("{}")

@@ -75,7 +75,10 @@ class ComposeScreen(SpecFileActions, Screen):
         "explicit conditions and run options are YAML or JSON texts; a list of values is an axis.\n"
         "Errors are the same as `dstui list` prints. A field marked ✗ (a text that does not read, a row with "
         "nothing checked) is not used: the run list is the spec before that edit, and save and launch are "
-        "refused until it is fixed.\n"
+        "refused until it is fixed. After a pause in typing the spec is checked as `dstui run` checks it "
+        "(each model exists, DeepSpeed accepts each config, the memory forecast, this machine): what it "
+        "refuses is said above the run list, the model field is marked ✗ for an unknown model, and launch "
+        "waits for a fix.\n"
         "mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's "
         "gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.\n"
         "ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.\n"
@@ -109,6 +112,11 @@ class ComposeScreen(SpecFileActions, Screen):
         self.error: str | None = None
         self.generation = 0
         self._validate_timer: Timer | None = None
+        self.refused: str | None = None  # what the check of the current spec refused (`dstui run` would too)
+        self._refused_row: str | None = None  # the form row marked for it
+
+    def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged (does not bubble)
+        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]  (a failure said, not swallowed)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -194,8 +202,9 @@ class ComposeScreen(SpecFileActions, Screen):
 
     def launch_blocker(self) -> str | None:
         """Why the spec as shown cannot be launched: a field marked ✗ (its edit is not in the
-        mapping, so a launch would run something else than the form shows) or a spec error."""
-        return self._first_error()
+        mapping, so a launch would run something else than the form shows), a spec error, or
+        what the check refused (`dstui run` refuses it too: an unknown model, a bad config)."""
+        return self._first_error() or self.refused
 
     def action_launch(self) -> None:
         why = self.launch_blocker()
@@ -243,6 +252,7 @@ class ComposeScreen(SpecFileActions, Screen):
     def recompute(self) -> None:
         """parse_spec + expand on the current mapping; update the run list and count."""
         self.generation += 1
+        self.refused = None  # the check said it of the spec before this edit; it runs again
         file = str(self.path) if self.path else None
         try:
             self.spec = parse_spec(self.data, file=file)
@@ -297,4 +307,19 @@ class ComposeScreen(SpecFileActions, Screen):
     def on_validated(self, message: Validated) -> None:
         if message.generation != self.generation:
             return  # an older version of the spec: stale
-        self.preview.show_check(message.result)
+        result = message.result
+        self.preview.show_check(result)
+        # what `dstui run` would refuse (an unknown model, a config DeepSpeed rejects) blocks launch here too,
+        # and the field it names is marked, as a text that does not read is
+        self.refused = result.error
+        self._mark_refused(result.error_field if result.error else None)
+
+    def _mark_refused(self, field: str | None) -> None:
+        """Mark the settings field the check refused (its row ✗), unmark the one it refused before."""
+        shown = f"in-{field}" if field else None
+        if self._refused_row and self._refused_row != shown and self._refused_row not in self.invalid:
+            self.form.mark(self._refused_row, False)
+        self._refused_row = None
+        if shown and self.form.query(f"#{shown}"):
+            self.form.mark(shown, True)
+            self._refused_row = shown

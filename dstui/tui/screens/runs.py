@@ -18,18 +18,28 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Header
 
+from dstui.core.errors import DstuiError
 from dstui.core.rundir import FINAL_STATES, RETRIABLE_STATES, BatchDir, RunDir
 from dstui.tui import run_control
 from dstui.tui.screens.confirm import ConfirmScreen
 from dstui.tui.widgets.batch_browser import BatchBrowser
 from dstui.tui.widgets.fitting_footer import FittingFooter
+from dstui.usecases.options import DEFAULT_PARALLEL
 
 
 class Launched(Message):
-    def __init__(self, batch_id: str, n_runs: int) -> None:
+    def __init__(self, launched: run_control.Launched) -> None:
         super().__init__()
-        self.batch_id = batch_id
-        self.n_runs = n_runs
+        self.launched = launched
+
+
+class LaunchRefused(Message):
+    """`dstui run` would have refused it with this line; nothing was launched."""
+
+    def __init__(self, spec: Path, text: str) -> None:
+        super().__init__()
+        self.spec = spec
+        self.text = text
 
 
 class NeedsForce(Message):
@@ -43,10 +53,11 @@ class NeedsForce(Message):
 
 
 class Supervised(Message):
-    def __init__(self, live: dict[str, bool], restarted: list[str]) -> None:
+    def __init__(self, live: dict[str, bool], restarted: list[str], gave_up: list[str]) -> None:
         super().__init__()
         self.live = live
         self.restarted = restarted
+        self.gave_up = gave_up
 
 
 class RunsScreen(Screen):
@@ -55,8 +66,10 @@ class RunsScreen(Screen):
     HELP = (
         "Batches (top) and the runs of the highlighted batch, read live from their "
         "run folders. Runs go on when you quit; start dstui again to watch them.\n"
-        "l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`: "
-        "runs share the box on disjoint GPUs (the gpus column).\n"
+        "l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`: the same checks "
+        "(a refusal is said in the spec line), predicted-OOM runs skipped when the spec says so, "
+        "runs sharing the box on disjoint GPUs (the gpus column). R resumes the highlighted batch "
+        "from its spec like `dstui run SPEC --resume BATCH`: done runs kept, the others run again.\n"
         "Under the runs: where the highlighted run's time went, and the batch's "
         "step share (optimizer steps / wall time). Mark runs with space, then v "
         "opens the live view on them (no marks: the batch)."
@@ -70,12 +83,17 @@ class RunsScreen(Screen):
         Binding("c", "cancel", "Cancel"),
         Binding("C", "cancel_batch", "Cancel batch", show=False),
         Binding("r", "retry", "Retry"),
+        Binding("R", "resume", "Resume", show=False),
         Binding("o", "log", "Log"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self._last_takeover = time.monotonic()
+        self._takeover = None  # this screen's takeover policy (its restarts are counted); made in its worker
+
+    def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged (does not bubble)
+        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]  (a failure said, not swallowed)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -119,7 +137,7 @@ class RunsScreen(Screen):
     def _tick(self) -> None:
         self.browser.tick()
         now = time.monotonic()
-        if getattr(self.app, "supervise", True) and now - self._last_takeover > run_control.TAKEOVER_GRACE_S:
+        if getattr(self.app, "supervise", True) and now - self._last_takeover > run_control.TAKEOVER_EVERY_S:
             self._last_takeover = now
             self.take_over()  # a supervisor that died while we watch is replaced too
 
@@ -217,7 +235,10 @@ class RunsScreen(Screen):
 
     @work(thread=True, group="control", exit_on_error=False, name="retry")
     def retry_run(self, rd: RunDir) -> None:
-        run_control.retry(rd, lambda text: self.app.call_from_thread(self.notify, text))
+        try:
+            run_control.retry(rd, lambda text: self.app.call_from_thread(self.notify, text))
+        except DstuiError as e:  # a screen's worker error never reaches the app's handler: said here
+            self.app.call_from_thread(self.notify, str(e), title="not retried", severity="error", timeout=12)
 
     def action_launch(self) -> None:
         # a field marked ✗ in Compose is not in its spec: launching would run something else than it shows
@@ -236,19 +257,29 @@ class RunsScreen(Screen):
         self.notify(f"validating {Path(spec).name}{' (as edited, not saved)' if draft else ''} ...")
         self.launch(Path(spec), draft)
 
-    @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
-    def launch(self, spec: Path, draft=None, force: bool = False) -> None:  # noqa: ANN001 - a SpecDraft (spec models load lazily)
-        # the same functions and the same default as `dstui run`: validate everything, lay out folders, detach
-        from dstui.execute.feasibility import InfeasibleRuns
-
-        parallel = getattr(self.app, "parallel", run_control.DEFAULT_PARALLEL)
-        try:
-            b, n = run_control.launch(spec, parallel, lambda m: self.app.call_from_thread(self.notify, m), draft,
-                                      force=force)  # fmt: skip
-        except InfeasibleRuns as e:
-            self.post_message(NeedsForce(spec, str(e), draft))
+    def action_resume(self) -> None:
+        """Continue the highlighted batch from the spec it was launched from (`dstui run SPEC --resume BATCH`)."""
+        b = self.batch
+        if b is None:
             return
-        self.post_message(Launched(b.id, n))
+        spec = run_control.resume_spec(b)
+        if spec is None:
+            self.notify(f"{b.id}: its spec file is gone; `dstui run SPEC --resume {b.id}` names another",
+                        severity="warning")  # fmt: skip
+            return
+        self.notify(f"validating {spec.name} to resume {b.id} ...")
+        self.launch(spec, resume=b.id)
+
+    @work(thread=True, exclusive=True, group="launch", exit_on_error=False, name="launch")
+    def launch(self, spec: Path, draft=None, force: bool = False, resume: str | None = None) -> None:  # noqa: ANN001 - a SpecDraft (spec models load lazily)
+        # the service `dstui run` uses, with its defaults: checks, folders, skips, a detached supervisor
+        parallel = getattr(self.app, "parallel", DEFAULT_PARALLEL)
+        say = lambda m: self.app.call_from_thread(self.notify, m)  # noqa: E731
+        out = run_control.launch(spec, parallel, say, draft, force=force, resume=resume)
+        if isinstance(out, run_control.Refused):
+            self.post_message(NeedsForce(spec, out.text, draft) if out.forceable else LaunchRefused(spec, out.text))
+            return
+        self.post_message(Launched(out))
 
     def on_needs_force(self, message: NeedsForce) -> None:
         text = message.text.replace(" (--force launches anyway)", "")
@@ -259,18 +290,32 @@ class RunsScreen(Screen):
 
         self.app.push_screen(ConfirmScreen(f"{text}\n\nLaunch them anyway?"), answer)
 
+    def on_launch_refused(self, message: LaunchRefused) -> None:
+        self.browser.show_refusal(message.spec, message.text)
+        self.notify(message.text, title="not launched", severity="error", timeout=15)
+
     def on_launched(self, message: Launched) -> None:
-        self.notify(f"launched {message.batch_id}: {message.n_runs} runs")
-        self.browser.live[message.batch_id] = True
-        self.select_batch(message.batch_id)
+        out = message.launched
+        self.browser.show_refusal(None, None)
+        self.notify(out.text())
+        for name, reason in out.skipped.items():
+            self.notify(f"{name}: {reason}", severity="warning")
+        for note in out.notes:
+            self.notify(note, severity="warning", timeout=10)
+        self.browser.live[out.batch_id] = True
+        self.select_batch(out.batch_id)
 
     @work(thread=True, exclusive=True, group="supervise", exit_on_error=False, name="take over")
     def take_over(self) -> None:
-        """Restart supervisors of unfinished batches (leave and come back)."""
-        self.post_message(Supervised(*run_control.take_over()))
+        """Restart supervisors of unfinished batches (leave and come back), by `dstui status`'s rule."""
+        if self._takeover is None:
+            self._takeover = run_control.new_takeover()
+        self.post_message(Supervised(*run_control.take_over(self._takeover)))
 
     def on_supervised(self, message: Supervised) -> None:
         self.browser.live.update(message.live)
         if message.restarted:
             self.notify("took over: " + ", ".join(message.restarted))
+        for note in message.gave_up:
+            self.notify(note, title="supervisor keeps stopping", severity="error", timeout=15)
         self.browser.refresh_batches(force=True)

@@ -19,6 +19,7 @@ from textual.widgets import DataTable, Static
 
 from dstui.core import paths
 from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.core.terminal import printable
 from dstui.tui import run_control
 from dstui.tui.runs_cells import BATCH_COLUMNS, RUN_COLUMNS, batch_cells, run_cells
 from dstui.tui.widgets.bisect_progress import BisectProgress
@@ -38,6 +39,8 @@ class BatchBrowser(Vertical):
         self.live: dict[str, bool] = {}
         self.statuses: list[dict] = []
         self._last_batches = 0.0
+        self._spec: Path | None = None
+        self._refusal: tuple[Path, str] | None = None  # (spec, why its launch was refused)
 
     def compose(self) -> ComposeResult:
         yield Static(id="spec-line")
@@ -58,14 +61,25 @@ class BatchBrowser(Vertical):
 
     def show_spec(self, spec: Path | None) -> None:
         line = self.query_one("#spec-line", Static)
+        self._spec = spec
         if spec:
             try:
                 shown = Path(spec).relative_to(Path.cwd())
             except ValueError:
                 shown = spec
-            line.update(Text.assemble(("spec ", "dim"), str(shown), ("  l launches it", "dim")))
+            refused = self._refusal[1] if self._refusal and self._refusal[0] == Path(spec) else None
+            # the refusal quotes the spec (untrusted): printable, one line, never markup (a Text)
+            tail = ("  ✗ not launched: " + printable(refused, one_line=True), "bold red") if refused else ("  l launches it", "dim")
+            line.update(Text.assemble(("spec ", "dim"), str(shown), tail))
         else:
             line.update(Text("no spec open: 1 composes or opens one (ctrl+p: Open spec ...)", style="dim"))
+
+    def show_refusal(self, spec: Path | None, text: str | None) -> None:
+        """Why the last launch of ``spec`` was refused (`dstui run`'s line), beside the spec; None clears it."""
+        self._refusal = (Path(spec), text) if spec is not None and text else None
+        if spec is not None and text and self._spec is None:
+            self._spec = spec
+        self.show_spec(self._spec)
 
     # -- reading the folders -------------------------------------------------
 

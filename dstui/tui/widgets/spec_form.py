@@ -42,6 +42,7 @@ SPEC_TEXTS = {
 }
 
 
+BAD_MARK = "✗ "  # before the label of a field whose value is not used or is refused
 CHOICE_WIDTH = 29  # the form's columns beside the label (see #form and .form-label in dstui.tcss)
 
 
@@ -186,10 +187,20 @@ class SpecForm(VerticalScroll):
                 widgets.extend(row.query(".form-label"))
         for w in widgets:
             w.set_class(bad, "-bad")
+            if isinstance(w, Label):
+                self._mark_label(w, bad)
+
+    @staticmethod
+    def _mark_label(label: Label, bad: bool) -> None:
+        """'✗ model': the mark reads without colour too (a monochrome terminal, a screen reader)."""
+        text = str(label.content).removeprefix(BAD_MARK)
+        label.update(BAD_MARK + text if bad and text else text)
 
     def clear_marks(self) -> None:
         for w in list(self.query(".-bad")):
             w.remove_class("-bad")
+            if isinstance(w, Label):
+                self._mark_label(w, False)
 
     @on(Checkbox.Changed, ".choice")
     def _choice_changed(self, event: Checkbox.Changed) -> None:
