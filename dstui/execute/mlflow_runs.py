@@ -78,8 +78,8 @@ class MlflowRuns(StoreConnection):
 
     def _create_batch_run(self, c: Any) -> str:
         spec = self.info.get("spec") or {}
-        run = layout.BatchRun(batch=self.batch.id, runs=len(self.info.get("runs", [])), description=batch_note(self.info),
-                              spec=str(self.info.get("spec_path") or ""))  # fmt: skip
+        run = layout.BatchRun(batch=self.batch.id, runs=len(self.info.get("runs", [])), spec=str(self.info.get("spec_path") or ""),
+                              description=batch_note(self.info, self.experiment_id))  # fmt: skip
         pid = layout.open_batch(c, self.experiment_id, run, params=batch_params(spec), start_s=self.info.get("created"))
         chart_view.describe(c, self.experiment_id, description=str(spec.get("description") or ""),
                             axes=chart_view.varied_settings(spec))  # fmt: skip
@@ -219,15 +219,16 @@ def source_of(settings: dict[str, Any]) -> str:
 
 
 def run_note(name: str, spec: dict[str, Any], batch: str, experiment_id: str | None, parent_id: str) -> str:
-    """A child run's MLflow description: what it is, and a link to its batch (the parent run)."""
+    """A run's MLflow description: what it is, and a link to its batch's run."""
     link = f"#/experiments/{experiment_id}/runs/{parent_id}?{tracking.UI_MODE}" if experiment_id else ""
     batch_ref = f"[{batch}]({link})" if link else f"`{batch}`"
     return (f"Run `{name}` of batch {batch_ref}: condition `{spec.get('condition')}`, "
             f"revision `{spec.get('revision')}`, repeat {spec.get('repeat')}.")  # fmt: skip
 
 
-def batch_note(info: dict[str, Any]) -> str:
-    """The parent run's MLflow description: the spec's own description, then what the batch is."""
+def batch_note(info: dict[str, Any], experiment_id: str | None = None) -> str:
+    """The batch run's MLflow description: the spec's own description, then what the batch is, where
+    its runs' charts are (the experiment's dstui view, filtered to this batch) and where the report goes."""
     spec = info.get("spec") or {}
     lines = [str(spec.get("description") or "").strip()]
     lines.append(f"{layout.batch_description_lead(info.get('id', ''))} `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
@@ -235,12 +236,23 @@ def batch_note(info: dict[str, Any]) -> str:
         lines.append(f"- axis `{axis}`: {', '.join(json.dumps(v) for v in values)}")
     if spec.get("baseline"):
         lines.append(f"- baseline: `{spec['baseline']}`")
+    if experiment_id:
+        lines.append(f"\nIts runs' charts: [the batch's runs]({batch_runs_link(experiment_id, str(info.get('id', '')))}), "
+                     f"[every run of the experiment]({chart_view.view_url('', experiment_id)}) (the **dstui** view).")
     lines.append("\n`dstui report` adds the report: `report.html` in this run's artifacts.")
     return "\n".join(line for line in lines if line)[: layout.DESCRIPTION_MAX]
 
 
+def batch_runs_link(experiment_id: str, batch: str) -> str:
+    """The experiment's chart view of one batch's runs (a search filter in the link; MLflow's own chart layout)."""
+    from urllib.parse import quote
+
+    filt = f"{tag_keys.RUN_FILTER} and {tag_keys.search(tag_keys.BATCH)} = {tracking.literal(batch) or repr(batch)}"
+    return f"#/experiments/{experiment_id}/runs?searchFilter={quote(filt)}&compareRunsMode=CHART&{tracking.UI_MODE}"
+
+
 def batch_params(spec: dict[str, Any]) -> dict[str, str]:
-    """The parent run's params: the batch's axes, baseline, repeats and revisions (none empty)."""
+    """The batch run's params: the batch's axes, baseline, repeats and revisions (none empty)."""
     out: dict[str, Any] = {f"axis.{k}": v for k, v in (spec.get("axes") or {}).items()}
     out["baseline"] = spec.get("baseline")
     out["conditions"] = [c.get("name") for c in spec.get("conditions") or [] if isinstance(c, dict)]

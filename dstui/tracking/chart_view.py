@@ -132,11 +132,14 @@ def set_up(c: MlflowClient, name: str, *, description: str = "", axes: list[str]
 
 
 def describe(c: MlflowClient, experiment_id: str, *, description: str = "", axes: list[str] | None = None) -> None:
-    """The experiment's description (when there is one) and the dstui view (unless someone changed it in the UI)."""
+    """The experiment's description (when there is one) and the dstui view (unless someone changed it in the UI).
+
+    ``axes`` None (an import: it does not know what a spec varies) writes the view only where there is none.
+    """
     if description.strip():
         c.set_experiment_tag(experiment_id, tag_keys.DESCRIPTION, description[: tracking.MAX_PARAM_LEN])
     current = (c.get_experiment(experiment_id).tags or {}).get(VIEW_TAG)
-    if _ours(current):
+    if current is None or (axes is not None and _ours(current)):
         c.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(list(axes or [])))
 
 
@@ -150,6 +153,6 @@ def varied_settings(spec: dict[str, Any]) -> list[str]:
 
 
 def view_url(base: str, experiment_id: str) -> str:
-    """The experiment's chart view, opened on the dstui view."""
-    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
-            f"&compareRunsMode=CHART&{tracking.UI_MODE}")  # fmt: skip
+    """The experiment's chart view, opened on the dstui view (``base`` '': a link within MLflow's pages)."""
+    root = f"{base.rstrip('/')}/" if base else ""  # '': a link inside MLflow's own pages
+    return f"{root}#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}&compareRunsMode=CHART&{tracking.UI_MODE}"
