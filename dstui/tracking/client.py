@@ -1,6 +1,8 @@
-"""MLflow tracking: experiment per spec, parent run per batch, child run per RunSpec.
+"""The MLflow client dstui writes and reads through: store, experiments, runs, batched values.
 
-Only the supervisor and the importers write. Metrics go through
+What dstui's runs look like (batch run, run per RunSpec, tags, names and units, ends) is
+:mod:`dstui.tracking.layout`, which writes through this module; only the supervisor, the
+importer and reports write. Metrics go through
 ``log_batch`` in chunks of at most 1000 values with the record's own
 timestamp: MLflow's SQL store ignores an identical (key, step, timestamp,
 value) row, so re-sending after a crash cannot duplicate a point.

@@ -21,6 +21,17 @@ chart view altogether. ``dstui.batch`` ties a run to its batch instead, and the
 experiment's "dstui" view (:mod:`~dstui.tracking.chart_view`) lists the runs
 only. Readers still understand nested records.
 
+A batch of one's own (``dstui tune``: a batch run, a run per probe)::
+
+    c = tracking.client(uri)
+    exp = chart_view.set_up(c, "tune-llama", description="...", axes=["micro_batch", "zero_stage"])
+    batch = layout.open_batch(c, exp, layout.BatchRun(batch=tune_id, runs=len(probes), description="..."))
+    rid = layout.open_child(c, exp, layout.ChildRun(name="mb4-z2", batch=tune_id, condition="mb4-z2",
+                            kind="train", color=i), params=settings, start_s=started)
+    layout.log_points(c, rid, [("iter_time", 0.21, ts_ms, step), ("mem_peak", 3.2e9, ts_ms, step)])
+    layout.end_run(c, rid, "done", ended_s=ended, tags={tag_keys.REASON: ""})
+    layout.end_batch(c, batch, ["done", "failed", ...])
+
 Ends are never before starts: :func:`end_run` ends a run no earlier than MLflow
 has it starting, and a run that never started (cancelled before start, skipped)
 is opened at the moment it ended, so MLflow shows it KILLED with no duration.
@@ -248,14 +259,15 @@ BUNDLED = {"tiny-corpus": ("local", {"uri": "configs/data/tiny-corpus.txt"}), "s
 
 
 def dataset_of(settings: dict[str, Any]) -> dict[str, str] | None:
-    """MLflow's dataset fields for what a run read (its ``dataset`` setting), or None: a ``kind: command``
-    run does not tell, nor does a log without the setting.
+    """MLflow's dataset fields for what a train run read (its ``dataset`` setting), or None: a ``kind:
+    command`` run does not tell, a verify run reads no dataset (runners/compare_loss.py makes its batches),
+    and a log without the setting does not say.
 
     The digest is of what identifies the data a run saw (the dataset, its config, the share used,
     the sequence length), so runs that read the same tokens share one dataset in MLflow's UI.
     """
     name = settings.get("dataset")
-    if not name or settings.get("kind") == "command":
+    if not name or settings.get("kind", "train") != "train":
         return None
     name = str(name)
     config = settings.get("dataset_config")

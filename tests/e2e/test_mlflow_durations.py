@@ -12,32 +12,18 @@ and the attempts that never started are KILLED with no duration.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import REPO, dstui, mlflow_client
+from test_reliability import finalized, wait_for
 
-from dstui.core.rundir import BatchDir, list_batches
+from dstui.core.rundir import list_batches
 
 pytestmark = pytest.mark.e2e
 
 FAKE = str(REPO / "tests" / "programs" / "fake_runner.py")
-
-
-def wait_for(what: str, pred, timeout: float = 180):  # noqa: ANN001, ANN202 - a test's poll
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def finalized(b: BatchDir) -> bool:
-    return bool(b.info().get("finalized"))
 
 
 def test_no_mlflow_run_ends_before_it_starts(home: Path) -> None:
@@ -55,17 +41,17 @@ def test_no_mlflow_run_ends_before_it_starts(home: Path) -> None:
     spec = home / "durations.yaml"
     spec.write_text(yaml.safe_dump(data))
     dstui("run", "--detach", str(spec), check=True)
-    b = wait_for("the batch", lambda: (list_batches(home / "runs") or [None])[0])
+    b = wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="the batch")
     a_run = b.runs()[0]
-    wait_for("a's first step", lambda: (a_run.status().get("steps_done") or 0) >= 1)
+    wait_for(lambda: (a_run.status().get("steps_done") or 0) >= 1, what="a's first step")
 
     dstui("cancel", b.id, check=True)  # a is killed; b and c never started
-    wait_for("the cancelled batch finalized", lambda: finalized(b))
+    wait_for(lambda: finalized(b), what="the cancelled batch finalized")
     states = {rd.name: (rd.state, rd.status().get("reason")) for rd in b.runs()}
     assert states["b-r0"] == ("killed", "cancelled before start") == states["c-r0"], states
 
     dstui("retry", f"{b.id}/b-r0", check=True)  # a run that never started, queued again
-    wait_for("the retried run done", lambda: b.runs()[1].state == "done" and finalized(b))
+    wait_for(lambda: b.runs()[1].state == "done" and finalized(b), what="the retried run done")
 
     flag.write_text("go")
     resumed = dstui("run", "--resume", str(spec), timeout=300)  # a and c again

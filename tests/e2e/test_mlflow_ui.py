@@ -138,7 +138,10 @@ def check_chart_view(browser: Any, link: str, batch_run: str, runs: set[str], tm
     assert ticks and max(ticks) < 64, memory  # GiB (a CPU run's RSS is well under 1), not 520000000 bytes
     text = body_text(browser)
     assert text.index("Training") < text.index("Summary") < text.index("Time"), text[:2000]
+    browser.set_window_size(1600, 1500)  # the memory charts in the picture too
+    until("the memory chart drawn", lambda: any(c["title"] == "mem_peak_gib" and c["yticks"] for c in drawn()))
     shot(browser, "chart-view", tmp_path)
+    browser.set_window_size(1600, 1000)
 
 
 @pytest.mark.timeout(1800)
@@ -178,6 +181,14 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     check_chart_view(browser, next(line for line in ui_lines if "viewStateShareKey" in line).rsplit(" ", 1)[1],
                      parent.info.run_name, set(children), tmp_path)  # fmt: skip
 
+    # a run's own charts open on its training metrics, not on one-bar time charts (a time/ section above)
+    browser.get(f"{run_page}/{children['z1-r0'].info.run_id}/model-metrics{mode}")
+    titles = until("the run's charts", lambda: [c["title"] for c in browser.execute_script(CARDS)])
+    close_assistant(browser)
+    assert {"loss", "iter_time"} <= set(titles[:3]) and not any(t.startswith("time") for t in titles[:3]), titles
+    assert "time.wall" in {k for k in children["z1-r0"].data.metrics}  # the phases are there, in Model metrics
+    shot(browser, "run-metrics", tmp_path)
+
     # `dstui ui`'s link: the batch's runs compared; "show diff only" leaves the condition's setting
     link = next(line for line in ui_lines if "compare-runs" in line).split(": ", 1)[1]
     browser.get(link)
@@ -199,7 +210,7 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
                            browser.find_element("xpath", "//*[normalize-space(text())='Parameters']"))  # fmt: skip
     shot(browser, "compare-diff-only", tmp_path)
 
-    # the parent run: the spec's description, the axes as params
+    # the batch's run: the spec's description, the axes as params
     browser.get(f"{run_page}/{parent.info.run_id}{mode}")
     close_assistant(browser)
     until("the batch's description", lambda: data["description"] in body_text(browser))
@@ -207,7 +218,7 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     until("the model-training layout", lambda: "uicheck\nRuns\n" in body_text(browser))
     assert "Evaluation runs" not in body_text(browser) and "Judges" not in body_text(browser)
     assert "axis.zero_stage" in body_text(browser) and "baseline" in body_text(browser)
-    shot(browser, "parent-run", tmp_path)
+    shot(browser, "batch-run", tmp_path)
 
     # the report's images render in the artifact preview
     browser.get(f"{run_page}/{parent.info.run_id}/artifacts/report.html{mode}")

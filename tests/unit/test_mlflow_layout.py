@@ -171,6 +171,7 @@ def test_a_dataset_input_names_what_a_train_run_read(store: tuple[Any, str, str]
     assert [(t.key, t.value) for t in inp.tags] == [("mlflow.data.context", "training")]
     assert layout.dataset_of({**settings, "seq_length": 128})["digest"] != inp.dataset.digest  # other tokens
     assert layout.dataset_of({"kind": "command", "dataset": "x"}) is None  # a command does not say what it read
+    assert layout.dataset_of({"kind": "verify", "dataset": "tiny-corpus"}) is None  # makes its own batches
     hf = layout.dataset_of({"dataset": "wikitext", "dataset_config": "wikitext-2-raw-v1"})
     assert hf is not None and hf["name"] == "wikitext/wikitext-2-raw-v1" and hf["source_type"] == "hugging_face"
 
