@@ -187,6 +187,7 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     close_assistant(browser)
     assert {"loss", "iter_time"} <= set(titles[:3]) and not any(t.startswith("time") for t in titles[:3]), titles
     assert "time.wall" in {k for k in children["z1-r0"].data.metrics}  # the phases are there, in Model metrics
+    until("the run's curves", lambda: browser.execute_script(f"return {traces}") >= 3)
     shot(browser, "run-metrics", tmp_path)
 
     # `dstui ui`'s link: the batch's runs compared; "show diff only" leaves the condition's setting
