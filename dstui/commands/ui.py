@@ -10,9 +10,8 @@ import sys
 from dstui.commands import _argtypes
 from dstui.core import paths
 from dstui.core.secrets import strip_credentials
-from dstui.tracking import chart_view
+from dstui.tracking import chart_view, sqlite_store
 from dstui.tracking import client as tracking
-from dstui.tracking import sqlite_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
