@@ -20,6 +20,7 @@ from dstui.analysis.rundata import (
     run_from_mlflow,
 )
 from dstui.tracking import client as tracking
+from dstui.tracking import metric_names
 from dstui.tracking import tags as tag_keys
 
 
@@ -82,7 +83,7 @@ def newest_attempts(runs: list[RunData]) -> list[RunData]:
     newest: dict[str, tuple[int, RunData]] = {}
     kept: list[RunData] = []
     for run in runs:
-        folder, n = tag_keys.split_run_dir(run.tags.get(tag_keys.RUN_DIR, ""))
+        folder, n = tag_keys.run_attempt(run.tags)
         if n is None:
             kept.append(run)
             continue
@@ -146,6 +147,18 @@ def _wanted_key(key: str) -> bool:
     return not key.startswith(SYSTEM_PREFIX) and not key.startswith(SUMMARY_PREFIX)
 
 
+def _history_keys(run: RunData) -> list[str]:
+    """The MLflow names of the run's step metrics (the names :func:`run_from_mlflow` read them under)."""
+    names = run.mlflow_keys.values() if run.mlflow_keys else run.metrics
+    return [k for k in names if _wanted_key(k)]
+
+
+def _keep(run: RunData, mlflow_key: str, steps: Any, values: Any) -> None:
+    """One metric's history on the run, under the name and in the unit records use (bytes, ``time/*``)."""
+    key, values = metric_names.from_mlflow(mlflow_key, values)
+    run.history[key] = (steps, values)
+
+
 def _histories_sql(tracking_uri: str, runs: Sequence[RunData]) -> None:
     import numpy as np
     import pandas as pd
@@ -185,10 +198,7 @@ def _histories_sql(tracking_uri: str, runs: Sequence[RunData]) -> None:
     df = df.sort_values(["run_id", "key", "step", "ts"], kind="stable")
     df = df.drop_duplicates(["run_id", "key", "step"], keep="last")
     for (rid, key), g in df.groupby(["run_id", "key"], sort=False):
-        by_run[rid].history[key] = (
-            g["step"].to_numpy(dtype="int64"),
-            g["value"].to_numpy(dtype="float64"),
-        )
+        _keep(by_run[rid], key, g["step"].to_numpy(dtype="int64"), g["value"].to_numpy(dtype="float64"))
 
 
 _STEP_OFFSET = 1 << 38  # packed rows: (key code << 40) | (is_nan << 39) | (step + offset)
@@ -213,7 +223,7 @@ def _histories_sqlite(tracking_uri: str, runs: Sequence[RunData]) -> None:
     db = make_url(tracking_uri).database
     if not db:
         raise ValueError("in-memory SQLite store")
-    keys = sorted({k for r in runs for k in r.metrics if _wanted_key(k)})
+    keys = sorted({k for r in runs for k in _history_keys(r)})
     klist = "|" + "|".join(keys) + "|"
     query = (
         "SELECT (instr(?1, '|' || key || '|') << 40) + (is_nan << 39) + (step + ?2), value "
@@ -254,7 +264,9 @@ def _histories_sqlite(tracking_uri: str, runs: Sequence[RunData]) -> None:
         raise FileNotFoundError(db)
     with ThreadPoolExecutor(max_workers=2) as pool:
         for run, hist in pool.map(load, runs):
-            run.history = hist
+            run.history = {}
+            for key, (steps, values) in hist.items():
+                _keep(run, key, steps, values)
 
 
 def _histories_api(client: Any, runs: Sequence[RunData], *, progress: Progress | None) -> None:
@@ -263,7 +275,7 @@ def _histories_api(client: Any, runs: Sequence[RunData], *, progress: Progress |
 
     import numpy as np
 
-    jobs = [(r, k) for r in runs for k in r.metrics if _wanted_key(k)]
+    jobs = [(r, k) for r in runs for k in _history_keys(r)]
     for r in runs:
         r.history = {}
 
@@ -281,7 +293,7 @@ def _histories_api(client: Any, runs: Sequence[RunData], *, progress: Progress |
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         for i, (run, key, steps, values) in enumerate(pool.map(load, jobs)):
-            run.history[key] = (steps, values)
+            _keep(run, key, steps, values)
             if progress and jobs and i % 20 == 0:
                 progress(0.1 + 0.5 * i / len(jobs), f"metric history {i}/{len(jobs)}")
 

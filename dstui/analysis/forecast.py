@@ -34,6 +34,7 @@ from dstui.analysis.forecast_model import (
     step_extra,
 )
 from dstui.spec.models import Settings
+from dstui.tracking import metric_names
 from dstui.tracking import tags as tag_keys
 
 # a fit needs at least this many distinct (seq, micro batch, dtype) points, and one more than
@@ -255,7 +256,8 @@ def fit_of(runs: Iterable[HistoryRun]) -> ActivationFit:
     """The activation fit on these GPU runs (MLflow's search, or the SQLite store read directly)."""
     fit = ActivationFit()
     for run in runs:
-        peak = run.metrics.get("summary.mem_peak_max") or run.metrics.get("mem_peak")
+        metrics = metric_names.metrics_from_mlflow(run.metrics)  # bytes, whichever name MLflow holds them under
+        peak = metrics.get("summary.mem_peak_max") or metrics.get("mem_peak")
         settings = settings_of(run.params)
         if settings is None or not peak or run.tags.get(tag_keys.STATUS) not in (None, "done"):
             continue

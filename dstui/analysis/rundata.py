@@ -14,6 +14,7 @@ from typing import Any
 
 from dstui.core.errors import DstuiError
 from dstui.core.failures import is_oom
+from dstui.tracking import metric_names
 from dstui.tracking import tags as tag_keys
 
 OUTLIER_FACTOR = 3.0
@@ -73,6 +74,8 @@ class RunData:
     condition_label: str = ""  # the condition as grouped, without the revision: matched across revisions
     # key -> (steps, values) as numpy arrays, sorted by step
     history: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    # key as ``metrics`` names it -> its name in MLflow (dstui.tracking.metric_names); histories are read by these
+    mlflow_keys: dict[str, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -164,9 +167,15 @@ def run_from_mlflow(run: Any) -> RunData:
         start_time=run.info.start_time,
         params=params,
         tags=tags,
-        metrics=dict(run.data.metrics),
+        metrics=metric_names.metrics_from_mlflow(run.data.metrics),
         artifact_uri=run.info.artifact_uri or "",
+        mlflow_keys={metric_names.from_mlflow(k, 0.0)[0]: k for k in sorted(run.data.metrics, key=_old_first)},
     )
+
+
+def _old_first(key: str) -> bool:
+    """Keys MLflow names as records do first, so a run holding both spellings reads the newer one."""
+    return metric_names.from_mlflow(key, 0.0)[0] != key
 
 
 def distinct_tag(runs: Sequence[RunData], key: str) -> list[str]:

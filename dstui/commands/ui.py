@@ -10,8 +10,8 @@ import sys
 from dstui.commands import _argtypes
 from dstui.core import paths
 from dstui.core.secrets import strip_credentials
+from dstui.tracking import chart_view, sqlite_store
 from dstui.tracking import client as tracking
-from dstui.tracking import sqlite_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,14 +49,16 @@ def run(args: argparse.Namespace) -> int:
     print(strip_credentials(shlex.join(argv)))
     print(f"\nover SSH: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
           f"then open http://127.0.0.1:{args.port}/#/experiments?{tracking.UI_MODE}")  # fmt: skip
-    link = batch_link(args.batch, f"http://127.0.0.1:{args.port}")
-    if link:
-        print(f"\nthe batch's runs side by side: {link}")
+    links = batch_links(args.batch, f"http://127.0.0.1:{args.port}")
+    if links:
+        print(f"\nthe experiment's charts, training first (dstui's view): {links[1]}")
+        print(f"the batch's runs side by side: {links[0]}")
     return 0
 
 
-def batch_link(batch_id: str | None, base: str) -> str | None:
-    """The MLflow UI link comparing a batch's child runs (the newest batch by default); None without one.
+def batch_links(batch_id: str | None, base: str) -> tuple[str, str] | None:
+    """The MLflow UI links comparing a batch's runs (the newest batch by default) and opening its
+    experiment's chart view on dstui's saved view; None without a batch that reached MLflow.
 
     The run ids are the run folders' (status.json); the experiment id is MLflow's.
     """
@@ -73,4 +75,4 @@ def batch_link(batch_id: str | None, base: str) -> str | None:
         exp = tracking.client(batch.info().get("tracking_uri") or None).get_run(run_ids[0]).info.experiment_id
     except Exception:  # the store is gone or elsewhere: no link rather than a traceback
         return None
-    return tracking.compare_url(base, exp, run_ids)
+    return tracking.compare_url(base, exp, run_ids), chart_view.view_url(base, exp)

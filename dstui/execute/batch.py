@@ -130,7 +130,7 @@ def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
     leave it open. ``gone``: the attempt had not ended (its job and supervisor
     died); it is recorded as failed with this reason.
     """
-    from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS, attempt_ref
+    from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS, earlier_attempt
 
     attempts = rd.path / "attempts"
     n = len(list(attempts.iterdir())) + 1 if attempts.exists() else 1
@@ -143,10 +143,7 @@ def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
     old = kept.status()
     if old.get("state") not in FINAL_STATES:
         old = kept.update_status(state="failed", reason=gone or "ended unrecorded", ended=time.time())
-    earlier = [
-        *(old.get(EARLIER_ATTEMPTS) or []),
-        {"ref": attempt_ref(rd, old.get("attempt")), "state": old.get("state"), "reason": old.get("reason"), "ended": old.get("ended")},
-    ]
+    earlier = [*(old.get(EARLIER_ATTEMPTS) or []), earlier_attempt(rd, old)]
     rd.update_status(
         **{k: old.get(k) for k in ("name", "condition", "revision", "repeat", "key", "order", "steps_total")},
         state="queued",

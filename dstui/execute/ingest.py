@@ -65,6 +65,7 @@ class Tracked:
     last_sample: float = 0.0
     last_flush: float = 0.0
     pending: list[Point] = field(default_factory=list)
+    steps_sent: bool = False  # a point besides system readings went to MLflow (dstui.execute.sink.held_back)
     attempts: AttemptSteps = field(default_factory=AttemptSteps)  # saved with the offsets it belongs to
 
     def save(self) -> None:
@@ -106,6 +107,7 @@ class Tracked:
         self.system_step = 0
         self.header_done = self.finalized = False
         self.pending = []
+        self.steps_sent = False
         self.attempts = AttemptSteps()
 
     @classmethod

@@ -1,9 +1,12 @@
-"""The batch's MLflow runs: one parent per batch, a nested child per run, found again after a crash.
+"""The batch's MLflow runs: one per batch, one per run and attempt, found again after a crash.
 
-A supervisor that died between creating a run and saving its id must not make
-a twin: the parent is found by its batch tag, a child by its run folder and
-attempt (``dstui.run_dir``). A child carries the run's identity as tags and its
-settings and DeepSpeed config as params (docs/ARCHITECTURE.md, "MLflow layout").
+The layout itself (tags, status, what a run that never started looks like) is
+:mod:`dstui.tracking.layout`; this module says which of the batch's runs get
+which MLflow run, and when. A supervisor that died between creating a run and
+saving its id must not make a twin: the batch's run is found by its batch tag,
+a run's by its folder and attempt (``dstui.run_dir``, ``dstui.attempt``). A run
+carries its identity as tags and its settings and DeepSpeed config as params
+(docs/ARCHITECTURE.md, "MLflow layout").
 
 Every attempt's MLflow run ends with the attempt: a run queued again (retry,
 resume) lists its earlier attempts in ``status.json``
@@ -24,16 +27,13 @@ from typing import Any
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import mlflow_params
 from dstui.execute.store import StoreConnection
+from dstui.tracking import chart_view, layout
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-MLFLOW_STATUS = {"done": "FINISHED", "failed": "FAILED", "killed": "KILLED", "skipped": "KILLED"}
 EARLIER_ATTEMPTS = "mlflow_to_end"  # status.json: earlier attempts whose MLflow run may still be RUNNING
-OPEN_STATES = ("RUNNING", "SCHEDULED")
-
-
 REFUSALS = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE")
 
 
@@ -45,15 +45,22 @@ def refused(e: Exception) -> bool:
     return getattr(e, "error_code", None) in REFUSALS
 
 
-def attempt_ref(rd: RunDir, attempt: int | None) -> str:
-    """The ``dstui.run_dir`` tag of one attempt's child run: the folder and the attempt number."""
-    return f"{rd.path}#{attempt or 1}"
+def earlier_attempt(rd: RunDir, old: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`EARLIER_ATTEMPTS` entry of a run's attempt that ended (``old``: its status)."""
+    return {"run_dir": str(rd.path), "attempt": old.get("attempt") or 1, "state": old.get("state"),
+            "reason": old.get("reason"), "ended": old.get("ended")}  # fmt: skip
+
+
+def start_of(st: dict[str, Any]) -> float | None:
+    """When an attempt's MLflow run starts: its launch; one that never started starts (and ends) where it ended."""
+    return st.get("starting") or st.get("started") or st.get("ended")
 
 
 class MlflowRuns(StoreConnection):
     """Creates (or finds) the parent and child runs; every method returns None while the store is down."""
 
     def parent_run_id(self) -> str | None:
+        """The batch's MLflow run (made with the experiment's description and dstui view the first time)."""
         pid = self.info.get("mlflow_parent_run_id")
         if pid:
             return pid
@@ -61,42 +68,36 @@ class MlflowRuns(StoreConnection):
         if c is None:
             return None
         try:
-            found = tracking.find_run(c, self.experiment_id, {tag_keys.BATCH: self.batch.id, tag_keys.ROLE: tag_keys.ROLE_BATCH})
-            if found:
-                pid = found.info.run_id
-            else:
-                batch_tags = {
-                    tag_keys.ROLE: tag_keys.ROLE_BATCH,
-                    tag_keys.BATCH: self.batch.id,
-                    tag_keys.SPEC: self.info.get("spec_path"),
-                    tag_keys.RUNS: len(self.info.get("runs", [])),
-                    **tracking.host_tags(),
-                    **tracking.standard_tags(self.info.get("spec_path")),
-                    tracking.NOTE: batch_note(self.info),
-                }
-                pid = tracking.create_run(c, self.experiment_id, self.batch.id, tags=batch_tags, start_time=self.info.get("created"))
-                tracking.log_params(c, pid, batch_params(self.info.get("spec") or {}))
-                tracking.set_experiment_note(c, self.experiment_id, str((self.info.get("spec") or {}).get("description") or ""))
+            found = layout.find_batch(c, self.experiment_id, self.batch.id)
+            pid = found.info.run_id if found else self._create_batch_run(c)
             self.info = self.batch.update_info(mlflow_parent_run_id=pid)
             return pid
         except Exception as e:
             self.down(e)
             return None
 
+    def _create_batch_run(self, c: Any) -> str:
+        spec = self.info.get("spec") or {}
+        run = layout.BatchRun(batch=self.batch.id, runs=len(self.info.get("runs", [])), spec=str(self.info.get("spec_path") or ""),
+                              description=batch_note(self.info, self.experiment_id))  # fmt: skip
+        pid = layout.open_batch(c, self.experiment_id, run, params=batch_params(spec), start_s=self.info.get("created"))
+        chart_view.describe(c, self.experiment_id, description=str(spec.get("description") or ""),
+                            axes=chart_view.varied_settings(spec))  # fmt: skip
+        return pid
+
     def child_run_id(self, rd: RunDir) -> str | None:
         st = rd.status()
         if st.get("mlflow_run_id"):
             return st["mlflow_run_id"]
-        parent = self.parent_run_id()
+        parent = self.parent_run_id()  # the batch's run first: the run's description links to it
         c = self.client()
         if c is None or parent is None:
             return None
         try:
-            # the folder plus the attempt identifies this child, so a supervisor that died
+            # the folder plus the attempt identifies this run, so a supervisor that died
             # between creating it and saving its id finds it again instead of making a twin
-            ref = attempt_ref(rd, st.get("attempt"))
-            found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: ref})
-            rid = found.info.run_id if found else self._create_child(c, rd, st, ref, parent)
+            found = layout.find_child(c, self.experiment_id, str(rd.path), st.get("attempt"))
+            rid = found.info.run_id if found else self._create_child(c, rd, st, parent)
             rd.update_status(mlflow_run_id=rid)
             return rid
         except Exception as e:
@@ -122,44 +123,35 @@ class MlflowRuns(StoreConnection):
         mine = (spec.get("condition"), spec.get("revision"))
         return labels.index(mine) if mine in labels else len(labels)
 
-    def _create_child(self, c: Any, rd: RunDir, st: dict, ref: str, parent: str) -> str:
+    def _create_child(self, c: Any, rd: RunDir, st: dict, parent: str) -> str:
         spec = rd.spec()
         settings = rd.settings()
-        run_tags = {
-            tag_keys.ROLE: tag_keys.ROLE_RUN,
-            tag_keys.BATCH: self.batch.id,
-            tag_keys.CONDITION: spec.get("condition"),
-            tag_keys.REVISION: spec.get("revision"),
-            tag_keys.REPEAT: spec.get("repeat"),
-            tag_keys.ORDER: spec.get("order"),
-            tag_keys.RUN_KEY: spec.get("key"),
-            tag_keys.KIND: settings.get("kind"),
-            tag_keys.RUN_DIR: ref,
-            tag_keys.STATUS: st.get("state"),
-            **tracking.host_tags(),
-            **tracking.standard_tags(source_of(settings)),
-            tracking.NOTE: run_note(rd.name, spec, self.batch.id, self.experiment_id, parent),
-            tracking.RUN_COLOR: tracking.run_color(self._label_index(spec)),
-        }
+        extra: dict[str, Any] = {tag_keys.ORDER: spec.get("order"), tag_keys.RUN_KEY: spec.get("key")}
         rev = spec.get("revision_info") or {}
         if rev:
             from dstui.revisions.envs import ResolvedRevision
 
-            run_tags.update(ResolvedRevision.from_dict(rev).mlflow_tags())
-        rid = tracking.create_run(c, self.experiment_id, rd.name, tags=run_tags, parent_id=parent, start_time=st.get("starting") or st.get("started"))
-        if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
-            # a working-tree revision: the uncommitted changes it ran with
-            c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
+            extra.update(ResolvedRevision.from_dict(rev).mlflow_tags())
+        run = layout.ChildRun(
+            name=rd.name, batch=self.batch.id, condition=spec.get("condition"), revision=spec.get("revision"),
+            repeat=spec.get("repeat"), kind=settings.get("kind") or "train", state=st.get("state"),
+            source=source_of(settings), description=run_note(rd.name, spec, self.batch.id, self.experiment_id, parent),
+            color=self._label_index(spec), run_dir=str(rd.path), attempt=st.get("attempt"), extra=extra,
+        )  # fmt: skip
         params = mlflow_params.settings_params(settings, read_json(rd.ds_config_file, {}) or {})
         if spec.get("revision") not in (None, "installed"):
             params["revision"] = spec["revision"]
-        tracking.log_params(c, rid, params)
+        rid = layout.open_child(c, self.experiment_id, run, params=params, start_s=start_of(st))
+        if rev.get("diff_path") and Path(rev["diff_path"]).is_file():
+            # a working-tree revision: the uncommitted changes it ran with
+            c.log_artifact(rid, rev["diff_path"], artifact_path="revision")
+        layout.log_dataset(c, rid, settings)
         return rid
 
     def close_earlier(self, rd: RunDir) -> bool:
         """End the MLflow runs of this run's earlier attempts that are still RUNNING; True when none is left.
 
-        An attempt's child is found by its ``dstui.run_dir`` tag; one MLflow never
+        An attempt's run is found by its folder and attempt; one MLflow never
         saw (the store was down, or was replaced) has nothing to end.
         """
         pending = list(rd.status().get(EARLIER_ATTEMPTS) or [])
@@ -171,11 +163,11 @@ class MlflowRuns(StoreConnection):
         ended = []
         for entry in pending:
             try:
-                found = tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: entry.get("ref")})
-                if found is not None and found.info.status in OPEN_STATES:
+                found = self._earlier_run(c, entry)
+                if found is not None and found.info.status in layout.OPEN_STATES:
                     state = entry.get("state") or "failed"
-                    tracking.set_tags(c, found.info.run_id, {tag_keys.STATUS: state, tag_keys.REASON: entry.get("reason") or ""})
-                    tracking.finish(c, found.info.run_id, MLFLOW_STATUS.get(state, "FAILED"), end_time=entry.get("ended"))
+                    layout.end_run(c, found.info.run_id, state, ended_s=entry.get("ended"),
+                                   tags={tag_keys.REASON: entry.get("reason") or ""})  # fmt: skip
             except Exception as e:
                 if not refused(e):
                     self.down(e)
@@ -189,15 +181,19 @@ class MlflowRuns(StoreConnection):
         rd.update_status(**{EARLIER_ATTEMPTS: left})
         return not left
 
+    def _earlier_run(self, c: Any, entry: dict[str, Any]) -> Any | None:
+        if entry.get("ref"):  # listed before attempts had their own tag: "<folder>#<attempt>"
+            return tracking.find_run(c, self.experiment_id, {tag_keys.RUN_DIR: entry["ref"]})
+        return layout.find_child(c, self.experiment_id, str(entry.get("run_dir")), entry.get("attempt"))
+
     def reopen_parent(self) -> None:
-        """A finalized batch that runs again (retry, resume): its parent run is RUNNING again until it ends."""
+        """A finalized batch that runs again (retry, resume): its batch run is RUNNING again until it ends."""
         c = self.client()
         pid = self.parent_run_id()
         if c is None or pid is None:
             return
         try:
-            if c.get_run(pid).info.status not in OPEN_STATES:
-                c.update_run(pid, status="RUNNING")
+            layout.reopen(c, pid)
         except Exception as e:
             self.down(e)
 
@@ -223,31 +219,40 @@ def source_of(settings: dict[str, Any]) -> str:
 
 
 def run_note(name: str, spec: dict[str, Any], batch: str, experiment_id: str | None, parent_id: str) -> str:
-    """A child run's MLflow description: what it is, and a link to its batch (the parent run)."""
+    """A run's MLflow description: what it is, and a link to its batch's run."""
     link = f"#/experiments/{experiment_id}/runs/{parent_id}?{tracking.UI_MODE}" if experiment_id else ""
     batch_ref = f"[{batch}]({link})" if link else f"`{batch}`"
     return (f"Run `{name}` of batch {batch_ref}: condition `{spec.get('condition')}`, "
             f"revision `{spec.get('revision')}`, repeat {spec.get('repeat')}.")  # fmt: skip
 
 
-NOTE_MAX = 5000  # MLflow keeps tag values up to 8000 characters; a long spec description is cut
-
-
-def batch_note(info: dict[str, Any]) -> str:
-    """The parent run's MLflow description: the spec's own description, then what the batch is."""
+def batch_note(info: dict[str, Any], experiment_id: str | None = None) -> str:
+    """The batch run's MLflow description: the spec's own description, then what the batch is, where
+    its runs' charts are (the experiment's dstui view, filtered to this batch) and where the report goes."""
     spec = info.get("spec") or {}
     lines = [str(spec.get("description") or "").strip()]
-    lines.append(f"{tracking.batch_note_lead(info.get('id', ''))} `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
+    lines.append(f"{layout.batch_description_lead(info.get('id', ''))} `{info.get('spec_path', '')}`: {len(info.get('runs', []))} runs.")
     for axis, values in (spec.get("axes") or {}).items():
         lines.append(f"- axis `{axis}`: {', '.join(json.dumps(v) for v in values)}")
     if spec.get("baseline"):
         lines.append(f"- baseline: `{spec['baseline']}`")
+    if experiment_id:
+        lines.append(f"\nIts runs' charts: [the batch's runs]({batch_runs_link(experiment_id, str(info.get('id', '')))}), "
+                     f"[every run of the experiment]({chart_view.view_url('', experiment_id)}) (the **dstui** view).")
     lines.append("\n`dstui report` adds the report: `report.html` in this run's artifacts.")
-    return "\n".join(line for line in lines if line)[:NOTE_MAX]
+    return "\n".join(line for line in lines if line)[: layout.DESCRIPTION_MAX]
+
+
+def batch_runs_link(experiment_id: str, batch: str) -> str:
+    """The experiment's chart view of one batch's runs (a search filter in the link; MLflow's own chart layout)."""
+    from urllib.parse import quote
+
+    filt = f"{tag_keys.RUN_FILTER} and {tag_keys.search(tag_keys.BATCH)} = {tracking.literal(batch) or repr(batch)}"
+    return f"#/experiments/{experiment_id}/runs?searchFilter={quote(filt)}&compareRunsMode=CHART&{tracking.UI_MODE}"
 
 
 def batch_params(spec: dict[str, Any]) -> dict[str, str]:
-    """The parent run's params: the batch's axes, baseline, repeats and revisions (none empty)."""
+    """The batch run's params: the batch's axes, baseline, repeats and revisions (none empty)."""
     out: dict[str, Any] = {f"axis.{k}": v for k, v in (spec.get("axes") or {}).items()}
     out["baseline"] = spec.get("baseline")
     out["conditions"] = [c.get("name") for c in spec.get("conditions") or [] if isinstance(c, dict)]

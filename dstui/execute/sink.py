@@ -4,8 +4,13 @@ Tolerant of a store that is unreachable (:mod:`~dstui.execute.store`): the
 points stay on disk (offsets unsaved) and are sent on a later pass. Exactly
 once: a point is sent, then its offset is saved; a crash between the two
 re-sends points with the same (key, step, timestamp, value), which MLflow's SQL
-store ignores. The parent and child runs themselves are
-:mod:`~dstui.execute.mlflow_runs`.
+store ignores. The batch's and the runs' MLflow runs themselves are
+:mod:`~dstui.execute.mlflow_runs`; names, units and ends follow :mod:`dstui.tracking.layout`.
+
+A run's system readings wait for its first step record before they go out: MLflow's
+compare page opens its parallel-coordinates chart on the first metric a run logged,
+and a run that starts up for a minute logs CPU readings long before its first loss
+(the chart opened on ``system/cpu_utilization_percentage``, 100 for every run).
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ import logging
 import time
 from typing import Any
 
-from dstui.core.rundir import FINAL_STATES, BatchDir
+from dstui.core.rundir import BatchDir
 from dstui.execute import guard_watch, mlflow_params
-from dstui.execute.ingest import Tracked
-from dstui.execute.mlflow_runs import MLFLOW_STATUS, MlflowRuns, refused  # noqa: F401 - re-exported
+from dstui.execute.ingest import Point, Tracked
+from dstui.execute.mlflow_runs import MlflowRuns, refused
 from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
+from dstui.tracking import layout
 from dstui.tracking import tags as tag_keys
 
 log = logging.getLogger("dstui.execute.supervisor")
@@ -44,7 +50,7 @@ class MlflowSink(MlflowRuns):
         if c is None or not rid:
             return
         try:
-            tracking.set_tags(c, rid, tracking.versions_tags(rec))
+            tracking.set_tags(c, rid, layout.versions_tags(rec))
             if not t.header_done:  # DeepSpeed version and source, the model's shape and size
                 revision = t.rd.spec().get("revision_info") or {}
                 tracking.log_params(c, rid, mlflow_params.header_params(rec, revision))
@@ -65,13 +71,16 @@ class MlflowSink(MlflowRuns):
         rid = self.child_run_id(t.rd)
         if c is None or rid is None:
             return  # keep pending; offsets are not saved, so a restart re-reads them too
+        send, held = held_back(t.pending, steps_sent=t.steps_sent or force)
         try:
-            tracking.log_metrics(c, rid, t.pending)
+            layout.log_points(c, rid, send)
         except Exception as e:
             self.down(e)
             return
-        t.pending = []
-        t.save()
+        t.steps_sent = t.steps_sent or bool(send)
+        t.pending = held
+        if not held:  # held readings are not on MLflow yet: their offsets stay unsaved with them
+            t.save()
 
     def finish_run(self, t: Tracked, job_tags: dict[str, Any] | None = None) -> bool:
         """Final tags (``job_tags``: the backend's of its job), the run folder as artifacts, the MLflow status.
@@ -86,7 +95,6 @@ class MlflowSink(MlflowRuns):
         st = rd.status()
         try:
             final = {
-                tag_keys.STATUS: st.get("state"),
                 tag_keys.REASON: st.get("reason") or "",
                 tag_keys.EXIT_CODE: st.get("exit_code"),
                 tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines,
@@ -96,36 +104,47 @@ class MlflowSink(MlflowRuns):
                 final[tag_keys.VERDICT] = st["verdict"]
             final.update(job_tags or {})
             final.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
-            tracking.set_tags(c, rid, final)
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
                 now_ms = int(time.time() * 1000)
-                tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
+                layout.log_points(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
             tracking.log_artifacts(c, rid, rd.path)
             for key_file in (rd.ds_config_file, rd.cmd_file, rd.spec_file):  # top level: the compare page diffs them
                 if key_file.is_file():
                     tracking.log_file_artifact(c, rid, key_file)
-            tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"), end_time=st.get("ended"))
+            layout.end_run(c, rid, st.get("state") or "failed", ended_s=st.get("ended"), tags=final)
         except Exception as e:
             self.down(e)
             return False
         return True
 
     def finish_batch(self, states: list[str]) -> bool:
-        """The parent run's counts, batch.json and end state. False: the store is down, try again later
-        (a batch is not finalized while its parent run is RUNNING)."""
+        """The batch run's counts, batch.json and end state. False: the store is down, try again later
+        (a batch is not finalized while its batch run is RUNNING)."""
         c = self.client()
         pid = self.parent_run_id()
         if c is None or not pid:
             return False
         try:
-            tracking.set_tags(c, pid, {tag_keys.runs_in(s): states.count(s) for s in FINAL_STATES})
             with contextlib.suppress(Exception):  # the record of the batch; its end state matters more
                 tracking.log_file_artifact(c, pid, self.batch.batch_file)
-            tracking.finish(c, pid, "FINISHED" if all(s in ("done", "skipped") for s in states) else "FAILED")
+            layout.end_batch(c, pid, states)
         except Exception as e:
             if refused(e):  # deleted in MLflow's UI, say: nothing left to end, and no reason to wait forever
-                log.warning("MLflow refused to end the batch's parent run (%s)", e)
+                log.warning("MLflow refused to end the batch's run (%s)", e)
                 return True
             self.down(e)
             return False
         return True
+
+
+SYSTEM_PREFIX = "system/"
+
+
+def held_back(points: list[Point], *, steps_sent: bool) -> tuple[list[Point], list[Point]]:
+    """(points to send now, system readings to hold): until a run's first step point went out, its
+    readings wait, and go right after it (module docstring). Step points first either way."""
+    step = [p for p in points if not p[0].startswith(SYSTEM_PREFIX)]
+    system = [p for p in points if p[0].startswith(SYSTEM_PREFIX)]
+    if steps_sent or step:
+        return step + system, []
+    return [], system

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 # summary / key=value names -> dstui setting names
-_ALIASES = {
+ALIASES = {
     "model": "model",
     "model_name": "model",
     "np": "world_size",
@@ -50,7 +50,7 @@ _ALIASES = {
     "offload": "offload",
 }
 # summary names -> summary.<field> metric
-_SUMMARY_METRICS = {
+SUMMARY_METRICS = {
     "iteration time": "iter_time_mean",
     "iter_time_mean": "iter_time_mean",
     "iteration_time": "iter_time_mean",
@@ -67,7 +67,7 @@ _SUMMARY_METRICS = {
     "samples/s": "samples_per_s_mean",
 }
 # key=value step names -> step metric names
-_STEP_KEYS = {
+STEP_KEYS = {
     "loss": "loss",
     "time": "iter_time",
     "iter_time": "iter_time",
@@ -80,15 +80,15 @@ _STEP_KEYS = {
 }
 
 
-def _value(text: str) -> Any:
+def value_of(text: str) -> Any:
     """Like analysis.parse_value, but quotes around a value are dropped first."""
     from dstui.analysis.rundata import parse_value
 
     return parse_value(text.strip().strip("'\""))
 
 
-def _number(text: str) -> float | None:
-    v = _value(text)
+def number_of(text: str) -> float | None:
+    v = value_of(text)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
@@ -129,16 +129,17 @@ def params_from_command(cmd: str) -> dict[str, Any]:
             key = tok[2:].replace("-", "_")
             if "=" in key:
                 key, val = key.split("=", 1)
-                out[key] = _value(val)
+                out[key] = value_of(val)
             elif i + 1 < len(toks) and not toks[i + 1].startswith("--"):
-                out[key] = _value(toks[i + 1])
+                out[key] = value_of(toks[i + 1])
                 i += 1
             else:
                 out[key] = True
         i += 1
-    return {_ALIASES.get(k, k): v for k, v in out.items()}
+    return {ALIASES.get(k, k): v for k, v in out.items()}
 
 
-def _normalise(config: dict[str, Any]) -> dict[str, Any]:
-    return {_ALIASES.get(k, k): v for k, v in config.items()}
+def normalise(config: dict[str, Any]) -> dict[str, Any]:
+    """Settings under dstui's names (``stage`` -> ``zero_stage``, ...), as params compare them."""
+    return {ALIASES.get(k, k): v for k, v in config.items()}
 

@@ -26,7 +26,6 @@ as a run dstui launched would. dstui's own metrics.jsonl marks attempts with rec
 
 from __future__ import annotations
 
-import ast
 import bisect
 import hashlib
 import math
@@ -46,9 +45,9 @@ from dstui.core.records import (
     parse_seed_record,
     split_metrics,
 )
-from dstui.importer.names import _ALIASES, _STEP_KEYS, _SUMMARY_METRICS, _number, _value
+from dstui.importer.lines import parse_kv_line, parse_namespace, parse_summary_line
+from dstui.importer.names import value_of
 
-GIB = 1024**3
 #: the longest line read from a log; a longer one is skipped (counted as malformed)
 MAX_LINE_BYTES = 1 << 20
 #: longer lines are never summary, key=value or Namespace lines (those patterns are kept off them)
@@ -63,11 +62,7 @@ MAX_SMALLEST = 1000
 Progress = Callable[[int, int], None]
 StepSink = Callable[[int, dict[str, Any]], None]
 
-_KV = re.compile(r"([A-Za-z_][\w./-]*)=(\"[^\"]*\"|'[^']*'|[^\s,;]+)")
-_SUMMARY_TAIL = re.compile(r"([A-Za-z_/]+(?: [a-z]+)?):\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?|None|nan|inf)(\s*GB)?")
-_ITER_TIME = re.compile(r"\biteration time:\s*([-+]?[0-9.]+(?:[eE][-+]?\d+)?)")
 _STEPISH = re.compile(r"\bEpoch\s+\S+,?\s*Step\b|\bLoss:")
-_NAMESPACE = re.compile(r"Namespace\((.*?)\)(?=Namespace\(|\s*$)")
 _HEADER = re.compile(r"^\s*(NUM_NODES|NGPUS_PER_NODE|NUM_PROCESSES|ZERO_STAGE|MODEL|BACKEND|GRADIENT_ACCUMULATION_STEPS):\s*(\S+)")
 # DeepSpeed's own start-up line and ds_report's table; "torch version ...." from ds_report too
 _VERSIONS = (
@@ -170,90 +165,6 @@ class ParsedLog:
 
 
 
-def parse_summary_line(line: str) -> tuple[dict[str, Any], dict[str, float]] | None:
-    """(settings, summary metrics) of a run_acc_lm summary line, else None."""
-    m = _ITER_TIME.search(line)
-    if not m:
-        return None
-    head, tail = line[: m.start()], line[m.start() :]
-    params: dict[str, Any] = {}
-    tokens = head.split()
-    # result.txt prefixes a timestamp (digits); the model is the first token without '='
-    for tok in tokens:
-        if "=" in tok or tok.isdigit() or tok.startswith("["):
-            continue
-        params["model"] = tok
-        break
-    summary: dict[str, float] = {}
-    for key, val in _KV.findall(head):
-        name = key.lower()
-        if name in _SUMMARY_METRICS:
-            num = _number(val)
-            if num is not None:
-                summary[_SUMMARY_METRICS[name]] = num
-        elif name in _ALIASES:
-            params[_ALIASES[name]] = _value(val)
-    for key, val, gb in _SUMMARY_TAIL.findall(tail):
-        name = key.lower()
-        if name not in _SUMMARY_METRICS:
-            continue
-        num = _number(val)
-        if num is None:
-            continue
-        if gb and name in ("alloc_mem", "peak_mem", "reserved_mem", "peak_reserved_mem"):
-            num = num * GIB
-        summary[_SUMMARY_METRICS[name]] = num
-    if "iter_time_mean" not in summary:
-        return None
-    return params, summary
-
-
-def parse_kv_line(line: str) -> tuple[str, dict[str, Any]] | None:
-    """('step', record) or ('summary', {'params', 'summary'}) for a key=value line."""
-    pairs = {k.lower(): v for k, v in _KV.findall(line)}
-    if len(pairs) < 2:
-        return None
-    if "step" in pairs and "loss" in pairs:
-        step = _value(pairs["step"]) if len(pairs["step"]) <= 20 else None
-        if not in_int64(step):
-            raise ValueError("step is not a 64-bit integer")
-        rec: dict[str, Any] = {"type": "step", "step": step}
-        if "epoch" in pairs and isinstance(_value(pairs["epoch"]), int):
-            rec["epoch"] = _value(pairs["epoch"])
-        for key, name in _STEP_KEYS.items():
-            if key in pairs:
-                num = _number(pairs[key])
-                if num is None and key == "loss":
-                    raise ValueError("loss is not a number")
-                if num is not None:
-                    rec[name] = num
-        return "step", rec
-    summ = {_SUMMARY_METRICS[k]: _number(v) for k, v in pairs.items() if k in _SUMMARY_METRICS}
-    summ = {k: v for k, v in summ.items() if v is not None}
-    params = {_ALIASES[k]: _value(v) for k, v in pairs.items() if k in _ALIASES}
-    if "iter_time_mean" in summ and params:
-        return "summary", {"params": params, "summary": summ}
-    return None
-
-
-def parse_namespace(line: str) -> dict[str, Any]:
-    """Settings from an argparse ``Namespace(...)`` dump (literal values only)."""
-    m = _NAMESPACE.search(line.strip())
-    if not m:
-        return {}
-    try:
-        call = ast.parse(f"f({m.group(1)})", mode="eval").body
-    except SyntaxError:
-        return {}
-    out: dict[str, Any] = {}
-    for kw in getattr(call, "keywords", []):
-        try:
-            out[kw.arg] = ast.literal_eval(kw.value)
-        except ValueError:
-            continue
-    return out
-
-
 def _failure_of(line: str, last_exc: str) -> tuple[str, str]:
     """(reason found on this line or '', last Python exception seen)."""
     low = line.lower()
@@ -350,7 +261,7 @@ def parse_log(
             continue
         hm = _HEADER.match(line)
         if hm:
-            header.setdefault(hm.group(1), _value(hm.group(2)))
+            header.setdefault(hm.group(1), value_of(hm.group(2)))
             continue
         if _STEPISH.search(line) or "iteration time:" in line:
             _malformed(parsed, line)
@@ -445,7 +356,7 @@ def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progres
         elif rec["type"] == "step":
             _take_step(parsed, 0, rec, line, marked=True, keep_steps=keep_steps, on_step=on_step)
         elif rec["type"] == "summary":
-            seg.summary = {k: float(v) for k, v in rec.items() if _is_num(v)}
+            seg.summary = {k: float(v) for k, v in rec.items() if is_number(v)}
             if rec.get("status") not in (None, "ok"):
                 parsed.failure = str(rec.get("status"))[:300]
     if not seg.count and not seg.summary:
@@ -453,7 +364,7 @@ def _parse_jsonl(path: Path, on_step: StepSink | None, keep_steps: bool, progres
     return parsed
 
 
-def _is_num(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     """A finite number that fits a float (an int too large for one is not)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return False

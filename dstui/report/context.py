@@ -23,7 +23,7 @@ from dstui.analysis.results import Results
 from dstui.analysis.sequence_parallel import SpRow, sp_rows
 from dstui.analysis.stats import ConditionStats
 from dstui.report import charts
-from dstui.tracking import client as tracking
+from dstui.tracking import layout
 from dstui.tracking import tags as tag_keys
 
 DEFAULT_TOLERANCE = FP32_TOLERANCE
@@ -99,7 +99,7 @@ def _description(parents: dict[str, Any], exp: Any) -> str:
     if len(found) == 1:
         return found[0]
     tags = getattr(exp, "tags", None) or {}
-    return str(tags.get(tracking.NOTE, "")).strip() if isinstance(tags, dict) else ""
+    return str(tags.get(tag_keys.DESCRIPTION, "")).strip() if isinstance(tags, dict) else ""
 
 
 def parent_description(parent: Any) -> str:
@@ -109,7 +109,7 @@ def parent_description(parent: Any) -> str:
     UI: all of it is the description.
     """
     tags = getattr(getattr(parent, "data", None), "tags", None) or {}
-    note = str(tags.get(tracking.NOTE, ""))
-    marker = tracking.batch_note_lead(tags.get(tag_keys.BATCH, ""))
+    note = str(tags.get(tag_keys.DESCRIPTION, ""))
+    marker = layout.batch_description_lead(tags.get(tag_keys.BATCH, ""))
     at = note.find(marker)
     return (note[:at] if at >= 0 else note).strip()

@@ -1,6 +1,8 @@
-"""MLflow tracking: experiment per spec, parent run per batch, child run per RunSpec.
+"""The MLflow client dstui writes and reads through: store, experiments, runs, batched values.
 
-Only the supervisor and the importers write. Metrics go through
+What dstui's runs look like (batch run, run per RunSpec, tags, names and units, ends) is
+:mod:`dstui.tracking.layout`, which writes through this module; only the supervisor, the
+importer and reports write. Metrics go through
 ``log_batch`` in chunks of at most 1000 values with the record's own
 timestamp: MLflow's SQL store ignores an identical (key, step, timestamp,
 value) row, so re-sending after a crash cannot duplicate a point.
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,7 @@ def use_wal(uri: str) -> bool:
 UI_MODE = "workflowType=machine_learning"
 # MLflow's UI opens an experiment without this tag in its GenAI layout (traces, evaluations, judges)
 # and guesses later; training runs belong in its model-training layout from the first visit.
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+EXPERIMENT_KIND = (tag_keys.EXPERIMENT_KIND, "custom_model_development")
 
 
 def ensure_experiment(c: MlflowClient, name: str) -> str:
@@ -260,55 +261,6 @@ def log_file_artifact(c: MlflowClient, run_id: str, path: Path, artifact_path: s
         c.log_artifact(run_id, str(staged), artifact_path=artifact_path)
 
 
-def versions_tags(header: dict[str, Any]) -> dict[str, Any]:
-    """Tags from a runner's header record: versions and hardware."""
-    tags: dict[str, Any] = {}
-    for name, version in (header.get("versions") or {}).items():
-        tags[tag_keys.version(name)] = version
-    for key in ("hostname", "device", "gpu_name", "gpu_count", "world_size", "deepspeed_git_sha"):
-        if header.get(key) is not None:
-            tags[tag_keys.of(key)] = header[key]
-    return tags
-
-
-NOTE = "mlflow.note.content"  # MLflow's run/experiment description (markdown)
-RUN_COLOR = "mlflow.runColor"  # the colour MLflow's UI draws a run in (tables, charts, compare)
-# matplotlib's tab10, the report's palette too: ten colours a reader tells apart
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-SOURCE_TYPE = "LOCAL"  # MLflow's SourceType for a program started on this machine
-
-
-def run_color(index: int) -> str:
-    """The colour of a batch's ``index``-th condition: MLflow's own pick (a hash of the run id) gave
-    two of four conditions the same pink, so one's spike could not be told from the other."""
-    return PALETTE[index % len(PALETTE)]
-
-
-def batch_note_lead(batch_id: str) -> str:
-    """How dstui's own part of a batch parent's note begins (after the spec's description), so that
-    the report can take the description back out of it (dstui.execute.mlflow_runs.batch_note)."""
-    return f"Batch `{batch_id}` of spec"
-
-
-def standard_tags(source: str | None) -> dict[str, str]:
-    """MLflow's own tags: who ran it (``mlflow.user``) and what (``mlflow.source.name``/``.type``)."""
-    import getpass
-
-    tags: dict[str, str] = {}
-    with contextlib.suppress(Exception):  # no user name in a bare container
-        tags["mlflow.user"] = getpass.getuser()
-    if source:
-        tags["mlflow.source.name"] = source
-        tags["mlflow.source.type"] = SOURCE_TYPE
-    return tags
-
-
-def set_experiment_note(c: MlflowClient, experiment_id: str, text: str) -> None:
-    """The experiment's description in MLflow (its ``mlflow.note.content`` tag)."""
-    if text.strip():
-        c.set_experiment_tag(experiment_id, NOTE, text[:MAX_PARAM_LEN])
-
-
 def log_report(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "report") -> None:
     """Upload a report folder, plus ``report.html`` at the run's top level for MLflow's preview.
 
@@ -327,16 +279,6 @@ def log_report(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = 
             staged = Path(tmp) / "report.html"
             staged.write_text(report_html(md.read_text(errors="replace"), folder), encoding="utf-8")
             c.log_artifact(run_id, str(staged))
-
-
-def host_tags() -> dict[str, str]:
-    import dstui
-
-    return {
-        tag_keys.version("dstui"): dstui.__version__,
-        tag_keys.version("python"): platform.python_version(),
-        tag_keys.HOSTNAME: platform.node(),
-    }
 
 
 def run_ui_command(uri: str | None = None, port: int = 5000, host: str = "127.0.0.1") -> list[str]:

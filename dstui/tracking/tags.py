@@ -30,7 +30,9 @@ REPEAT = "dstui.repeat"
 ORDER = "dstui.order"
 RUN_KEY = "dstui.run_key"
 KIND = "dstui.kind"
-RUN_DIR = "dstui.run_dir"  # run folder + '#attempt': finds a child created by a supervisor that died
+RUN_DIR = "dstui.run_dir"  # the run folder: with ATTEMPT, finds a child created by a supervisor that died
+ATTEMPT = "dstui.attempt"  # 1, 2, ...: a run queued again (retry, resume) gets a child per attempt
+DATASET = "dstui.dataset"  # what a train run read (also logged as MLflow's dataset input)
 
 # how it went
 STATUS = "dstui.status"
@@ -62,6 +64,19 @@ NOTE = "dstui.note"
 WANDB_RUN = "dstui.wandb_run"
 MALFORMED_LINES = "dstui.malformed_lines"
 IMPORTED_STEPS = "dstui.imported_steps"
+IMPORTED_LINES = "dstui.imported_lines"  # an import's batch run: lines read, files that could not be
+UNREADABLE = "dstui.unreadable_files"
+
+# MLflow's own tags that dstui writes or reads
+PARENT = "mlflow.parentRunId"  # records made before children stopped nesting under their batch's run
+DESCRIPTION = "mlflow.note.content"  # a run's or experiment's description (markdown)
+RUN_COLOR = "mlflow.runColor"  # the colour MLflow's UI draws a run in (tables, charts, compare)
+USER = "mlflow.user"
+SOURCE_NAME = "mlflow.source.name"
+SOURCE_TYPE = "mlflow.source.type"
+EXPERIMENT_KIND = "mlflow.experimentKind"  # which of MLflow's layouts opens an experiment
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."  # an experiment's saved views (MLflow's UI, "Views")
+DATASET_CONTEXT = "mlflow.data.context"  # a dataset input's role: training, evaluation, ...
 
 # bisect (dstui/bisect/)
 BISECT = "dstui.bisect"
@@ -71,12 +86,22 @@ BISECT_CHANGE = "dstui.bisect.change"
 
 
 def split_run_dir(value: str) -> tuple[str, int | None]:
-    """(run folder, attempt) of a :data:`RUN_DIR` value (``<folder>#<attempt>``, written by
-    dstui.execute.mlflow_runs.attempt_ref); the value and None when it carries no attempt number."""
+    """(run folder, attempt) of a :data:`RUN_DIR` value as records before :data:`ATTEMPT` wrote it
+    (``<folder>#<attempt>``); the value and None when it carries no attempt number."""
     folder, sep, attempt = value.rpartition("#")
     if sep and folder and attempt.isdigit():
         return folder, int(attempt)
     return value, None
+
+
+def run_attempt(tags: dict[str, str]) -> tuple[str, int | None]:
+    """(run folder, attempt) of a child run's tags: :data:`RUN_DIR` and :data:`ATTEMPT`, or the older
+    ``<folder>#<attempt>`` value of RUN_DIR alone; ('', None) for a run without a folder (imported)."""
+    folder = tags.get(RUN_DIR, "") or ""
+    attempt = str(tags.get(ATTEMPT, "") or "")
+    if attempt.isdigit():
+        return folder, int(attempt)
+    return split_run_dir(folder)
 
 
 def of(field: str) -> str:
@@ -92,7 +117,6 @@ def version(package: str) -> str:
 def runs_in(state: str) -> str:
     """The parent run's count of runs that ended in ``state``: ``dstui.runs_done``."""
     return f"{PREFIX}runs_{state}"
-
 
 
 def search(key: str) -> str:

@@ -3,7 +3,9 @@
 A 2-run batch (ZeRO 0 vs 1, 2 gloo ranks, 4 steps) and its report go into a fresh store;
 `mlflow ui` serves it; the browser checks what issue #28 found broken: a run's System
 metrics tab had no charts, "show diff only" offered run_key, the parent run held no
-description, the report's images did not render. Needs Debian's chromium and
+description, the report's images did not render; and what issue #38 found: the experiment's
+charts opened with one-bar ``time/*`` charts above the loss, the batch's run in every legend,
+memory in bytes, parallel coordinates on a CPU reading. Needs Debian's chromium and
 chromium-driver (`.ci/run` installs them); skips and says so without them.
 ``DSTUI_SCREENSHOTS=docs/screenshots`` keeps the pages as PNGs (docs/screenshots/mlflow-*.png).
 """
@@ -113,6 +115,35 @@ def body_text(driver: Any) -> str:
     return driver.find_element("tag name", "body").text
 
 
+CARDS = """return [...document.querySelectorAll('[data-testid=experiment-view-compare-runs-card]')].map(c => ({
+    title: c.querySelector('h4') && c.querySelector('h4').textContent,
+    legend: [...c.querySelectorAll('span')].map(x => x.textContent).filter(t => /\\(.+\\)$/.test(t)),
+    yticks: [...c.querySelectorAll('.ytick text')].map(x => x.textContent)}))"""
+
+
+def check_chart_view(browser: Any, link: str, batch_run: str, runs: set[str], tmp_path: Path) -> None:
+    """The experiment's chart view through dstui's link: loss and iteration time first, the batch run in no
+    legend, memory in GiB, time/* after the training charts (issue 38.5)."""
+    browser.get(link)
+    drawn = lambda: [c for c in browser.execute_script(CARDS) if c["legend"]]  # noqa: E731 - a poll
+    cards = until("the training charts with their legends", lambda: len(drawn()) >= 4 and drawn())
+    close_assistant(browser)
+    titles = [c["title"] for c in browser.execute_script(CARDS)]
+    assert titles[:2] == ["loss", "iter_time"], titles
+    for card in cards:  # every run of the batch, and nothing else: the batch run holds no data to draw
+        shown = {t.rsplit(" (", 1)[0] for t in card["legend"]}
+        assert batch_run not in shown and shown <= runs, (card["title"], card["legend"])
+    memory = next(c for c in cards if c["title"] == "mem_peak_gib")
+    ticks = [float(t.replace("\u2212", "-")) for t in memory["yticks"] if t.strip()]
+    assert ticks and max(ticks) < 64, memory  # GiB (a CPU run's RSS is well under 1), not 520000000 bytes
+    text = body_text(browser)
+    assert text.index("Training") < text.index("Summary") < text.index("Time"), text[:2000]
+    browser.set_window_size(1600, 1500)  # the memory charts in the picture too
+    until("the memory chart drawn", lambda: any(c["title"] == "mem_peak_gib" and c["yticks"] for c in drawn()))
+    shot(browser, "chart-view", tmp_path)
+    browser.set_window_size(1600, 1000)
+
+
 @pytest.mark.timeout(1800)
 def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: str, browser: Any) -> None:
     data = yaml.safe_load((SPECS / "smoke.yaml").read_text())
@@ -146,13 +177,29 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     assert "No metrics" not in text
     shot(browser, "system-metrics", tmp_path)
 
+    ui_lines = dstui("ui", "--port", mlflow_ui.rsplit(":", 1)[1], check=True).stdout.splitlines()
+    check_chart_view(browser, next(line for line in ui_lines if "viewStateShareKey" in line).rsplit(" ", 1)[1],
+                     parent.info.run_name, set(children), tmp_path)  # fmt: skip
+
+    # a run's own charts open on its training metrics, not on one-bar time charts (a time/ section above)
+    browser.get(f"{run_page}/{children['z1-r0'].info.run_id}/model-metrics{mode}")
+    titles = until("the run's charts", lambda: [c["title"] for c in browser.execute_script(CARDS)])
+    close_assistant(browser)
+    assert {"loss", "iter_time"} <= set(titles[:3]) and not any(t.startswith("time") for t in titles[:3]), titles
+    assert "time.wall" in {k for k in children["z1-r0"].data.metrics}  # the phases are there, in Model metrics
+    until("the run's curves", lambda: browser.execute_script(f"return {traces}") >= 3)
+    shot(browser, "run-metrics", tmp_path)
+
     # `dstui ui`'s link: the batch's runs compared; "show diff only" leaves the condition's setting
-    link = next(line for line in dstui("ui", "--port", mlflow_ui.rsplit(":", 1)[1], check=True).stdout.splitlines()
-                if "compare-runs" in line).split(": ", 1)[1]  # fmt: skip
+    link = next(line for line in ui_lines if "compare-runs" in line).split(": ", 1)[1]
     browser.get(link)
     switch = until("the params' diff switch", lambda: browser.find_element("css selector", "[aria-label='Parameters - Show diff only']"))
     close_assistant(browser)
     assert "z0-r0" in body_text(browser) and "z1-r0" in body_text(browser)
+    # parallel coordinates open on a run's first-logged metric: the loss, not a system reading
+    text = body_text(browser)
+    metric = text[text.index("Metrics:\n") + len("Metrics:\n") :].split("\n", 1)[0]
+    assert metric == "loss", text[text.index("Parallel Coordinates Plot") :][:300]
     switch.click()
     text = body_text(browser)
     params = text[text.index("Parameters\nShow diff only") : text.index("Metrics\nShow diff only")]
@@ -164,7 +211,7 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
                            browser.find_element("xpath", "//*[normalize-space(text())='Parameters']"))  # fmt: skip
     shot(browser, "compare-diff-only", tmp_path)
 
-    # the parent run: the spec's description, the axes as params
+    # the batch's run: the spec's description, the axes as params
     browser.get(f"{run_page}/{parent.info.run_id}{mode}")
     close_assistant(browser)
     until("the batch's description", lambda: data["description"] in body_text(browser))
@@ -172,7 +219,7 @@ def test_mlflow_ui_shows_a_dstui_batch(home: Path, tmp_path: Path, mlflow_ui: st
     until("the model-training layout", lambda: "uicheck\nRuns\n" in body_text(browser))
     assert "Evaluation runs" not in body_text(browser) and "Judges" not in body_text(browser)
     assert "axis.zero_stage" in body_text(browser) and "baseline" in body_text(browser)
-    shot(browser, "parent-run", tmp_path)
+    shot(browser, "batch-run", tmp_path)
 
     # the report's images render in the artifact preview
     browser.get(f"{run_page}/{parent.info.run_id}/artifacts/report.html{mode}")

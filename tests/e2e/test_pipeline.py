@@ -54,7 +54,7 @@ def test_smoke_spec_end_to_end(smoke_batch: dict, monkeypatch: pytest.MonkeyPatc
     for stage, run in enumerate(runs):
         assert run.info.status == "FINISHED"
         tags, params = run.data.tags, run.data.params
-        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["dstui.batch"] == batch.id and "mlflow.parentRunId" not in tags  # tied by tag, not nested
         assert tags["dstui.status"] == "done" and tags["dstui.condition"] == f"z{stage}"
         for tag in ("dstui.version.deepspeed", "dstui.version.torch", "dstui.version.transformers",
                     "dstui.version.python", "dstui.hostname", "dstui.device", "dstui.run_key"):  # fmt: skip
@@ -62,11 +62,13 @@ def test_smoke_spec_end_to_end(smoke_batch: dict, monkeypatch: pytest.MonkeyPatc
         assert params["zero_stage"] == str(stage)
         assert "ds.zero_optimization.stage" not in params  # one param per setting (MLflow's compare view)
         assert params["gpus"] == "2" and params["model"] == "tiny-llama"
-        for key in ("loss", "iter_time", "mem_peak", "mem_alloc", "tokens_per_s"):
+        for key in ("loss", "iter_time", "mem_peak_gib", "mem_alloc_gib", "tokens_per_s"):  # memory in GiB in MLflow
             h = history(client, run, key)
             assert [s for s, _ in h] == list(range(1, 9)), f"{key}: steps {h}"
             assert all(math.isfinite(v) for _, v in h)
         assert "summary.iter_time_mean" in run.data.metrics
+        (dataset,) = run.inputs.dataset_inputs  # what it read, as MLflow's dataset input
+        assert dataset.dataset.name == "tiny-corpus" and tags["dstui.dataset"] == "tiny-corpus"
         assert any(k.startswith("system/") for k in run.data.metrics)
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "run")}
         for name in ("stdout.log", "metrics.jsonl", "ds_config.json", "cmd.txt", "spec.json", "status.json"):

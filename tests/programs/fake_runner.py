@@ -20,6 +20,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.05)
     ap.add_argument("--garble", action="store_true", help="write broken lines between steps")
     ap.add_argument("--hang-after", type=int, default=0, help="sleep forever after this step")
+    ap.add_argument("--hang-unless", default="", help="... unless this file exists")
     ap.add_argument("--fail-at", type=int, default=0, help="raise after this step")
     ap.add_argument("--fail-unless", default="", help="fail at --fail-at unless this file exists")
     ap.add_argument("--silent", action="store_true", help="exit 0 without any metrics")
@@ -39,7 +40,7 @@ def main() -> int:
                 fh.write('{"type": "step", "step": "seven", "loss": 1}\n')
             if a.fail_at and s == a.fail_at and not (a.fail_unless and os.path.exists(a.fail_unless)):
                 raise RuntimeError(f"injected failure at step {s}")
-            if a.hang_after and s == a.hang_after:
+            if a.hang_after and s == a.hang_after and not (a.hang_unless and os.path.exists(a.hang_unless)):
                 time.sleep(10_000)
             time.sleep(a.interval)
         fh.write(json.dumps({"type": "summary", "time": time.time(), "steps": a.steps, "status": "ok"}) + "\n")

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from dstui.importer import seedlogs as importer
-from dstui.importer.seedlogs import ImportError_, import_dir, parse_kv_line, parse_summary_line
+from dstui.importer.lines import parse_kv_line, parse_summary_line
+from dstui.importer.names import params_from_name
+from dstui.importer.seedlogs import ImportError_, import_dir
 
 GIB = 1024**3
 
@@ -119,11 +120,13 @@ def test_import_reproduces_every_step_exactly(uri: str, tmp_path: Path) -> None:
         assert runs[cond].steps == len(pts)
         assert history(client, rid, "loss") == {s: loss for s, loss, _, _, _ in pts}
         assert history(client, rid, "iter_time") == {s: t for s, _, t, _, _ in pts}
-        assert history(client, rid, "mem_alloc") == {s: float(a) for s, _, _, a, _ in pts}
-        assert history(client, rid, "mem_peak") == {s: float(p) for s, _, _, _, p in pts}
+        # memory in GiB under a unit name, as the supervisor logs it (dstui.tracking.metric_names)
+        assert history(client, rid, "mem_alloc_gib") == pytest.approx({s: a / 2**30 for s, _, _, a, _ in pts})
+        assert history(client, rid, "mem_peak_gib") == pytest.approx({s: p / 2**30 for s, _, _, _, p in pts})
         run = client.get_run(rid)
         tags, params = run.data.tags, run.data.params
-        assert tags["dstui.role"] == "run" and tags["mlflow.parentRunId"] == result.parent_run_id
+        assert tags["dstui.role"] == "run" and tags["dstui.batch"] == result.batch
+        assert "mlflow.parentRunId" not in tags  # not nested: the batch run stays out of the runs' charts
         assert tags["dstui.condition"] == cond and tags["dstui.imported_from"] == str(root / f"{cond}.log")
         assert params["model"] == "meta-llama/Meta-Llama-3-8B"
         assert params["micro_batch"] == "1" and params["seq_length"] == "512" and params["grad_accum"] == "4"
@@ -132,7 +135,7 @@ def test_import_reproduces_every_step_exactly(uri: str, tmp_path: Path) -> None:
     assert z1.data.params["world_size"] == "8" and z1.data.params["gpus"] == "8"
     assert z1.data.params["warmup_steps"] == "4"  # first logged step (step 4) is warm-up
     assert z1.data.metrics["summary.iter_time_mean"] == 0.4782
-    assert z1.data.metrics["summary.mem_peak_max"] == 50064946688
+    assert z1.data.metrics["summary.mem_peak_max_gib"] * 2**30 == pytest.approx(50064946688)
     assert z1.data.tags["dstui.status"] == "done" and z1.info.status == "FINISHED"
     z3 = client.get_run(runs["z3_deepcompile"].run_id)
     assert z3.data.params["zero_stage"] == "3" and z3.data.params["deepcompile"] == "true"
@@ -210,7 +213,7 @@ def test_summary_line_variants() -> None:
     assert kind == "step" and rec == {"type": "step", "step": 10, "epoch": 1, "loss": 2.5, "iter_time": 0.125, "mem_alloc": 100.0, "mem_peak": 200.0}
     kind, body = parse_kv_line("model=tiny world_size=2 micro_batch=4 seq_length=128 zero_stage=3 deepcompile=True iter_time_mean=0.5")
     assert kind == "summary" and body["params"]["deepcompile"] is True and body["summary"] == {"iter_time_mean": 0.5}
-    assert importer.params_from_name("debug_n0_Meta-Llama-3-8B_deepspeed_np2z3c0dc1E0b4seq512g1a1pALL") == {
+    assert params_from_name("debug_n0_Meta-Llama-3-8B_deepspeed_np2z3c0dc1E0b4seq512g1a1pALL") == {
         "world_size": 2, "zero_stage": 3, "deepcompile": True, "compile": False, "micro_batch": 4, "seq_length": 512,
     }
 

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dstui.importer import seedlogs as importer
+from dstui.importer import reading
 from dstui.importer.parse import parse_log
-from dstui.importer.seedlogs import ImportError_, import_dir
+from dstui.importer.seedlogs import ImportError_, ImportInterrupted, import_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SETPRIV = shutil.which("setpriv")
@@ -152,13 +152,13 @@ def test_interrupted_import_is_marked_partial_and_rerun_replaces_it(
     root = tmp_path / "big"
     root.mkdir()
     big_log(root / "train.log", 6000)
-    monkeypatch.setattr(importer, "PROGRESS_EVERY_S", 0.0)  # a progress line every 2000 lines
+    monkeypatch.setattr(reading, "PROGRESS_EVERY_S", 0.0)  # a progress line every 2000 lines
 
     def ctrl_c(text: str) -> None:
         if "sending" in text:
             raise KeyboardInterrupt
 
-    with pytest.raises(importer.ImportInterrupted, match="run the same `dstui import .*` again"):
+    with pytest.raises(ImportInterrupted, match="run the same `dstui import .*` again"):
         import_dir(root, "big", progress=ctrl_c)
     c = client(uri)
     exp = c.get_experiment_by_name("big").experiment_id
@@ -191,7 +191,7 @@ def test_sigint_to_the_cli_says_what_to_run(uri: str, tmp_path: Path) -> None:
     root = tmp_path / "big"
     root.mkdir()
     big_log(root / "train.log", 20000)
-    code = ("import sys; import dstui.importer.seedlogs as s; s.PROGRESS_EVERY_S = 0.0; "
+    code = ("import sys; import dstui.importer.reading as s; s.PROGRESS_EVERY_S = 0.0; "
             "from dstui.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "DSTUI_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", code, "import", str(root), "-e", "sig"], env=env,

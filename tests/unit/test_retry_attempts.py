@@ -72,3 +72,25 @@ def test_one_run_per_folder_and_it_is_the_highest_attempt(attempts: list[tuple[s
         mine = [r for r in kept if r.tags["dstui.run_dir"].startswith(f"{folder}#")]
         assert len(mine) == 1
         assert int(mine[0].tags["dstui.run_dir"].split("#")[1]) == max(n for f, n in attempts if f == folder)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", ""]), st.integers(1, 6), st.booleans()), max_size=20))
+def test_the_attempt_tag_and_the_older_folder_hash_count_alike(attempts: list[tuple[str, int, bool]]) -> None:
+    """dstui.attempt beside a plain folder (written now) and '<folder>#<n>' (written before) in one experiment."""
+    base = RunData(run_id="", run_name="", experiment_id="1", condition="c", revision="installed",
+                   repeat=0, kind="train", status="done", reason="", mlflow_status="FINISHED", start_time=None,
+                   params={}, tags={}, metrics={})  # fmt: skip
+
+    def tags(folder: str, n: int, new: bool) -> dict[str, str]:
+        if not folder:
+            return {}
+        return {"dstui.run_dir": f"/runs/{folder}", "dstui.attempt": str(n)} if new else {"dstui.run_dir": f"/runs/{folder}#{n}"}
+
+    runs = [dataclasses.replace(base, run_id=f"{i}", tags=tags(*a)) for i, a in enumerate(attempts)]
+    kept = fetch.newest_attempts(runs)
+    assert [r for r in kept if not r.tags] == [r for r in runs if not r.tags]
+    for folder in {f for f, _, _ in attempts if f}:
+        mine = [r for r in kept if r.tags and r.tags["dstui.run_dir"].split("#")[0] == f"/runs/{folder}"]
+        assert len(mine) == 1
+        (n, _) = attempts[int(mine[0].run_id)][1:]
+        assert n == max(m for f, m, _ in attempts if f == folder)
