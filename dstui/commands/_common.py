@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dstui.commands import _argtypes
@@ -94,6 +95,11 @@ def batch_notes(info: dict[str, Any], path: Any = None) -> list[str]:
 
     notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem", "creation_problem") if info.get(k)]
     if path is not None:
+        from dstui.execute.batch_lock import stopped_note
+
+        stopped = stopped_note(BatchDir(Path(path)))  # alive but SIGSTOPped: it holds the lock, nothing moves
+        if stopped:
+            notes.append(stopped)
         try:
             free = shutil.disk_usage(path).free
         except OSError:

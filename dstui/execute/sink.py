@@ -65,12 +65,15 @@ class MlflowSink(MlflowRuns):
         rid = self.child_run_id(t.rd)
         if c is None or rid is None:
             return  # keep pending; offsets are not saved, so a restart re-reads them too
-        try:
-            tracking.log_metrics(c, rid, t.pending)
+        try:  # chunk by chunk: what went through is not sent again after a failure (a long backlog got
+            # nowhere while any one of its chunks failed); the offsets wait for the last chunk
+            while t.pending:
+                chunk = t.pending[: tracking.MAX_BATCH]
+                tracking.log_metrics(c, rid, chunk)
+                del t.pending[: len(chunk)]
         except Exception as e:
             self.down(e)
             return
-        t.pending = []
         t.save()
 
     def finish_run(self, t: Tracked, job_tags: dict[str, Any] | None = None) -> bool:
@@ -100,10 +103,12 @@ class MlflowSink(MlflowRuns):
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
                 now_ms = int(time.time() * 1000)
                 tracking.log_metrics(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
-            tracking.log_artifacts(c, rid, rd.path)
+            # the run's files, bounded and never through a link; what was left out is a problem of this run
+            problems = tracking.log_artifacts(c, rid, rd.path)
             for key_file in (rd.ds_config_file, rd.cmd_file, rd.spec_file):  # top level: the compare page diffs them
-                if key_file.is_file():
-                    tracking.log_file_artifact(c, rid, key_file)
+                problems.append(tracking.log_file_artifact(c, rid, key_file))
+            for why in dict.fromkeys(p for p in problems if p):
+                rd.note_file_problem(why)
             tracking.finish(c, rid, MLFLOW_STATUS.get(st.get("state"), "FAILED"), end_time=st.get("ended"))
         except Exception as e:
             self.down(e)
