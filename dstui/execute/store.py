@@ -26,7 +26,7 @@ from dstui.tracking import client as tracking
 log = logging.getLogger("dstui.execute.supervisor")
 
 RETRY_AFTER_S = 5.0  # the first wait after a failed call; doubled per failure in a row, up to RETRY_MAX_S
-RETRY_MAX_S = 60.0
+RETRY_MAX_S = 30.0
 RETRY_JITTER = 0.2  # +-20%: supervisors of many batches do not retry against one server in step
 
 
@@ -69,7 +69,7 @@ class StoreConnection:
         self._failures += 1
 
     def backoff_s(self) -> float:
-        """The wait before the next try: 5 s, then doubling while the store keeps failing, at most a minute."""
+        """The wait before the next try: 5 s, then doubling while the store keeps failing, at most 30 s."""
         import random
 
         wait = min(RETRY_AFTER_S * 2 ** min(self._failures, 8), RETRY_MAX_S)

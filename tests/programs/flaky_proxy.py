@@ -2,10 +2,10 @@
 
 The failing request never reaches the server (a 500 of a server that did nothing);
 every other one is forwarded as it came and its answer passed back. The counts go to
-``--stats`` (JSON: requests, failed) on every request, so a test can read how hard
+``--stats`` (JSON: requests, failed, failed_at: their times) on every request, so a test can read how hard
 the supervisor tried.
 
-Usage: python flaky_proxy.py --target 127.0.0.1:5000 --port 5001 --fail-every 3 [--stats FILE]
+Usage: python flaky_proxy.py --target 127.0.0.1:5000 --port 5001 --fail-every 3 [--stats FILE] [--down-while FILE]
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -23,10 +25,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--fail-every", type=int, default=3)
     ap.add_argument("--stats", default="")
+    ap.add_argument("--down-while", default="", help="every request fails while this file exists (an outage)")
     a = ap.parse_args()
     host, port = a.target.rsplit(":", 1)
     lock = threading.Lock()
-    counts = {"requests": 0, "failed": 0}
+    counts: dict = {"requests": 0, "failed": 0, "failed_at": []}  # failed_at: when each failed request came (first 500)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -38,8 +41,10 @@ def main() -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 counts["requests"] += 1
-                fail = counts["requests"] % a.fail_every == 0
+                fail = counts["requests"] % a.fail_every == 0 or bool(a.down_while and os.path.exists(a.down_while))
                 counts["failed"] += fail
+                if fail and len(counts["failed_at"]) < 500:
+                    counts["failed_at"].append(time.time())
                 if a.stats:
                     with open(a.stats, "w") as fh:
                         json.dump(counts, fh)
