@@ -122,6 +122,18 @@ def read_head(path: str | os.PathLike[str], limit: int) -> bytes:
         os.close(fd)
 
 
+def read_small(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    """The whole of a regular file of at most ``limit`` bytes, None when it is larger (nothing read then)."""
+    fd = open_regular(path)
+    try:
+        if os.fstat(fd).st_size > limit:
+            return None
+        data = _read(fd, limit + 1)
+        return data if len(data) <= limit else None
+    finally:
+        os.close(fd)
+
+
 def read_tail(path: str | os.PathLike[str], limit: int) -> bytes:
     """At most the last ``limit`` bytes of a regular file (:class:`NotRegular` otherwise)."""
     fd = open_regular(path)

@@ -62,10 +62,10 @@ def read_json(path: Path, default: Any = None) -> Any:
     FIFO or device, at most :data:`MAX_JSON_BYTES` (a longer file is not JSON here).
     """
     try:
-        raw = run_files.read_head(path, MAX_JSON_BYTES + 1)
+        raw = run_files.read_small(path, MAX_JSON_BYTES)
     except (FileNotFoundError, NotADirectoryError, run_files.NotRegular):
         return default
-    if len(raw) > MAX_JSON_BYTES:
+    if raw is None:
         return default
     try:
         return json.loads(raw)
