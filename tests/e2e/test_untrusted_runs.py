@@ -188,8 +188,10 @@ def test_cancel_ends_a_helper_that_left_the_jobs_session(home: Path, tmp_path: P
     helper = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="helper started"))
     wait_for(lambda: rd.state == "running", what="running")
     assert os.getsid(helper) != rd.status()["pgid"]  # a session of its own: the group signal misses it
+    asked = time.time()
     assert dstui("cancel", f"{b.id}/{rd.name}").returncode == 0
     wait_for(lambda: not alive(helper), timeout=30, what="the helper ended by cancel")
+    print(f"\nhelper in its own session ended {time.time() - asked:.1f} s after `dstui cancel` was called")
     wait_for(lambda: b.info().get("finalized"), what="batch finalized")
     assert rd.state == "killed"
 
