@@ -73,7 +73,9 @@ class PhaseClock:
             return
         tmp = f"{self.live_file}.{os.getpid()}.tmp"
         try:  # best effort: a full disk must not stop training
-            with open(tmp, "w") as fh:
+            # 0600 whatever the job's umask, like every file dstui keeps in a run folder
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
                 json.dump({"mark": name, "time": at}, fh)
             os.replace(tmp, self.live_file)
         except OSError:

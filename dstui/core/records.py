@@ -23,6 +23,7 @@ names MLflow accepts), so one bad value never blocks the points around it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from dstui.core import run_files
 
 HEADER, STEP, SUMMARY, PHASES, ATTEMPT = "header", "step", "summary", "phases", "attempt"
 
@@ -46,6 +49,11 @@ SEED_LINE = re.compile(
     r"(?:\s+alloc_mem:\s*(?P<alloc>\d+))?"
     r"(?:\s+peak_mem:\s*(?P<peak>\d+))?"
 )
+
+#: where a seed line starts: two of them in one line are two ranks' writes glued together
+SEED_START = re.compile(r"Epoch\s+\d+,\s*Step\s+\d+,")
+#: a step record made from a seed line carries this (True): repeats of its step are left out (attempt_steps)
+SEED_SOURCE = "from_seed_line"
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: MLflow's rule for metric names (mlflow.utils.validation, non-Windows), within its 250-character key limit
@@ -102,7 +110,7 @@ def parse_seed_record(line: str) -> dict[str, Any] | None:
     if not (in_int64(step) and in_int64(epoch)):
         raise BadRecord("step or epoch beyond 64 bits")
     try:
-        rec: dict[str, Any] = {"type": STEP, "epoch": epoch, "step": step, "loss": _float(m["loss"])}
+        rec: dict[str, Any] = {"type": STEP, "epoch": epoch, "step": step, "loss": _float(m["loss"]), SEED_SOURCE: True}
         if m["time"] is not None:
             rec["iter_time"] = _float(m["time"])
     except ValueError:
@@ -111,6 +119,18 @@ def parse_seed_record(line: str) -> dict[str, Any] | None:
         if m[group] is not None:  # a float, whatever its length (int() stops at 4300 digits)
             rec[key] = float(m[group])
     return rec
+
+
+def seed_parts(line: str) -> list[str]:
+    """The pieces of a line of output that each hold at most one seed line: split at a bare CR (a
+    progress bar's, or two lines joined by one) and where a second seed line begins inside the first
+    (two ranks writing to one stream: a line's text and its newline are two writes when unbuffered)."""
+    parts: list[str] = []
+    for piece in line.split("\r"):
+        starts = [m.start() for m in SEED_START.finditer(piece)]
+        cuts = [0, *starts[1:], len(piece)]
+        parts.extend(piece[a:b] for a, b in itertools.pairwise(cuts))
+    return parts
 
 
 def _float(text: str) -> float:
@@ -273,7 +293,8 @@ class MetricsWriter:
     """Append records, one line each, flushed so a follower sees them at once."""
 
     def __init__(self, path: str | Path | None) -> None:
-        self._fh: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        # 0600 whatever the job's umask (dstui's files are private), never through a link
+        self._fh: TextIO | None = os.fdopen(run_files.open_append(path), "a", buffering=1) if path else None
 
     def write(self, kind: str, **fields: Any) -> None:
         if self._fh is None:
@@ -295,12 +316,17 @@ def _jsonable(o: Any) -> Any:
 
 
 def bad_lines_note(st: dict[str, Any]) -> str | None:
-    """``N bad lines (first: ...)`` of a run's status.json, for `dstui status` and the TUI; None when none."""
+    """``N bad lines (first: ...)`` of a run's status.json, then the run's files dstui refused to read
+    (``metrics.jsonl is a FIFO: not read``), for `dstui status` and the TUI; None when none."""
+    parts: list[str] = []
     n = st.get("bad_lines")
-    if not isinstance(n, int) or n <= 0:
-        return None
-    first = st.get("first_bad_line") or ""
-    return f"{n} bad line{'s' if n != 1 else ''}" + (f" (first: {first})" if first else "")
+    if isinstance(n, int) and n > 0:
+        first = st.get("first_bad_line") or ""
+        parts.append(f"{n} bad line{'s' if n != 1 else ''}" + (f" (first: {first})" if first else ""))
+    problems = st.get("file_problems")
+    if isinstance(problems, dict):
+        parts.extend(str(why) for why in problems.values())
+    return "; ".join(parts) or None
 
 
 #: the longest line a follower hands out; a longer one is skipped and counted
@@ -324,6 +350,7 @@ class Follower:
     skipping: bool = False
     _partial: bytes = field(default=b"", repr=False)
     max_line: int = field(default=MAX_LINE_BYTES, repr=False)  # the read size: the longest line handed out
+    refused: str = field(default="", repr=False)  # why the file was not read at the last try (a link, a FIFO, ...)
 
     def bad(self, problem: str) -> None:
         """Count one bad line; the first one's description (see :func:`example`) is kept."""
@@ -339,17 +366,31 @@ class Follower:
         writer finished but whose newline never came (the disk filled up between
         the two) is still a record; a cut-off one fails to parse like any bad line.
         ``max_bytes`` (default ``max_line``) is the read size and so the longest line.
+
+        The file is the run's, so it is read as untrusted (:mod:`dstui.core.run_files`):
+        a link, FIFO or device in its place is not read and ``refused`` names it; a
+        sparse file's holes (zeros: no newline in them) are stepped over, not read.
         """
         max_bytes = max_bytes or self.max_line
         try:
-            with open(self.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < self.offset:  # truncated or replaced: start over
-                    self.offset, self.skipping = 0, False
-                fh.seek(self.offset)
-                chunk = fh.read(max_bytes)
+            fd = run_files.open_regular(self.path)
         except FileNotFoundError:
             return []
+        except run_files.NotRegular as e:
+            self.refused = str(e)
+            return []
+        self.refused = ""
+        try:
+            size = os.fstat(fd).st_size
+            if size < self.offset:  # truncated or replaced: start over
+                self.offset, self.skipping = 0, False
+            data = run_files.next_data(fd, self.offset, size)
+            if data - self.offset >= max_bytes:  # a hole longer than any line: whatever line it is in is over-long
+                return self._over_long(b"", max_bytes, self.offset, data, final=final and data >= size)
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            chunk = os.read(fd, max_bytes)
+        finally:
+            os.close(fd)
         base, start = self.offset, 0
         full = len(chunk) >= max_bytes
         if self.skipping:  # inside an oversize line: on to its newline
@@ -367,14 +408,19 @@ class Follower:
             out.append((chunk[start:nl].decode("utf-8", "replace"), base + nl + 1))
             start = nl + 1
         if full and start == 0:  # one line fills the whole read: skip it, never hand it out
-            self.bad(example(chunk[:EXAMPLE_CHARS].decode("utf-8", "replace"), f"line longer than {max_bytes} bytes skipped"))
-            self.offset, self.skipping = base + len(chunk), True
-            return []
+            return self._over_long(chunk, max_bytes, base, base + len(chunk), final=False)
         if final and start < len(chunk) and not full:  # the unterminated tail, at the end of the file
             out.append((chunk[start:].decode("utf-8", "replace"), base + len(chunk)))
             start = len(chunk)
         self.offset = base + start
         return out
+
+    def _over_long(self, chunk: bytes, max_bytes: int, base: int, to: int, *, final: bool) -> list[tuple[str, int]]:
+        """A line longer than a read: counted once (not again while skipping it), then skipped to ``to``."""
+        if not self.skipping:
+            self.bad(example(chunk[:EXAMPLE_CHARS].decode("utf-8", "replace"), f"line longer than {max_bytes} bytes skipped"))
+        self.offset, self.skipping = to, not final
+        return []
 
 
 def read_records(path: str | Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
@@ -386,12 +432,11 @@ def read_records(path: str | Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
     parse = line_parser(fmt)
     steps = AttemptSteps()
     out = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                rec = parse(line)
-                if rec is not None and steps.keep(rec):
-                    out.append(rec)
-    except FileNotFoundError:
+    try:  # the run's file: never through a link, lines bounded (dstui.core.run_files)
+        for raw in run_files.iter_lines(path, MAX_LINE_BYTES):
+            rec = parse(raw.decode("utf-8", "replace"))
+            if rec is not None and steps.keep(rec):
+                out.append(rec)
+    except (FileNotFoundError, run_files.NotRegular):
         return []
     return out

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstui.core import run_files
 from dstui.core.names import RUN_NAME_MAX, is_safe
 
 ACTIVE_STATES = ("queued", "starting", "running")
@@ -50,10 +51,25 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+#: the largest JSON file of a run or batch read (batch.json of 10,000 runs is ~2 MB)
+MAX_JSON_BYTES = 32 << 20
+
+
 def read_json(path: Path, default: Any = None) -> Any:
+    """A JSON file of a run or batch folder, ``default`` when it is missing, unreadable or not JSON.
+
+    Read as untrusted (:mod:`dstui.core.run_files`): never through a link, never a
+    FIFO or device, at most :data:`MAX_JSON_BYTES` (a longer file is not JSON here).
+    """
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        raw = run_files.read_small(path, MAX_JSON_BYTES)
+    except (FileNotFoundError, NotADirectoryError, run_files.NotRegular):
+        return default
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
         return default
 
 
@@ -146,14 +162,22 @@ class RunDir:
         return self.spec().get("settings") or {}
 
     def log_tail(self, n_bytes: int = 8192) -> str:
+        """The last ``n_bytes`` of the job's log ("" when it is missing, or not a regular file of its own)."""
         try:
-            with open(self.log_file, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - n_bytes))
-                return fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
+            return run_files.read_tail(self.log_file, n_bytes).decode("utf-8", "replace")
+        except (FileNotFoundError, run_files.NotRegular):
             return ""
+
+    def note_file_problem(self, why: str) -> bool:
+        """A file of this run dstui refused to read (``NAME is a FIFO: not read``), kept in status.json
+        under its name (``file_problems``) once; True when it is new."""
+        name = why.split(" ", 1)[0]
+        st = self.status()
+        problems = st.get("file_problems") if isinstance(st.get("file_problems"), dict) else {}
+        if problems.get(name) == why:
+            return False
+        self.update_status(file_problems={**problems, name: why})
+        return True
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ process or an MLflow run exists: a bad spec leaves nothing behind.
 from __future__ import annotations
 
 import fnmatch
+import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -30,6 +32,8 @@ from dstui.execute.batch_lock import BatchLock
 from dstui.spec import dsconfig
 from dstui.spec.loading import naming_file
 from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
+
+log = logging.getLogger("dstui.execute.batch")
 
 
 @dataclass
@@ -132,13 +136,13 @@ def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
     """
     from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS, earlier_attempt
 
-    attempts = rd.path / "attempts"
-    n = len(list(attempts.iterdir())) + 1 if attempts.exists() else 1
-    keep = attempts / str(n)
-    keep.mkdir(parents=True)
-    for f in rd.path.iterdir():
-        if f.is_file() and f.name not in ("spec.json", "ds_config.json", PRIVATE_SPEC_FILE):  # the last: older folders
-            shutil.move(str(f), keep / f.name)
+    n, keep = attempt_folder(rd)
+    with os.scandir(rd.path) as entries:
+        moving = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
+    for name in moving:
+        if name not in ("spec.json", "ds_config.json", PRIVATE_SPEC_FILE):  # the last: older folders
+            # a rename of the entry itself: a link the job left moves as a link, its target untouched
+            os.rename(rd.path / name, keep / name)
     kept = RunDir(keep)
     old = kept.status()
     if old.get("state") not in FINAL_STATES:
@@ -151,6 +155,34 @@ def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
         attempt=n + 1,
         **{EARLIER_ATTEMPTS: earlier},
     )
+
+
+def attempt_folder(rd: RunDir) -> tuple[int, Path]:
+    """(N, ``attempts/N``) for the attempt being put aside: a new real folder inside the run's own.
+
+    The run folder is the job's too: ``attempts`` may be a link the job planted (retry moved the
+    run's files through it, out of the home), a file, a FIFO. Nothing is ever moved or created
+    through a link: a run folder that is not a real folder inside its batch is refused, and an
+    ``attempts`` that is not a real folder is moved aside (as the entry it is) into the new attempt.
+    """
+    batch = rd.path.parent
+    if rd.path.is_symlink() or not rd.path.is_dir() or rd.path.resolve().parent != batch.resolve():
+        raise DstuiError(f"refusing to re-queue {rd.path}: not a real run folder inside batch {batch}")
+    attempts = rd.path / "attempts"
+    stray = None
+    if os.path.lexists(attempts) and not (attempts.is_dir() and not attempts.is_symlink()):
+        stray = rd.path / f".attempts-not-a-folder-{os.getpid()}"
+        os.rename(attempts, stray)
+    attempts.mkdir(exist_ok=True)
+    with os.scandir(attempts) as entries:
+        numbers = [int(e.name) for e in entries if e.name.isdigit() and len(e.name) < 10]
+    n = max(numbers, default=0) + 1
+    keep = attempts / str(n)
+    keep.mkdir()
+    if stray is not None:
+        os.rename(stray, keep / "attempts")
+        log.warning("%s: 'attempts' was not a folder of its own; kept, unfollowed, as %s", rd.name, keep / "attempts")
+    return n, keep
 
 
 def resume(

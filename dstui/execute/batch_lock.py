@@ -8,10 +8,12 @@ all hold it; :mod:`~dstui.execute.control` asks it before starting a supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from typing import Any
 
+from dstui.core import proc_identity
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import BatchDir
 
@@ -60,3 +62,33 @@ def is_supervised(batch: BatchDir) -> bool:
             return True
         fcntl.flock(fh, fcntl.LOCK_UN)
         return False
+
+
+def holder_pid(batch: BatchDir) -> int | None:
+    """The pid holding the batch lock (the kernel's word, /proc/locks), None when free or unknown."""
+    try:
+        ino = os.stat(batch.lock_file).st_ino
+        with open("/proc/locks") as fh:
+            lines = fh.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12345 fd:01:1234567 0 EOF"; a waiter's line has "->" after the number
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5].rsplit(":", 1)[-1] == str(ino):
+            with contextlib.suppress(ValueError):
+                return int(parts[4])
+    return None
+
+
+def stopped_note(batch: BatchDir) -> str | None:
+    """A line for `dstui status` when the batch's supervisor is alive but stopped (SIGSTOP, a debugger):
+    it holds the lock, so nobody takes over, and nothing of the batch moves (runs are not
+    started, followed or sent to MLflow). None otherwise."""
+    if not is_supervised(batch):
+        return None
+    pid = holder_pid(batch)
+    if pid is None or proc_identity.state_of(pid) not in ("T", "t"):
+        return None
+    return (f"the supervisor (pid {pid}) is stopped: no run starts and nothing reaches MLflow "
+            f"until it goes on (`kill -CONT {pid}`)")  # fmt: skip

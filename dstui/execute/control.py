@@ -15,7 +15,7 @@ from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.execute import backends
 from dstui.execute.batch_lock import is_supervised
-from dstui.execute.injob.wrap import start_supervisor
+from dstui.execute.injob.standby import start_supervisor
 
 log = logging.getLogger("dstui.execute.control")
 

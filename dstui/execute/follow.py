@@ -92,6 +92,7 @@ class RunFollower:
         t.pending.extend(self._read(t))
         if t.metrics.bad_lines != bad_before:
             self._bad_lines(t, bad_before)
+        self._refused_files(t)
         self._guard(rd)
         if live:
             self.backend.follow_job(t, st)
@@ -104,6 +105,15 @@ class RunFollower:
         if before == 0:
             log.warning("%s: bad metric line(s) left out (first: %s)", t.rd.name, t.metrics.first_bad)
         self.sink.tag(t.rd, {tag_keys.BAD_METRIC_LINES: t.metrics.bad_lines, tag_keys.FIRST_BAD_LINE: t.metrics.first_bad})
+
+    def _refused_files(self, t: Tracked) -> None:
+        """A run's file that is a link, FIFO or device in its folder: named once (log, status.json, MLflow
+        tag), never read; a problem of this run alone (dstui.core.run_files)."""
+        for f in (t.metrics, t.system):
+            if f.refused and t.rd.note_file_problem(f.refused):
+                log.warning("%s: %s", t.rd.name, f.refused)
+                problems = t.rd.status().get("file_problems") or {}
+                self.sink.tag(t.rd, {tag_keys.FILE_PROBLEMS: "; ".join(str(v) for v in problems.values())})
 
     def _flush(self, t: Tracked, *, force: bool = False) -> None:
         """Send the run's pending points; points that went through end an episode of store trouble."""

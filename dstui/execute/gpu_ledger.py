@@ -44,12 +44,13 @@ class Holder:
 
 
 def _alive(h: Holder) -> bool:
-    from dstui.execute.process_group import group_alive
+    from dstui.execute.process_group import job_alive
 
     rd = RunDir(Path(h.run_path))
     if not rd.path.is_dir() or rd.state in FINAL_STATES:
         return False
-    return group_alive(h.pgid) if h.pgid else rd.state in ("queued", "starting", "running")
+    st = rd.status()
+    return job_alive(st) if h.pgid else rd.state in ("queued", "starting", "running")
 
 
 class Ledger:

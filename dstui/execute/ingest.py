@@ -21,12 +21,15 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.core import run_files
 from dstui.core.attempt_steps import AttemptSteps
+from dstui.core.metric_names import MetricNames
 from dstui.core.records import (
     ATTEMPT,
     HEADER,
@@ -38,10 +41,11 @@ from dstui.core.records import (
     parse_json_object,
     parse_record,
     record_time_ms,
+    seed_parts,
     split_metrics,
 )
 from dstui.core.rundir import RunDir, read_json, write_json_atomic
-from dstui.execute import sysmetrics
+from dstui.execute import process_group, sysmetrics
 
 Point = tuple[str, float, int, int]  # (key, value, timestamp ms, step)
 
@@ -67,6 +71,7 @@ class Tracked:
     pending: list[Point] = field(default_factory=list)
     steps_sent: bool = False  # a point besides system readings went to MLflow (dstui.execute.sink.held_back)
     attempts: AttemptSteps = field(default_factory=AttemptSteps)  # saved with the offsets it belongs to
+    names: MetricNames = field(default_factory=MetricNames)  # the run's distinct metric names so far (bounded)
 
     def save(self) -> None:
         write_json_atomic(
@@ -82,6 +87,7 @@ class Tracked:
                 "finalized": self.finalized,
                 "system_step": self.system_step,
                 "attempts": self.attempts.to_json(),
+                "metric_names": self.names.to_json(),
             },
         )
 
@@ -89,13 +95,14 @@ class Tracked:
         """Where reading stands (offsets, partial lines, counters), to go back to."""
         m, y = self.metrics, self.system
         return (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping, self.system_step,
-                copy.copy(self.attempts))  # fmt: skip
+                copy.copy(self.attempts), set(self.names.names))  # fmt: skip
 
     def restore(self, mark: tuple) -> None:
         m, y = self.metrics, self.system
         (m.offset, m._partial, m.bad_lines, m.first_bad, m.skipping, y.offset, y._partial, y.skipping,
-         self.system_step, attempts) = mark  # fmt: skip
+         self.system_step, attempts, names) = mark  # fmt: skip
         self.attempts = copy.copy(attempts)
+        self.names = MetricNames(set(names))
 
     def rewind(self) -> None:
         """Read the run's files again from the start (the store that held its points is gone)."""
@@ -109,6 +116,7 @@ class Tracked:
         self.pending = []
         self.steps_sent = False
         self.attempts = AttemptSteps()
+        self.names = MetricNames()
 
     @classmethod
     def load(cls, rd: RunDir, fmt: str) -> Tracked:
@@ -123,6 +131,7 @@ class Tracked:
             finalized=st.get("finalized", False),
             system_step=st.get("system_step", 0),
             attempts=AttemptSteps.from_json(st.get("attempts")),
+            names=MetricNames.from_json(st.get("metric_names")),
         )
 
 
@@ -147,7 +156,8 @@ def read_points(
     bad_before = t.metrics.bad_lines
     attempts_before = copy.copy(t.attempts)
     step_times: list[float] = []
-    for line, _ in t.metrics.read_lines(final=final):
+    lines = (part for line, _ in t.metrics.read_lines(final=final) for part in (seed_parts(line) if fmt == "seed" else (line,)))
+    for line in lines:
         rec, problem = parse_record(line, fmt)
         if problem:
             t.metrics.bad(problem)
@@ -157,9 +167,7 @@ def read_points(
         kept = t.attempts.keep(rec)  # False for a repeat of an earlier attempt's step
         if rec["type"] == ATTEMPT:
             continue  # a job (re)start: later steps up to the highest so far are repeats
-        values, dropped = split_metrics(rec)
-        if dropped and kept:
-            t.metrics.bad(example(line, f"left out {', '.join(dropped[:3])} (not a finite number MLflow can store)"))
+        values = storable(t, rec, line, counted=kept)
         own_ts = record_time_ms(rec)
         if rec["type"] == HEADER:
             on_header(clean_header(rec))
@@ -201,6 +209,22 @@ def read_points(
     return points
 
 
+def storable(t: Tracked, rec: dict[str, Any], line: str, *, counted: bool) -> dict[str, float]:
+    """The record's metrics MLflow may store: finite numbers under names MLflow takes, not a name
+    dstui reserves, within the run's bound on distinct names (:mod:`dstui.core.metric_names`).
+    What is left out makes the line a bad one (``counted``: not for a repeat of an earlier attempt)."""
+    values, dropped = split_metrics(rec)
+    if rec["type"] in (STEP, SUMMARY) and counted:
+        values, refused = t.names.admit(values, "summary." if rec["type"] == SUMMARY else "")
+    else:
+        refused = []
+    if counted and dropped:
+        t.metrics.bad(example(line, f"left out {', '.join(dropped[:3])} (not a finite number MLflow can store)"))
+    elif counted and refused:
+        t.metrics.bad(example(line, f"left out {', '.join(refused[:3])}"))
+    return values
+
+
 def slowest_gap(st: dict, step_times: list[float]) -> float | None:
     """The longest time between two consecutive new steps so far (the automatic stall guard's yardstick).
 
@@ -230,12 +254,17 @@ def sample_system(t: Tracked, st: dict, interval_s: float, now: float) -> None:
     if now - t.last_sample < interval_s:
         return
     t.last_sample = now
-    if t.tree is None and st.get("pid"):
+    if t.tree is None and st.get("pid") and process_group.job_alive(st):  # not a process that took its number
         t.tree = sysmetrics.ProcessTreeSampler(st["pid"], wrapper=True)
     rec = sysmetrics.sample(t.tree, st.get("gpu_slice"))
     if rec is None:  # the job has ended: no reading of it
         return
-    with open(t.rd.system_file, "a") as fh:
+    try:  # never through a link the job put in its place (dstui.core.run_files)
+        fd = run_files.open_append(t.rd.system_file)
+    except run_files.NotRegular as e:
+        t.system.refused = str(e)
+        return
+    with os.fdopen(fd, "a") as fh:
         fh.write(json.dumps(rec) + "\n")
 
 

@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import names, paths, secrets, shm
+from dstui.core import names, paths, proc_identity, secrets, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import PRIVATE_SPEC_FILE, RunDir, read_json, write_json_atomic
-from dstui.execute import bytecode, cwd_link
+from dstui.execute import bytecode, cwd_link, process_group
 from dstui.spec import flags
 from dstui.spec.models import RunSpec, Settings
 
@@ -337,6 +337,9 @@ def start(
     if run.settings.kind == "command" and gpu_slice is not None and "CUDA_VISIBLE_DEVICES" not in run.settings.env:
         # a program of its own sees only the GPUs the supervisor gave it (ranks get theirs from ranks.py)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_slice)
+    # every process of the job inherits it, also one that leaves the job's session: cancel finds them all
+    token = proc_identity.new_token()
+    env[proc_identity.JOB_TOKEN_ENV] = token
     with open(rd.log_file, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dstui.execute.injob.wrap", str(rd.path), "--", *argv],
@@ -351,8 +354,8 @@ def start(
         )
     rd.update_status(
         state="running",
-        pid=proc.pid,
-        pgid=proc.pid,
+        # the leader's start and the boot beside its number: signals reach the job, never a newcomer
+        **process_group.record(proc.pid, token),
         started=time.time(),
         argv=shown_argv,
         gpu_slice=gpu_slice,

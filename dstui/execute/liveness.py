@@ -9,6 +9,7 @@ left behind, so each reason can be tested without a process).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Protocol
 
@@ -87,7 +88,7 @@ def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, st
     """(status flag, message) when a live run must be stopped: no output, no new step, too long."""
     started = st.get("started") or now
     hung_after = float(settings.get("hung_after_s", 600))
-    last_output = max((p.stat().st_mtime for p in (rd.log_file, rd.metrics_file) if p.exists()), default=started)
+    last_output = max((m for p in (rd.log_file, rd.metrics_file) if (m := own_mtime(p)) is not None), default=started)
     if now - last_output > hung_after:
         return "hung", f"no output for {hung_after:.0f} s"
     stall = stall_limit(settings, st)
@@ -97,6 +98,14 @@ def why_stuck(rd: RunDir, st: dict, settings: dict, now: float) -> tuple[str, st
     if max_runtime and now - started > float(max_runtime):
         return "over_time", f"ran longer than max_runtime_s ({float(max_runtime):.0f} s)"
     return None
+
+
+def own_mtime(path: os.PathLike[str]) -> float | None:
+    """When a run's file last changed, by the name itself (lstat: a link the job put there is not followed)."""
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return None
 
 
 def hung(rd: RunDir, st: dict) -> bool:

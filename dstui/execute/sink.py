@@ -72,12 +72,17 @@ class MlflowSink(MlflowRuns):
         if c is None or rid is None:
             return  # keep pending; offsets are not saved, so a restart re-reads them too
         send, held = held_back(t.pending, steps_sent=t.steps_sent or force)
-        try:
-            layout.log_points(c, rid, send)
+        try:  # chunk by chunk: what went through is not sent again after a failure (a long backlog got
+            # nowhere while any one of its chunks failed); the offsets wait for the last chunk
+            while send:
+                chunk = send[: tracking.MAX_BATCH]
+                layout.log_points(c, rid, chunk)
+                del send[: len(chunk)]
+                t.steps_sent = True
         except Exception as e:
+            t.pending = send + held
             self.down(e)
             return
-        t.steps_sent = t.steps_sent or bool(send)
         t.pending = held
         if not held:  # held readings are not on MLflow yet: their offsets stay unsaved with them
             t.save()
@@ -107,10 +112,12 @@ class MlflowSink(MlflowRuns):
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)
                 now_ms = int(time.time() * 1000)
                 layout.log_points(c, rid, [(f"time/{k}", v, now_ms, 0) for k, v in st["phases"].items() if v is not None])
-            tracking.log_artifacts(c, rid, rd.path)
+            # the run's files, bounded and never through a link; what was left out is a problem of this run
+            problems = tracking.log_artifacts(c, rid, rd.path)
             for key_file in (rd.ds_config_file, rd.cmd_file, rd.spec_file):  # top level: the compare page diffs them
-                if key_file.is_file():
-                    tracking.log_file_artifact(c, rid, key_file)
+                problems.append(tracking.log_file_artifact(c, rid, key_file))
+            for why in dict.fromkeys(p for p in problems if p):
+                rd.note_file_problem(why)
             layout.end_run(c, rid, st.get("state") or "failed", ended_s=st.get("ended"), tags=final)
         except Exception as e:
             self.down(e)

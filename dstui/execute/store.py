@@ -25,7 +25,9 @@ from dstui.tracking.sqlite_store import StoreBroken, sqlite_path  # noqa: F401 -
 
 log = logging.getLogger("dstui.execute.supervisor")
 
-RETRY_AFTER_S = 5.0
+RETRY_AFTER_S = 5.0  # the first wait after a failed call; doubled per failure in a row, up to RETRY_MAX_S
+RETRY_MAX_S = 30.0
+RETRY_JITTER = 0.2  # +-20%: supervisors of many batches do not retry against one server in step
 
 
 class StoreConnection:
@@ -38,6 +40,7 @@ class StoreConnection:
         self._client: Any = None
         self.error: str | None = None
         self._retry_at = 0.0
+        self._failures = 0  # failed calls since the last one that went through (the back-off's exponent)
         self._store_id: tuple[int, int] | None = None
         self.experiment_id: str | None = None
         quiet_store_tracebacks()
@@ -63,10 +66,19 @@ class StoreConnection:
             self.report(str(e) if isinstance(e, StoreBroken) else "MLflow unreachable; metrics stay in the run folders and are sent later")
             self.error = msg
         self._client = None
-        self._retry_at = time.time() + RETRY_AFTER_S
+        self._retry_at = time.time() + self.backoff_s()
+        self._failures += 1
+
+    def backoff_s(self) -> float:
+        """The wait before the next try: 5 s, then doubling while the store keeps failing, at most 30 s."""
+        import random
+
+        wait = min(RETRY_AFTER_S * 2 ** min(self._failures, 8), RETRY_MAX_S)
+        return wait * (1 + RETRY_JITTER * (2 * random.random() - 1))
 
     def up(self) -> None:
         """A write went through: the episode of trouble, if any, is over."""
+        self._failures = 0
         if self.error is not None:
             log.info("MLflow reachable again; held-back metrics are being sent")
             self.error = None

@@ -41,6 +41,7 @@ from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
     spawn,
 )
 from dstui.execute.follow import RunFollower
+from dstui.execute.injob import standby
 from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
 from dstui.execute.sink import MlflowSink
 
@@ -86,6 +87,7 @@ class Supervisor:
     def run(self) -> int:
         self.lock.acquire()
         startup_trace.mark("supervisor_locked", "supervisor")
+        standby.ensure(str(self.batch.path))  # restarts this supervisor should it die before a job keeps watch
         try:
             log.info("supervising batch %s (pid %d)", self.batch.id, os.getpid())
             note = creation.settle(self.batch, locked=True)  # a `dstui run` killed while laying it out
@@ -206,8 +208,14 @@ class Supervisor:
 def main(batch_path: str) -> int:
     startup_trace.mark("supervisor_main", "supervisor")  # after the interpreter's start and the imports
     # An unreachable tracking server must not stall following the runs: fail fast,
-    # keep the metrics on disk, retry on a later pass.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    # keep the metrics on disk, retry on a later pass (backing off: execute/store.py).
+    # One immediate retry of a failed request: a server failing every third request
+    # answered a fixed sequence of calls (experiment, parent search, create) with a 500
+    # on the same call every time, and no point got through in 180 s.
+    # Set, not defaulted: `dstui run` sets no retries for its own forecast and its supervisor inherits that.
+    os.environ.update(
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="0", MLFLOW_HTTP_REQUEST_BACKOFF_JITTER="0.3"
+    )
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     secrets.mask_output()  # supervisor.log: no credentials, no hidden env value, tracebacks included
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)

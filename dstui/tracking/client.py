@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.core import paths
-from dstui.core.rundir import PRIVATE_FILES
-from dstui.tracking import sqlite_store
+from dstui.tracking import sqlite_store, staging
 from dstui.tracking import tags as tag_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -220,45 +219,29 @@ def finish(c: MlflowClient, run_id: str, status: str, end_time: float | None = N
     c.set_terminated(run_id, status=status, end_time=int(end_time * 1000) if end_time else None)
 
 
-def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "run") -> None:
-    """Upload the run folder's small files (never anything whose name looks secret)."""
+def log_artifacts(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "run") -> list[str]:
+    """Upload the run folder's own files, bounded, never through a link (:mod:`dstui.tracking.staging`);
+    never anything whose name looks secret. The files left out, each a problem in words."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / folder.name
         staged.mkdir()
-        for p in folder.iterdir():
-            if p.is_file() and not p.name.startswith(".") and p.name not in PRIVATE_FILES:
-                stage_file(p, staged / p.name)
+        problems = staging.stage_folder(folder, staged)
         c.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
+    return problems
 
 
-def stage_file(src: Path, dst: Path) -> None:
-    """Copy for upload; JSON goes through :func:`secrets.redact`, text loses URI credentials."""
-    import json
-    import shutil
-
-    from dstui.core.secrets import redact, strip_credentials
-
-    if src.suffix == ".json":
-        try:
-            dst.write_text(json.dumps(redact(json.loads(src.read_text())), indent=2, default=str))
-            return
-        except ValueError:
-            pass
-    if src.suffix in (".log", ".txt", ".jsonl", ".yaml") and src.stat().st_size < 64 << 20:
-        dst.write_text(strip_credentials(src.read_text(errors="replace")))
-        return
-    shutil.copy2(src, dst)
-
-
-def log_file_artifact(c: MlflowClient, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+def log_file_artifact(c: MlflowClient, run_id: str, path: Path, artifact_path: str | None = None) -> str | None:
+    """Upload one file as :func:`log_artifacts` does; the problem when it was left out."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / path.name
-        stage_file(path, staged)
-        c.log_artifact(run_id, str(staged), artifact_path=artifact_path)
+        problem = staging.stage_file(path, staged)
+        if problem is None and staged.exists():
+            c.log_artifact(run_id, str(staged), artifact_path=artifact_path)
+    return problem
 
 
 def log_report(c: MlflowClient, run_id: str, folder: Path, artifact_path: str = "report") -> None:

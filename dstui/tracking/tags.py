@@ -40,6 +40,7 @@ REASON = "dstui.reason"
 EXIT_CODE = "dstui.exit_code"
 BAD_METRIC_LINES = "dstui.bad_metric_lines"
 FIRST_BAD_LINE = "dstui.first_bad_line"  # "why: start of the line" of the first bad line (execute/ingest.py)
+FILE_PROBLEMS = "dstui.file_problems"  # the run's files dstui refused to read: "metrics.jsonl is a FIFO: not read; ..."
 VERDICT = "dstui.verdict"
 WORST = "dstui.worst"
 TOLERANCE_BASIS = "dstui.tolerance_basis"

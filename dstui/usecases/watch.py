@@ -23,12 +23,13 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dstui.core import failures
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import backends
+from dstui.execute import backends, batch_lock
 from dstui.execute.ingest import unsent_points
 from dstui.execute.supervisor import is_finishing
 from dstui.usecases.takeover import GAVE_UP, RESTARTED, Takeover
@@ -78,6 +79,9 @@ def batch_notes(info: dict[str, Any], path: os.PathLike[str] | str | None = None
     """Problems of a batch a person must hear about once: store lost or down, disk full."""
     notes = [info[k] for k in ("tracking_problem", "tracking_note", "supervisor_problem", "creation_problem") if info.get(k)]
     if path is not None:
+        stopped = batch_lock.stopped_note(BatchDir(Path(path)))  # alive but SIGSTOPped: it holds the lock, nothing moves
+        if stopped:
+            notes.append(stopped)
         try:
             free = shutil.disk_usage(path).free
         except OSError:

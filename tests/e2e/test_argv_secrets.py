@@ -151,6 +151,16 @@ def test_dstuis_own_files_under_its_home_are_private(batch: dict) -> None:
     assert [str(p) for p in readable if any(n in p.read_bytes() for n in needles)] == []
 
 
+def test_exit_metrics_and_phase_files_are_private_whatever_the_umask(batch: dict) -> None:
+    """Issue 40.7: the job's wrapper (exit.json) and the bundled runner (metrics.jsonl, phase.json) write
+    them 0600 under umask 022 (they were 0644); the stand-in's own metrics file follows its umask."""
+    b = batch["batch"]
+    ours = [b.path / "deepspeed-r0" / n for n in ("exit.json", "metrics.jsonl", "phase.json")] + [b.path / "stand-in-r0" / "exit.json"]
+    assert {str(p.relative_to(b.path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in ours} == {
+        str(p.relative_to(b.path)): "0o600" for p in ours
+    }
+
+
 def test_one_node_rendezvous_listens_on_loopback_only(batch: dict) -> None:
     listens, port = batch["listens"], batch["master_port"]
     assert port and (("127.0.0.1", port) in listens), (port, listens)  # the store was seen, bound to loopback

@@ -26,6 +26,7 @@ def test_seed_line_round_trip() -> None:
     assert rec == {
         "type": "step", "epoch": 1, "step": 10, "loss": 2.345678,
         "iter_time": 0.123, "mem_alloc": 1234567890, "mem_peak": 2345678901,
+        "from_seed_line": True,  # its step's repeats (another rank's copy) are left out: attempt_steps
     }  # fmt: skip
     assert parse_seed_line("Epoch 2, Step 3, Loss: 1.5")["loss"] == 1.5
     assert parse_seed_line("loss went down") is None

@@ -34,7 +34,7 @@ from dstui.execute import (
 )
 from dstui.execute.backends.base import Preview, Starter
 from dstui.execute.ingest import Tracked
-from dstui.execute.process_group import KILL_GRACE_S, group_alive, kill_group
+from dstui.execute.process_group import KILL_GRACE_S, job_alive, stop_job
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -167,10 +167,12 @@ class LocalBackend:
     # ---- a run's job, from its status alone ----
 
     def alive(self, st: dict[str, Any]) -> bool:
-        return group_alive(st.get("pgid"))
+        """Any process of the job (checked by its leader's start and boot, never the number alone)."""
+        return job_alive(st)
 
     def cancel(self, st: dict[str, Any], *, grace_s: float = KILL_GRACE_S) -> None:
-        kill_group(st.get("pgid"), grace_s=grace_s)
+        """The job's group and the helpers that left it (its token); a process that took its number is left be."""
+        stop_job(st, grace_s=grace_s)
 
     # ---- what liveness.check asks of a process job ----
 
@@ -180,7 +182,7 @@ class LocalBackend:
             return True
         if handle is not None:
             return handle.poll() is not None
-        return not group_alive(st.get("pgid"))
+        return not job_alive(st)  # a mismatch (the number given to another process) means it is gone
 
     def reap(self, handle: Any) -> None:
         if handle is not None:

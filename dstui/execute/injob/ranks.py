@@ -99,25 +99,25 @@ def run(
 ) -> int:
     """Start the ranks, wait for all; the first to fail stops the rest and sets the exit status."""
     from dstui.core import startup_trace
+    from dstui.execute.injob.rank_output import RankOutput
 
     startup_trace.mark("ranks_start", "ranks")
-    procs = [
-        subprocess.Popen(
+    out = RankOutput()  # each rank's output through a pipe of its own, into the log in whole lines
+    procs = []
+    for r in range(nproc):
+        write_end = out.pipe_for(r)
+        procs.append(subprocess.Popen(
             rank_argv(command, r),
-            env=rank_env(
-                dict(os.environ),
-                rank=r,
-                nproc=nproc,
-                master_addr=master_addr,
-                master_port=master_port,
-                devices=devices,
-            ),
-        )
-        for r in range(nproc)
-    ]
+            env=rank_env(dict(os.environ), rank=r, nproc=nproc, master_addr=master_addr, master_port=master_port,
+                         devices=devices),
+            stdout=write_end, stderr=write_end,
+        ))  # fmt: skip
+        os.close(write_end)  # the rank holds it now: its end is the pipe's end
+    say = out.say
 
     def forward(signum: int, _frame: object) -> None:
         _stop(procs)
+        out.drain()
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, forward)
@@ -131,12 +131,16 @@ def run(
         if failed:
             failed += _reap_dead(by_pid)  # ranks that died meanwhile
             rank, code = first_failure(failed)
-            print(f"dstui ranks: rank {rank} failed ({_how(code)}); stopping the others", flush=True)
+            for dead, _ in failed:  # its last words (a faulthandler dump) before the line that names it
+                out.drain(dead)
+            say(f"dstui ranks: rank {rank} failed ({_how(code)}); stopping the others")
             for other, other_code in failed:
                 if other != rank:
-                    print(f"dstui ranks: rank {other} also failed ({_how(other_code)})", flush=True)
+                    say(f"dstui ranks: rank {other} also failed ({_how(other_code)})")
             _stop([p for _, p in by_pid.values()])  # reaps them too
+            out.drain()
             return exit_status(code)
+    out.drain()
     return 0
 
 

@@ -17,7 +17,6 @@ Usage: python -m dstui.execute.injob.wrap RUN_DIR -- ARGV...
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -26,8 +25,9 @@ import sys
 import time
 
 from dstui.core import startup_trace
-from dstui.core.rundir import BATCH_FILE, EXIT_FILE, LOCK_FILE, SUPERVISOR_LOG
-from dstui.execute import bytecode
+from dstui.core.proc_identity import JOB_TOKEN_ENV
+from dstui.core.rundir import EXIT_FILE
+from dstui.execute.injob import standby
 
 USAGE = "usage: python -m dstui.execute.injob.wrap RUN_DIR -- ARGV..."
 RESERVED_BYTES = 4096  # one block: an exit record is ~150 bytes
@@ -76,44 +76,21 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 + (sig or 0)
 
 
-JOB_ONLY_ENV = ("DSTUI_RUN_DIR", "DSTUI_METRICS_FILE", "DSTUI_DS_CONFIG", "DSTUI_RUN_KEY", "PYTHONFAULTHANDLER")
+# the job's marker too: a supervisor started from here is not a process of the job (cancel would end it)
+JOB_ONLY_ENV = ("DSTUI_RUN_DIR", "DSTUI_METRICS_FILE", "DSTUI_DS_CONFIG", "DSTUI_RUN_KEY", "PYTHONFAULTHANDLER", JOB_TOKEN_ENV)
 
 
 def wake_supervisor(run_dir: str) -> bool:
-    """A batch whose supervisor died is picked up when one of its jobs ends.
+    """A batch whose supervisor died is picked up when one of its jobs ends; and one that dies later
+    too, before the next run starts: the batch's standby (:mod:`~dstui.execute.injob.standby`) watches
+    from now until a job keeps that watch again. True when a standby was started.
 
-    Without this, queued runs of a batch nobody looks at would wait forever. The
-    lock is free only when no supervisor lives; a twin started by two jobs ending
-    at once finds the lock held and exits. True when one was started.
+    Without it, queued runs of a batch nobody looks at would wait forever: this wrapper used to
+    look once, find the supervisor alive, and leave; a supervisor killed a moment later (between
+    this run's end and the next start) then left the queue stopped.
     """
     batch = os.path.dirname(os.path.abspath(run_dir))
-    if not os.path.exists(os.path.join(batch, BATCH_FILE)):
-        return False
-    try:
-        with open(os.path.join(batch, LOCK_FILE), "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fh, fcntl.LOCK_UN)
-        start_supervisor(batch, {k: v for k, v in os.environ.items() if k not in JOB_ONLY_ENV})
-    except (BlockingIOError, OSError):
-        return False  # supervised (lock held), or nothing we can do from here
-    return True
-
-
-def start_supervisor(batch: str, env: dict[str, str] | None) -> subprocess.Popen:
-    """``dstui supervise BATCH`` detached (its own session), logging to the batch's supervisor.log.
-
-    Here, stdlib only, because the wrapper uses it too (see :func:`wake_supervisor`).
-    """
-    with open(os.path.join(batch, SUPERVISOR_LOG), "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "dstui", "supervise", batch],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=bytecode.apply(dict(os.environ) if env is None else env),
-        )
+    return standby.ensure(batch, {k: v for k, v in os.environ.items() if k not in JOB_ONLY_ENV})
 
 
 def reserve(run_dir: str) -> str | None:
@@ -123,13 +100,19 @@ def reserve(run_dir: str) -> str | None:
     """
     path = os.path.join(run_dir, f".{EXIT_FILE}.{os.getpid()}.reserved")
     try:
-        with open(path, "wb") as fh:
+        with private_file(path) as fh:
             fh.write(b" " * RESERVED_BYTES)  # space is taken at write time (tmpfs; delayed allocation reserves it)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return None
     return path
+
+
+def private_file(path: str):  # noqa: ANN201 - a binary file object
+    """A new file of dstui's in the run folder: 0600 whatever the job's umask, never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
 
 
 def disk_full(run_dir: str) -> bool:
@@ -161,7 +144,7 @@ def record(run_dir: str, data: dict, reserved: str | None) -> bool:
             pass
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as fh:
+        with private_file(tmp) as fh:
             fh.write(text)
         os.replace(tmp, path)
         return True
