@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import common
+import process_group
 from phases import PhaseClock
 from trainer import Trainer
 
@@ -83,6 +84,7 @@ def train(
             sequence_parallel=tr.sp,
             dp_world_size=tr.dp,
             model_shape={"layers": tr.layers, "hidden": tr.hidden, "heads": tr.heads, "kv_heads": tr.kv_heads, "vocab": tr.vocab},
+            **({"cpu_shm_op": "skipped (no step uses it)"} if process_group.SHM_OP_SKIPPED else {}),
         )
 
     times: list[float] = []
