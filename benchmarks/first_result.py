@@ -27,6 +27,7 @@ Standard library only: it runs before any environment exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -133,10 +134,8 @@ def stop_the_rest(clone: Path, env: dict[str, str], batch: str | None, demo: sub
         reap()
         time.sleep(0.5)
     for pid in descendants():  # still here after two minutes: only ever our own descendants
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     time.sleep(0.5)
     reap()
 

@@ -18,7 +18,7 @@ from dstui.commands._follow_out import FollowOutput
 from dstui.commands._records import batch_record, plan_record
 from dstui.core import executors, failures, startup_trace
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
-from dstui.execute import backends, batch, feasibility, supervisor, sysmetrics
+from dstui.execute import backends, batch, core_share, feasibility, supervisor, sysmetrics
 from dstui.execute.ingest import unsent_points
 
 
@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="launch runs that cannot work on this machine (DeepCompile without a GPU, more "
         "ranks than GPUs or cores, a forecast over the GPU's memory); without it such runs "
         "are refused, one line each, before anything is built",
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="start runs even while other batches' runs use this machine's cores (default: wait for them); "
+        "what ran beside each run is recorded, and reports leave timings taken under overlap out of speed "
+        "comparisons (dstui report --include-overlapped keeps them)",
     )
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
@@ -153,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     _mark("batch_created")
     if skip:
         skip_predicted_oom(b, forecasts, capacity)
+    if args.overlap:
+        core_share.allow_overlap(b)
     for note in gpu_notes(b):
         print(f"! {note}", flush=True)
     _mark("gpu_notes_done")

@@ -1,12 +1,14 @@
-"""Which GPUs of this machine are held by runs of *other* batches: GPUs are one resource.
+"""Which GPUs and CPU cores of this machine runs of *other* batches hold: each is one resource.
 
 Each batch's supervisor shares GPUs among its own runs (:mod:`~dstui.execute.gpu_share`).
 Two batches started one after the other used to take the same GPUs, since
-neither knew of the other. Now every local GPU run is written into one ledger
-per user and machine (``<cache>/gpus/held.json``) when it starts, under an
-exclusive lock that is held from "which GPUs are free?" to "the run holds
-them"; a supervisor asks the ledger before starting a run and waits while the
-GPUs it needs are held elsewhere.
+neither knew of the other. Now every local run is written into one ledger
+per user and machine (``<cache>/gpus/held.json``) when it starts, with its GPUs
+and the cores it claims (:mod:`~dstui.execute.core_share`), under an
+exclusive lock that is held from "which GPUs and cores are free?" to "the run
+holds them"; a supervisor asks the ledger before starting a run and waits while
+what it needs is held elsewhere. The same entries tell each run what ran
+beside it (:mod:`~dstui.execute.overlap`).
 
 An entry lasts while its job's process group lives and its run has not ended,
 so a killed supervisor or a deleted run folder never blocks the GPUs for good.
@@ -41,6 +43,7 @@ class Holder:
     run: str
     gpus: tuple[int, ...]
     pgid: int | None
+    cores: int = 0  # the CPU cores it claims (core_share.cores_needed); 0 in entries older than that
 
 
 def _alive(h: Holder) -> bool:
@@ -69,7 +72,7 @@ class Ledger:
         for e in raw if isinstance(raw, list) else []:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 found.append(Holder(str(e["run_path"]), str(e["batch"]), str(e["run"]),
-                                    tuple(int(g) for g in e["gpus"]), e.get("pgid")))  # fmt: skip
+                                    tuple(int(g) for g in e["gpus"]), e.get("pgid"), int(e.get("cores") or 0)))  # fmt: skip
         self.holders = [h for h in found if _alive(h)]
         self._as_read = list(found)
 
@@ -83,10 +86,17 @@ class Ledger:
         own = str(batch_path.resolve())
         return [h for h in self.holders if str(Path(h.run_path).parent) != own]
 
-    def add(self, rd: RunDir, gpus: list[int]) -> None:
+    def add(self, rd: RunDir, gpus: list[int], cores: int = 0) -> None:
         st = rd.status()
         self.holders = [h for h in self.holders if h.run_path != str(rd.path)]
-        self.holders.append(Holder(str(rd.path), rd.batch.id, rd.name, tuple(gpus), st.get("pgid")))
+        self.holders.append(Holder(str(rd.path), rd.batch.id, rd.name, tuple(gpus), st.get("pgid"), cores))
+
+
+def read() -> list[Holder]:
+    """The live holders, read without the lock (the file is replaced whole): what runs now, for a look."""
+    ledger = Ledger(ledger_dir())
+    ledger.load()
+    return ledger.holders
 
 
 @contextlib.contextmanager
@@ -103,6 +113,18 @@ def opened() -> Iterator[Ledger]:
             ledger.save()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def runs_text(holders: list[Holder], *, limit: int = 3) -> str:
+    """'batch lrsweep-20261125-101010 (runs z1-r0, z2-r0)' for a waiting run's phase or a CLI note."""
+    by_batch: dict[str, list[str]] = {}
+    for h in holders:
+        by_batch.setdefault(h.batch, []).append(h.run)
+    parts = []
+    for b, runs in by_batch.items():
+        shown = ", ".join(runs[:limit]) + (f", +{len(runs) - limit}" if len(runs) > limit else "")
+        parts.append(f"batch {b} (run{'s' if len(runs) > 1 else ''} {shown})")
+    return ", ".join(parts)
 
 
 def holders_text(holders: list[Holder]) -> str:
