@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dstui.core.rundir import RunDir
+from dstui.core.rundir import FINAL_STATES, RunDir
 from dstui.execute.gpu_ledger import Holder
 from dstui.tracking import tags as tag_keys
 
@@ -39,25 +39,40 @@ def host_load() -> float | None:
 
 
 def record(rd: RunDir, st: dict[str, Any], holders: Sequence[Holder], now: float, load: float | None, cores: int) -> dict[str, Any]:
-    """One look at the machine for a live run: every other live run in the ledger is beside it now."""
+    """One look at the machine for a live run: every other live run in the ledger is beside it now.
+
+    An entry stays ``open`` while the other run is seen; the look that no longer
+    sees it closes it at this run's steps then (the other ended between two looks).
+    """
     me = str(rd.path)
     steps = _int(st.get("steps_done"))
-    beside: dict[str, Any] = dict(st.get(BESIDE) or {})
-    for h in holders:
-        if h.run_path == me:
+    now_seen = {h.run_path: h for h in holders if h.run_path != me}
+    beside: dict[str, Any] = {}
+    for path, e in (st.get(BESIDE) or {}).items():
+        if not isinstance(e, dict):
             continue
-        e = beside.get(h.run_path)
-        if isinstance(e, dict) and isinstance(e.get("steps"), list) and len(e["steps"]) == 2:
-            beside[h.run_path] = {**e, "to": now, "steps": [e["steps"][0], steps]}
+        if e.get("open") and path not in now_seen:
+            e = {**e, "open": False, "steps": [_steps(e)[0], steps]}
+        beside[path] = e
+    for path, h in now_seen.items():
+        e = beside.get(path)
+        if e is not None:
+            beside[path] = {**e, "to": now, "open": True, "steps": [_steps(e)[0], steps]}
         elif len(beside) < MAX_BESIDE:
-            beside[h.run_path] = {"batch": h.batch, "run": h.run, "from": now, "to": now, "steps": [steps, steps]}
+            beside[path] = {"batch": h.batch, "run": h.run, "from": now, "to": now, "open": True, "steps": [steps, steps]}
     host = dict(st.get(HOST_LOAD) or {})
     if load is not None and st.get("state") == "running":
         n = _int(host.get("samples"))
         host = {"mean": (float(host.get("mean") or 0.0) * n + load) / (n + 1), "max": max(float(host.get("max") or 0.0), load),
                 "samples": n + 1, "cores": cores}  # fmt: skip
-    summary = summarize(beside, host, warmup=_int(rd.settings().get("warmup_steps")), total=_int(st.get("steps_total")))
-    return {BESIDE: beside, HOST_LOAD: host, OVERLAP: summary.as_status()}
+    warmup = _int(rd.settings().get("warmup_steps"))
+    summary = summarize(beside, host, warmup=warmup, total=_int(st.get("steps_total")))
+    return {BESIDE: beside, HOST_LOAD: host, OVERLAP: {**summary.as_status(), "warmup": warmup}}
+
+
+def _steps(e: dict[str, Any]) -> list[int]:
+    s = e.get("steps")
+    return [_int(s[0]), _int(s[1])] if isinstance(s, list) and len(s) == 2 else [0, 0]
 
 
 def _int(v: Any) -> int:
@@ -76,18 +91,19 @@ class Summary:
         return {"timed": self.timed, "steps": list(self.steps) if self.steps else None, "text": self.text}
 
 
-def summarize(beside: dict[str, Any], host: dict[str, Any], *, warmup: int, total: int) -> Summary:
+def summarize(beside: dict[str, Any], host: dict[str, Any], *, warmup: int, total: int, ended: bool = False) -> Summary:
     """The overlap in one line: 'steps 3-8 beside batch X (runs a, b); host load 3.4 mean, 5.1 max on 2 cores'.
 
     A look sees ``steps_done`` = k while step k+1 runs, and the other run may have
     started just after the previous look: steps k through (last look's) k+1 are
-    counted as overlapped, never fewer.
+    counted as overlapped, never fewer. Once this run ``ended``, another run still
+    open at its last look was beside it to its last step.
     """
     ranges = []
     names: dict[str, list[str]] = {}
     for e in beside.values():
-        lo, hi = (_int(x) for x in e.get("steps", [0, 0])[:2])
-        first, last = max(1, lo), hi + 1
+        lo, hi = _steps(e)
+        first, last = max(1, lo), (total if ended and e.get("open") and total else hi + 1)
         if total:
             last = min(last, total)
         if first <= last:
@@ -115,4 +131,7 @@ def tags(st: dict[str, Any]) -> dict[str, str]:
     summary = st.get(OVERLAP)
     if not isinstance(summary, dict):
         return {}
+    if st.get("state") in FINAL_STATES:  # what was still beside it at its last look stayed to its end
+        summary = summarize(st.get(BESIDE) or {}, st.get(HOST_LOAD) or {}, warmup=_int(summary.get("warmup")),
+                            total=_int(st.get("steps_total")), ended=True).as_status()  # fmt: skip
     return {tag_keys.OVERLAPPED: "true" if summary.get("timed") else "false", tag_keys.OVERLAP: str(summary.get("text", ""))[:500]}

@@ -115,26 +115,26 @@ class LocalBackend:
     def _admit(self, batch: BatchDir, queued: list[RunDir], active: list[RunDir], start: Starter, ledger: gpu_ledger.Ledger) -> None:
         total_gpus, cores = sysmetrics.gpu_count(), core_share.machine_cores()
         others = ledger.held_elsewhere(batch.path)
+        gpu_holders = [h for h in others if h.gpus]
         for rd in queued:
-            need = core_share.cores_needed(rd.settings(), total_gpus=total_gpus, cores=cores)
-            busy = core_share.blocking(others, need, cores) if self.cores_choice == core_share.WAIT else []
-            if busy:  # other batches compute on the cores it needs: their timings and its own would mix
-                if not active:
-                    live_phase.set_phase(rd, f"waiting for cores used by {gpu_ledger.runs_text(busy)}")
-                break
             go, gpu_slice = gpu_share.choose(
                 rd.settings(),
                 parallel=self.parallel,
                 active=len(active),
                 busy_slices=[b.status().get("gpu_slice") for b in active],
                 total_gpus=total_gpus,
-                elsewhere=[h.gpus for h in others if h.gpus],
+                elsewhere=[h.gpus for h in gpu_holders],
             )
             if not go:
-                gpu_holders = [h for h in others if h.gpus]
                 if gpu_holders and not active:  # nothing of ours runs: it is the other batches we wait for
                     live_phase.set_phase(rd, f"waiting for GPUs held by {gpu_ledger.holders_text(gpu_holders)}")
                 break  # runs start in their batch order
+            need = core_share.cores_needed(rd.settings(), total_gpus=total_gpus, cores=cores)
+            busy = core_share.blocking(others, need, cores) if self.cores_choice == core_share.WAIT else []
+            if busy:  # other batches compute on the cores it needs: their timings and its own would mix
+                if not active:
+                    live_phase.set_phase(rd, f"waiting for cores used by {gpu_ledger.runs_text(busy)}")
+                break
             start(rd, gpu_slice)
             active.append(rd)
             if rd.state not in FINAL_STATES:
