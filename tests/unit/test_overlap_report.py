@@ -6,8 +6,6 @@ for z1. Runs in memory, the report's own :func:`~dstui.analysis.results.compute`
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import numpy as np
 
 from dstui.analysis.results import Results, compute
