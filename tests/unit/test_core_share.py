@@ -11,7 +11,7 @@ import pytest
 
 from dstui.core.rundir import RunDir
 from dstui.execute import core_share, gpu_ledger, overlap
-from dstui.execute.gpu_ledger import Holder
+from dstui.execute.gpu_ledger import Ended, Holder
 
 
 def _holder(batch: str, run: str, cores: int, gpus: tuple[int, ...] = ()) -> Holder:
@@ -48,39 +48,50 @@ def _run(tmp_path: Path, name: str = "a-r0", **status: Any) -> RunDir:
     return rd
 
 
-def test_a_look_records_every_other_run_and_the_steps_it_overlapped(tmp_path: Path) -> None:
-    rd = _run(tmp_path, steps_done=1, steps_total=10)
-    beside = _holder("lrsweep-2", "z1-r0", 2)
-    mine = Holder(str(rd.path), "b-1", "a-r0", (), None, 2)
-    seen = overlap.record(rd, rd.status(), [mine, beside], 100.0, 3.0, 2)
-    rd.update_status(**seen, steps_done=6)
-    seen = overlap.record(rd, rd.status(), [mine, beside], 105.0, 5.0, 2)
-    entry = seen[overlap.BESIDE][beside.run_path]
-    assert entry == {"batch": "lrsweep-2", "run": "z1-r0", "from": 100.0, "to": 105.0, "open": True, "steps": [1, 6]}
-    assert str(rd.path) not in seen[overlap.BESIDE]  # never beside itself
-    assert seen[overlap.HOST_LOAD] == {"mean": 4.0, "max": 5.0, "samples": 2, "cores": 2}
-    summary = seen[overlap.OVERLAP]
-    # seen at steps_done 1 and 6: steps 1 (it may have begun just before the look) to 7 (running at the last)
+def test_looks_record_every_other_run_and_the_steps_its_life_spanned(tmp_path: Path) -> None:
+    rd = _run(tmp_path, started=100.0, steps_done=1, steps_total=10)
+    beside = Holder("/runs/lrsweep-2/z1-r0", "lrsweep-2", "z1-r0", (), None, 2, 99.0)
+    mine = Holder(str(rd.path), "b-1", "a-r0", (), None, 2, 100.0)
+    for now, steps, load in ((101.0, 1, 3.0), (103.0, 4, 5.0), (105.0, 6, None)):
+        rd.update_status(steps_done=steps)
+        rd.update_status(**overlap.record(rd, rd.status(), [mine, beside], [], now, load, 2))
+    st = rd.status()
+    assert st[overlap.BESIDE] == {beside.run_path: {"batch": "lrsweep-2", "run": "z1-r0", "from": 100.0, "to": 105.0, "open": True}}
+    assert str(rd.path) not in st[overlap.BESIDE]  # never beside itself
+    assert st[overlap.TIMELINE] == [[101.0, 1], [103.0, 4], [105.0, 6]]
+    assert st[overlap.HOST_LOAD] == {"mean": 4.0, "max": 5.0, "samples": 2, "cores": 2}
+    # beside it since its launch, still there: step 1 to the step running now (7)
+    summary = st[overlap.OVERLAP]
     assert summary["timed"] is True and summary["steps"] == [1, 7]
     assert summary["text"] == "steps 1-7 beside batch lrsweep-2 (run z1-r0); host load 4.0 mean, 5.0 max on 2 cores"
-    tags = overlap.tags({overlap.OVERLAP: summary})
-    assert tags == {"dstui.overlapped": "true", "dstui.overlap": summary["text"]}
-    # the run ends with the other still beside it at its last look: to its last step
-    ended = {**rd.status(), **seen, "state": "done"}
-    assert overlap.tags(ended)["dstui.overlap"].startswith("steps 1-10 beside batch lrsweep-2")
-    # a look that no longer sees the other closes the entry at this run's steps then
-    rd.update_status(**seen, steps_done=8)
-    closed = overlap.record(rd, rd.status(), [mine], 110.0, None, 2)
-    assert closed[overlap.BESIDE][beside.run_path]["steps"] == [1, 8]
-    assert closed[overlap.BESIDE][beside.run_path]["open"] is False
-    assert overlap.tags({**rd.status(), **closed, "state": "done"})["dstui.overlap"].startswith("steps 1-9 beside")
+    # it ends with the other still beside it: to its last step
+    done = {**st, "state": "done"}
+    assert overlap.tags(done) == {"dstui.overlapped": "true",
+                                  "dstui.overlap": "steps 1-10 beside batch lrsweep-2 (run z1-r0); host load 4.0 mean, 5.0 max on 2 cores"}
 
 
-def test_an_overlap_within_warm_up_leaves_the_timings_its_own(tmp_path: Path) -> None:
+def test_a_run_that_started_and_ended_between_two_looks_is_found_in_the_recent_runs(tmp_path: Path) -> None:
+    """The miss an earlier version had: the other run lived 1.2 s, between two looks; the ledger's recent runs keep it."""
+    rd = _run(tmp_path, started=100.0, steps_done=2, steps_total=10)
+    rd.update_status(timeline=[[100.0, 0], [102.0, 2]])
+    short = Ended("/runs/x-1/fast-r0", "x-1", "fast-r0", 102.3, 103.5)
+    rd.update_status(steps_done=5)
+    seen = overlap.record(rd, rd.status(), [], [short, Ended("/old", "x-0", "r", 10.0, 20.0)], 104.0, None, 2)
+    assert list(seen[overlap.BESIDE]) == ["/runs/x-1/fast-r0"]  # the one that ended before it started is not
+    assert seen[overlap.BESIDE]["/runs/x-1/fast-r0"]["open"] is False
+    # from the step running at the look before it began (3) to the one running at the first look after it ended (6)
+    assert seen[overlap.OVERLAP]["steps"] == [3, 6] and seen[overlap.OVERLAP]["timed"] is True
+
+
+def test_an_overlap_within_warm_up_leaves_the_timings_its_own() -> None:
     """Another run during start-up and the first step only: the timed steps (after warm-up 2) ran alone."""
-    s = overlap.summarize({"/x": {"batch": "b", "run": "r", "open": False, "steps": [0, 0]}}, {}, warmup=2, total=10)
-    assert (s.timed, s.steps) == (False, (1, 1))
-    alone = overlap.summarize({}, {"mean": 1.0, "max": 1.5, "samples": 3, "cores": 2}, warmup=2, total=10)
+    early = {"/x": {"batch": "b", "run": "r", "from": 100.0, "to": 101.0, "open": False}}
+    s = overlap.summarize(early, [[100.5, 0], [101.2, 0], [102.0, 3]], {}, warmup=2, total=10, steps_now=3)
+    assert (s.timed, s.steps) == (False, (1, 1)), s
+    # the same, seen only by a look at step 3: taken wide, steps 1-4 (timed): a wrong "alone" is never claimed
+    wide = overlap.summarize(early, [[100.5, 0], [102.0, 3]], {}, warmup=2, total=10, steps_now=3)
+    assert (wide.timed, wide.steps) == (True, (1, 4)), wide
+    alone = overlap.summarize({}, [], {"mean": 1.0, "max": 1.5, "samples": 3, "cores": 2}, warmup=2, total=10, steps_now=0)
     assert alone.timed is False and alone.text == "no other run beside it; host load 1.0 mean, 1.5 max on 2 cores"
     assert overlap.tags({}) == {}  # never looked at (a Slurm job): no claim either way
 
@@ -115,6 +126,11 @@ def test_a_waiting_batch_starts_beside_only_when_launched_to_overlap(tmp_path: P
     LocalBackend({"parallel": 0, "cores": core_share.OVERLAP}).start_queued(batch, [mine], [], lambda rd, slot: started.append(rd))
     assert started == [mine]
     assert LocalBackend().launch_notes(batch)[0].startswith("cores shared: batch smoke-1 (run z0-r0)")
-    assert sorted(h.run for h in gpu_ledger.read()) == ["a-r0", "z0-r0"]  # both claim the cores now
-    other.update_status(state="done", ended=time.time())  # ended: it holds nothing any more
-    assert [h.run for h in gpu_ledger.read()] == ["a-r0"]
+    assert sorted(h.run for h in gpu_ledger.read()[0]) == ["a-r0", "z0-r0"]  # both claim the cores now
+    other.update_status(state="done", ended=time.time())  # ended: it holds nothing any more, and is a recent run
+    live, ended = gpu_ledger.read()
+    assert [h.run for h in live] == ["a-r0"] and [e.run for e in ended] == ["z0-r0"]
+    with gpu_ledger.opened():  # a writer moves it to recent.json
+        pass
+    assert [e.run for e in gpu_ledger.read()[1]] == ["z0-r0"]
+    assert "z0-r0" in (tmp_path / "ledger" / "recent.json").read_text()

@@ -179,6 +179,8 @@ class LocalBackend:
             now = time.time()
             ingest.sample_system(t, st, interval_s, now)
             self._look_beside(t.rd, st, now)
+        else:
+            self._settle_overlap(t.rd)
         self.phases.update(t.rd)  # for every view; cleared once it ended
 
     def _look_beside(self, rd: RunDir, st: dict[str, Any], now: float) -> None:
@@ -187,11 +189,23 @@ class LocalBackend:
         if now - self._looked.get(key, 0.0) < overlap.LOOK_EVERY_S:
             return
         self._looked[key] = now
-        seen = overlap.record(rd, st, gpu_ledger.read(), now, overlap.host_load(), core_share.machine_cores())
-        rd.update_status(**seen)
+        live, ended = gpu_ledger.read()
+        rd.update_status(**overlap.record(rd, st, live, ended, now, overlap.host_load(), core_share.machine_cores()))
+
+    def _settle_overlap(self, rd: RunDir) -> None:
+        """Once the run ended: a last look (a run that ended since the previous one is in the ledger's recent
+        runs), and what was still beside it then stayed to its end (status.json, then MLflow's tags)."""
+        st = rd.status()
+        if st.get("state") not in FINAL_STATES or not st.get("started") or (st.get(overlap.OVERLAP) or {}).get("final"):
+            return
+        end = st.get("ended") if isinstance(st.get("ended"), (int, float)) else time.time()
+        live, ended = gpu_ledger.read()
+        seen = overlap.record(rd, st, live, ended, end, None, core_share.machine_cores())
+        rd.update_status(**{**seen, overlap.OVERLAP: overlap.settled({**st, **seen})})
 
     def follow_job(self, t: Tracked, st: dict[str, Any]) -> None:
         liveness.check(t, st, self)
+        self._settle_overlap(t.rd)  # the end was just seen: before the MLflow run's end takes the tags
 
     def tags(self, st: dict[str, Any]) -> dict[str, Any]:
         """Whether other runs shared the machine during its timed steps (dstui.overlapped, dstui.overlap)."""
