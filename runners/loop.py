@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import common
+import process_group
 from phases import PhaseClock
 from sp_probe import Probe
 from trainer import Trainer
@@ -73,6 +74,7 @@ def _write_header(writer: MetricsWriter, tr: Trainer, args: argparse.Namespace) 
         sequence_parallel=tr.sp,
         dp_world_size=tr.dp,
         model_shape={"layers": tr.layers, "hidden": tr.hidden, "heads": tr.heads, "kv_heads": tr.kv_heads, "vocab": tr.vocab},
+        **({"cpu_shm_op": "skipped (no step uses it)"} if process_group.SHM_OP_SKIPPED else {}),
     )
 
 

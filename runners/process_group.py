@@ -14,6 +14,7 @@ import sys
 from typing import Any, NoReturn
 
 _LISTENER: list[socket.socket] = []  # the rendezvous socket rank 0 hands to torch: alive as long as the store
+SHM_OP_SKIPPED: list[bool] = []  # [True] once skip_unused_shm_op left DeepSpeed's CPU shm op out (the header says so)
 
 
 def is_loopback(addr: str) -> bool:
@@ -61,6 +62,45 @@ def one_node(env: dict[str, str] | os._Environ[str]) -> bool:
     return env.get("CROSS_SIZE") == "1" or world in (env.get("LOCAL_SIZE"), env.get("LOCAL_WORLD_SIZE"))
 
 
+def skip_unused_shm_op() -> bool:
+    """Start DeepSpeed's process group on CPU without building its shm all-reduce op, where no step uses it.
+
+    The op serves AutoTP's ``inference_all_reduce`` only (dstui/core/shm.py), and
+    its JIT build took 91 s of a newcomer's first run on 2 cores. DeepSpeed's
+    torch backend asks ``build_shm_op`` for it and goes on without it when that
+    returns None, as on a platform the op does not support: every collective of
+    training then goes through torch.distributed, as it did with the op. True
+    when it was left out (the header says so); a DeepSpeed without that hook
+    keeps its own behaviour.
+    """
+    import json
+    from pathlib import Path
+
+    from dstui.core import shm
+
+    try:
+        ds_config = json.loads(Path(os.environ["DSTUI_DS_CONFIG"]).read_text()) if os.environ.get("DSTUI_DS_CONFIG") else {}
+    except (OSError, ValueError):
+        ds_config = {}
+    if shm.op_wanted(ds_config if isinstance(ds_config, dict) else {}, os.environ):
+        return False
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return False
+    import importlib
+
+    try:  # by module name: the attribute deepspeed.comm.torch is torch itself (comm's `import torch`)
+        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:
+        return False
+    if not callable(getattr(ds_torch_comm, "build_shm_op", None)):
+        return False
+    ds_torch_comm.build_shm_op = lambda: None
+    SHM_OP_SKIPPED[:] = [True]
+    return True
+
+
 def init_distributed() -> None:
     """``deepspeed.init_distributed()``, with the rendezvous bound to MASTER_ADDR only (issue 33.7).
 
@@ -76,6 +116,7 @@ def init_distributed() -> None:
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
+    skip_unused_shm_op()
     env = os.environ
     if dist.is_initialized() or not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         deepspeed.init_distributed()

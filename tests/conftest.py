@@ -57,6 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # leaves it unset (a subprocess with a hand-made env, say) writes under the session's temp folder
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["XDG_DATA_HOME"] = str(config._tmp_path_factory.getbasetemp() / "xdg-data")  # noqa: SLF001 - pytest's own
+    # The machine's ledger of GPUs and cores (dstui.execute.gpu_ledger): a batch's runs wait while
+    # another batch's runs use the cores. Tests run side by side on purpose, so each process (and
+    # each test with a `home`) has its own; the machine's, shared by every user of this box, never.
+    os.environ["DSTUI_GPU_LEDGER"] = str(config._tmp_path_factory.getbasetemp() / "machine-ledger")  # noqa: SLF001
     # Some images set PYTHONDONTWRITEBYTECODE=1 (this machine's does). The suite starts hundreds
     # of Python processes (xdist workers, CLIs, supervisors, ranks), and each would compile
     # dstui, runners/ and the rewritten test modules from source again; site-packages keep the
@@ -149,6 +153,7 @@ def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> str:
     u = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", u)
     monkeypatch.setenv("DSTUI_HOME", str(tmp_path))
+    monkeypatch.setenv("DSTUI_GPU_LEDGER", str(tmp_path / "machine-ledger"))
     return u
 
 
@@ -164,6 +169,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     h.mkdir()
     monkeypatch.setenv("DSTUI_HOME", str(h))
     monkeypatch.setenv("DSTUI_PRIVATE_DIR", str(tmp_path / "private"))  # real env values: outside the home
+    monkeypatch.setenv("DSTUI_GPU_LEDGER", str(tmp_path / "machine-ledger"))  # cores and GPUs: this test's batches only
     monkeypatch.delenv("DSTUI_RUNS_DIR", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{h}/mlruns/mlflow.db")
     (h / "mlruns").mkdir()

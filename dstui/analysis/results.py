@@ -56,6 +56,7 @@ class Results:
     fastest: speed.FastestClaim | None = None
     base_revision: str | None = None
     revisions: list[Comparison] = field(default_factory=list)
+    include_overlapped: bool = False  # timings taken beside other runs were kept (report --include-overlapped)
 
     def base(self) -> ConditionStats | None:
         """The baseline condition's statistics, if there is a baseline."""

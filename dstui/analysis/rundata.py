@@ -96,6 +96,11 @@ class RunData:
         return self.tags.get(tag_keys.BATCH, "")
 
     @property
+    def overlapped(self) -> bool:
+        """Another run shared the machine during its timed steps (dstui/execute/overlap.py): its timings are not its own."""
+        return self.tags.get(tag_keys.OVERLAPPED, "").strip().lower() == "true"
+
+    @property
     def known_params(self) -> dict[str, str]:
         """Params that describe what really ran: a ``kind: command`` run's training settings are
         dstui's defaults, not what the user's command trained with, so they are left out."""

@@ -102,8 +102,21 @@ def pooled_rate(pairs: Iterable[tuple[float | None, float | int | None]]) -> flo
     return n / inv if inv > 0 else None
 
 
-def compute_run_stats(run: RunData) -> dict[str, Any]:
-    """Summary figures of one run from its history (see the module docstring)."""
+# what another run beside it changes: its timings (memory and loss are its own either way)
+TIMING_KEYS = (
+    "iter_time_mean", "iter_time_std", "iter_time_median", "iter_time_min", "iter_time_max", "tokens_per_s_mean",
+    "tokens_per_s_points", "tokens_per_s_derived", "mfu_mean", "mfu_points", "tflops_per_gpu_mean",
+    "tflops_per_gpu_points", "compile_time",
+)  # fmt: skip
+
+
+def compute_run_stats(run: RunData, *, include_overlapped: bool = False) -> dict[str, Any]:
+    """Summary figures of one run from its history (see the module docstring).
+
+    A run timed while another run shared the machine (tag ``dstui.overlapped``)
+    keeps its memory and loss figures; its timings move to ``overlapped_timings``
+    and feed no mean, ratio or "fastest" unless ``include_overlapped``.
+    """
     warmup = warmup_of(run)
     st: dict[str, Any] = {"warmup_steps": warmup}
     st["points"] = max((len(s) for s, _ in run.history.values()), default=0)
@@ -130,6 +143,12 @@ def compute_run_stats(run: RunData) -> dict[str, Any]:
     tok = tokens_per_step(run)
     if tok:
         st["tokens_per_step"] = tok
+    if run.overlapped:
+        st["overlapped"] = True
+        if not include_overlapped:
+            st["overlapped_timings"] = {k: st.pop(k) for k in TIMING_KEYS if k in st}
+            st["iter_points"], st["outlier_steps"], st["outlier_values"] = 0, [], []
+            st["timings_left_out"] = True
     return st
 
 
@@ -243,6 +262,8 @@ class ConditionStats:
     mem_alloc_max: float | None = None
     compile_time: float | None = None
     outliers: int = 0
+    n_overlapped: int = 0  # usable runs that another run shared the machine with during their timed steps
+    n_timings_left_out: int = 0  # ... whose timings feed none of the figures above (not --include-overlapped)
     reasons: list[str] = field(default_factory=list)
     settings: dict[str, str] = field(default_factory=dict)  # what its runs ran with, as far as they record it
 
@@ -339,6 +360,8 @@ def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
         cs.mem_alloc_max = _mean(r.stats.get("mem_alloc_max") for r in usable)
         cs.compile_time = _mean(r.stats.get("compile_time") for r in usable)
         cs.outliers = sum(len(r.stats.get("outlier_steps", [])) for r in usable)
+        cs.n_overlapped = sum(1 for r in usable if r.stats.get("overlapped"))
+        cs.n_timings_left_out = sum(1 for r in usable if r.stats.get("timings_left_out"))
         out.append(cs)
     return out
 

@@ -27,7 +27,9 @@ that ran a condition with other settings are reported as conditions of their
 own, named by what differs. Runs that never started (cancelled before start,
 skipped) are listed, never counted. Statistics exclude each run's warm-up
 steps (param warmup_steps). Failed and out-of-memory runs are listed with
-their reason, never dropped.
+their reason, never dropped. Runs timed while another run shared the machine
+(tag dstui.overlapped) are flagged under Data quality and left out of speed
+comparisons (their loss and memory still count); --include-overlapped keeps them.
 
 examples:
   dstui report --experiment zero_stages -o reports/zero
@@ -69,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder to write report.md, charts, CSV and data.json into (created if missing)",
     )
     parser.add_argument(
+        "--include-overlapped", action="store_true",
+        help="count the timings of runs that other runs shared the machine with (tag dstui.overlapped) in "
+        "speed figures and comparisons; by default they are flagged under Data quality and left out",
+    )
+    parser.add_argument(
         "--no-mlflow-artifact", action="store_true",
         help="do not log the folder to the MLflow parent runs of its batches",
     )
@@ -93,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         progress=progress,
         log_artifact=not args.no_mlflow_artifact,
+        include_overlapped=args.include_overlapped,
     )
     if args.json:
         from dstui.commands._machine import emit

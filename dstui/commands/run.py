@@ -74,6 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "ranks than GPUs or cores, a forecast over the GPU's memory); without it such runs "
         "are refused, one line each, before anything is built",
     )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="start runs even while other batches' runs use this machine's cores (default: wait for them); "
+        "what ran beside each run is recorded, and reports leave timings taken under overlap out of speed "
+        "comparisons (dstui report --include-overlapped keeps them)",
+    )
     p.add_argument("--detach", action="store_true", help="return at once; runs go on in the background")
     p.add_argument("--no-validate", action="store_true", help="skip DeepSpeed's config validation")
     p.add_argument("--quiet", action="store_true", help="only print the final table")
@@ -111,6 +118,7 @@ def options_of(args: argparse.Namespace) -> LaunchOptions:
     return LaunchOptions(
         parallel=args.parallel, force=args.force, skip_predicted_oom=args.skip_predicted_oom,
         validate=not args.no_validate, only=args.only, executor=args.executor, slurm=overrides, resume=args.resume,
+        overlap=args.overlap,
     )  # fmt: skip
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from dstui.core import paths
+from dstui.core import paths, shm
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import BatchDir, write_json_atomic
 from dstui.execute import launch, live_phase
@@ -43,7 +44,9 @@ def ops_needed(settings: dict[str, Any], *, on_gpu: bool) -> set[str]:
         ops.add("CPUAdamBuilder")
     elif ds_optimizer and on_gpu:
         ops.add("FusedAdamBuilder")
-    if not on_gpu:  # DeepSpeed's CPU backend builds its shared-memory collectives at init_distributed
+    if not on_gpu and shm.op_wanted(settings.get("ds_overrides") or {}, {**os.environ, **(settings.get("env") or {})}):
+        # DeepSpeed's CPU backend builds its shared-memory all-reduce at init_distributed; the runners
+        # leave it out where no step uses it (dstui/core/shm.py), so only AutoTP runs wait for it
         ops.add("ShareMemCommBuilder")
     if on_gpu and (settings.get("deepcompile") or settings.get("sp_mode") == "deepcompile"):
         ops.add("DeepCompileBuilder")

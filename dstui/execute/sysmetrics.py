@@ -171,7 +171,10 @@ class ProcessTreeSampler:
 
 def host_readings() -> dict[str, float]:
     vm = psutil.virtual_memory()
-    return {"cpu_percent": psutil.cpu_percent(None), "mem_used_bytes": float(vm.used), "mem_used_percent": float(vm.percent)}
+    out = {"cpu_percent": psutil.cpu_percent(None), "mem_used_bytes": float(vm.used), "mem_used_percent": float(vm.percent)}
+    with contextlib.suppress(OSError):  # runnable processes on the host, ours and everyone's (contention)
+        out["load_1min"] = os.getloadavg()[0]
+    return out
 
 
 def sample(tree: ProcessTreeSampler | None, gpus: list[int] | None) -> dict[str, Any] | None:
@@ -201,6 +204,7 @@ MLFLOW_NAMES: dict[str, tuple[str, float]] = {
     "job_cpu_percent": ("job_cpu_utilization_percentage", 1.0),
     "job_rss_bytes": ("job_memory_usage_megabytes", 1e-6),
     "job_processes": ("job_processes", 1.0),
+    "load_1min": ("load_average_1min", 1.0),
 }
 _GPU_NAMES: dict[str, tuple[str, float]] = {
     "util_percent": ("utilization_percentage", 1.0),

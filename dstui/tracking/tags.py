@@ -50,6 +50,8 @@ SLURM_STATE = "dstui.slurm_state"
 NODES = "dstui.nodes"
 REQUEUES = "dstui.requeues"  # how often Slurm requeued the run's job (or dstui submitted it again)
 REPEATED_STEPS = "dstui.repeated_steps"  # step records of a later attempt not sent: that step was logged before
+OVERLAPPED = "dstui.overlapped"  # "true": another run shared the machine during its timed steps (execute/overlap.py)
+OVERLAP = "dstui.overlap"  # what ran beside it, at which of its steps, and the host's load, in words
 
 # where and with what it ran (from the runner's header record)
 HOSTNAME = "dstui.hostname"

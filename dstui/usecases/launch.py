@@ -32,7 +32,7 @@ from dstui.analysis import forecast
 from dstui.core import paths, startup_trace
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute import backends, batch, control, feasibility, launch, sysmetrics
+from dstui.execute import backends, batch, control, core_share, feasibility, launch, sysmetrics
 from dstui.spec import dsconfig
 from dstui.usecases.options import LaunchOptions
 
@@ -205,6 +205,8 @@ def start(
     skipped = skip_predicted_oom(b, prepared) if prepared.skip_oom else {}
     for name, reason in skipped.items():
         say("skipped", f"{name}: {reason}")
+    if options.overlap:
+        core_share.allow_overlap(b)
     notes = gpu_notes(b)
     for note in notes:
         say("note", note)

@@ -29,6 +29,7 @@ class LaunchOptions:
     executor: str | None = None  # overrides the spec's
     slurm: dict[str, Any] = field(default_factory=dict)  # partition, account, time_limit, max_jobs (set ones win)
     resume: str | None = None  # None: a new batch; NEWEST or a batch id/folder: continue that batch
+    overlap: bool = False  # start runs while other batches use this machine's cores (recorded, kept out of speed ratios)
 
     @property
     def resume_ref(self) -> str | None:

@@ -57,16 +57,19 @@ def export(
     tracking_uri: str | None = None,
     progress: Progress | None = None,
     log_artifact: bool = True,
+    include_overlapped: bool = False,
 ) -> Exported:
     """Write a report for an experiment (optionally one batch or given run ids) and log it to MLflow.
 
     ``progress(fraction, message)`` is called between stages so the TUI can
     show where a long export is. ``log_artifact=False`` skips uploading the
-    folder (for previews).
+    folder (for previews). ``include_overlapped``: timings taken while other runs shared
+    the machine count in speed comparisons (by default they are flagged and left out).
     """
     check_folder(Path(out_dir))  # before any work: an output that cannot be a folder is a one-line error
     res = results.load(experiment, batch=batch, run_ids=runs, baseline=baseline, tolerance=tolerance,
-                       tracking_uri=tracking_uri, progress=progress, for_report=True)  # fmt: skip
+                       tracking_uri=tracking_uri, progress=progress, for_report=True,
+                       include_overlapped=include_overlapped)  # fmt: skip
     ctx = ReportContext.of(res)
     covered = [b for b in ctx.batches if b] if log_artifact else []
     ctx.logged_to = {b: ctx.parents[b].info.run_id for b in covered if b in ctx.parents}

@@ -51,26 +51,31 @@ def load(
     tracking_uri: str | None = None,
     progress: Progress | None = None,
     for_report: bool = False,
+    include_overlapped: bool = False,
 ) -> Results:
-    """The experiment's results (one batch, or given run ids); ``for_report`` adds system metrics and parents."""
+    """The experiment's results (one batch, or given run ids); ``for_report`` adds system metrics and parents.
+
+    Timings taken while another run shared the machine (tag ``dstui.overlapped``) feed no
+    speed figure unless ``include_overlapped`` (:func:`dstui.analysis.stats.compute_run_stats`).
+    """
     uri = tracking_uri or paths.tracking_uri()
     client = tracking.client(uri)
     _say(progress, 0.0, "searching runs")
     exp, runs = found.fetch_runs(client, experiment, batch=batch, run_ids=run_ids)
     return _complete(client, uri, exp, runs, batch=batch, baseline=baseline, tolerance=tolerance,
-                     progress=progress, for_report=for_report)  # fmt: skip
+                     progress=progress, for_report=for_report, include_overlapped=include_overlapped)  # fmt: skip
 
 
 def _complete(
     client: Any, uri: str, exp: Any, runs: list[RunData], *, batch: str | None, baseline: str | None,
-    tolerance: float | None, progress: Progress | None, for_report: bool,
+    tolerance: float | None, progress: Progress | None, for_report: bool, include_overlapped: bool = False,
 ) -> Results:  # fmt: skip
     """Histories, statistics, grouping and judgement of runs already found."""
     _say(progress, 0.1, f"reading metric histories of {len(runs)} runs")
     method = fetch_histories(client, uri, runs, progress=progress)
     _say(progress, 0.6, "computing statistics")
     for r in runs:
-        r.stats = compute_run_stats(r)
+        r.stats = compute_run_stats(r, include_overlapped=include_overlapped)
     if for_report:
         fetch_system(client, runs)
     try:
@@ -78,6 +83,7 @@ def _complete(
     except ReportError as e:  # a --baseline that names no condition: nothing found (exit 3)
         raise NothingFound(str(e)) from None
     res.experiment, res.exp, res.uri, res.method, res.batch = exp.name, exp, uri, method, batch
+    res.include_overlapped = include_overlapped
     if for_report:
         for b in res.batches:
             parent = find_batch_parent(client, exp.experiment_id, b)

@@ -86,6 +86,8 @@ def test_smoke_spec_end_to_end(smoke_batch: dict, monkeypatch: pytest.MonkeyPatc
         assert "Epoch 1, Step 8, Loss:" in rd.log_file.read_text()
         # DeepSpeed's CPU all-reduce buffers (66 MB a rank, in RAM) must not outlive the run
         assert shm.buffers_of_port(shm.master_port_of(rd.status()["argv"])) == []
+        # ... and its op (a 91-s JIT build on a fresh machine) is left out: no step of training uses it
+        assert '"cpu_shm_op": "skipped (no step uses it)"' in rd.metrics_file.read_text()
 
     st = dstui("status", "--no-takeover", check=True).stdout
     assert batch.id in st and st.count(" done ") >= 4

@@ -128,20 +128,26 @@ def test_breakdown_of_a_run_that_died_in_init(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("settings", "on_gpu", "expected"),
     [
-        # on the CPU, DeepSpeed's backend builds its shared-memory collectives at init_distributed:
-        # built before the first run, so the wait is named ("building op ShareMemComm") and untimed
-        ({"torch_adam": True}, False, {"ShareMemCommBuilder"}),
+        # on the CPU, DeepSpeed's backend would build its shared-memory all-reduce at init_distributed;
+        # the runners leave it out where no step uses it (dstui/core/shm.py), so nothing waits for it
+        ({"torch_adam": True}, False, set()),
         ({}, True, {"FusedAdamBuilder"}),
         ({"zero_stage": 3, "offload": "cpu"}, True, {"CPUAdamBuilder"}),
-        ({"zero_stage": 3, "offload": "cpu"}, False, {"CPUAdamBuilder", "ShareMemCommBuilder"}),
+        ({"zero_stage": 3, "offload": "cpu"}, False, {"CPUAdamBuilder"}),
         ({"deepcompile": True, "torch_adam": True}, True, {"DeepCompileBuilder"}),
-        ({"deepcompile": True}, False, {"ShareMemCommBuilder"}),  # DeepCompile itself is refused on CPU
+        ({"deepcompile": True}, False, set()),  # DeepCompile itself is refused on CPU
         ({"kind": "command"}, True, set()),
+        # AutoTP's LinearAllreduce uses it, and DSTUI_CPU_SHM_OP=1 asks for DeepSpeed's own default:
+        # then it is built before the first run, so the wait is named ("building op ShareMemComm") and untimed
+        ({"torch_adam": True, "ds_overrides": {"tensor_parallel": {"autotp_size": 2}}}, False, {"ShareMemCommBuilder"}),
+        ({"torch_adam": True, "env": {"DSTUI_CPU_SHM_OP": "1"}}, False, {"ShareMemCommBuilder"}),
+        ({"torch_adam": True, "ds_overrides": {"tensor_parallel": {"autotp_size": 2}}}, True, set()),
     ],
 )
-def test_ops_a_run_needs_built_before_the_batch(settings, on_gpu, expected) -> None:  # noqa: ANN001
+def test_ops_a_run_needs_built_before_the_batch(settings, on_gpu, expected, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     from dstui.execute import prebuild
 
+    monkeypatch.delenv("DSTUI_CPU_SHM_OP", raising=False)
     assert prebuild.ops_needed(settings, on_gpu=on_gpu) == expected
 
 

@@ -6,9 +6,12 @@ ranks start directly (:mod:`dstui.execute.injob.ranks`) or through DeepSpeed's
 launcher (:mod:`dstui.execute.launch` decides). GPUs are one resource across
 batches: runs start in batch order while enough of them are free
 (:mod:`~dstui.execute.gpu_share`), decided and recorded under the machine's
-ledger (:mod:`~dstui.execute.gpu_ledger`). The supervisor samples the job's
-process tree and GPUs itself, and names what the run does now
-(:mod:`~dstui.execute.live_phase`).
+ledger (:mod:`~dstui.execute.gpu_ledger`); so are CPU cores
+(:mod:`~dstui.execute.core_share`): a run waits while other batches' runs use the
+cores it needs, unless its batch was launched to overlap them. The supervisor
+samples the job's process tree and GPUs itself, names what the run does now
+(:mod:`~dstui.execute.live_phase`) and records what ran beside it
+(:mod:`~dstui.execute.overlap`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from dstui.core import startup_trace
 from dstui.core.rundir import FINAL_STATES, LIVE_STATES, BatchDir, RunDir
 from dstui.execute import (
+    core_share,
     feasibility,
     gpu_ledger,
     gpu_share,
@@ -29,6 +33,7 @@ from dstui.execute import (
     launch,
     live_phase,
     liveness,
+    overlap,
     prebuild,
     sysmetrics,
 )
@@ -51,7 +56,9 @@ class LocalBackend:
     def __init__(self, info: dict[str, Any] | None = None) -> None:
         self.info = info or {}
         self.parallel = max(gpu_share.AUTO, int(self.info.get("parallel", 1)))
+        self.cores_choice = self.info.get("cores") if self.info.get("cores") in core_share.CHOICES else core_share.WAIT
         self.phases = live_phase.LivePhases()
+        self._looked: dict[str, float] = {}  # run folder -> when overlap last looked at the machine for it
 
     # ---- before a batch exists ----
 
@@ -70,12 +77,24 @@ class LocalBackend:
         return None
 
     def launch_notes(self, batch: BatchDir) -> list[str]:
-        """Other batches holding this machine's GPUs: this one's runs wait for them, said up front."""
-        if not sysmetrics.gpu_count():
-            return []
+        """Other batches holding this machine's GPUs or cores: this one's runs wait for them (or overlap), said up front."""
         with gpu_ledger.opened() as ledger:
             held = ledger.held_elsewhere(batch.path)
-        return [f"GPUs busy: {gpu_ledger.holders_text(held)}; runs wait for them"] if held else []
+        notes = []
+        gpus = [h for h in held if h.gpus]
+        if gpus and sysmetrics.gpu_count():
+            notes.append(f"GPUs busy: {gpu_ledger.holders_text(gpus)}; runs wait for them")
+        cores = core_share.machine_cores()
+        need = max((core_share.cores_needed(rd.settings(), total_gpus=sysmetrics.gpu_count(), cores=cores)
+                    for rd in batch.runs() if rd.state == "queued"), default=0)  # fmt: skip
+        busy = core_share.blocking(held, need, cores) if need else []
+        if busy and batch.info().get("cores") == core_share.OVERLAP:
+            notes.append(f"cores shared: {gpu_ledger.runs_text(busy)} use this machine's {cores} cores; runs start beside "
+                         "them, and their timings are marked overlapped (reports leave them out of speed comparisons)")  # fmt: skip
+        elif busy:
+            notes.append(f"cores busy: {gpu_ledger.runs_text(busy)} use this machine's {cores} cores; runs wait for "
+                         "them (`dstui run --overlap` starts them beside, timings marked overlapped)")  # fmt: skip
+        return notes
 
     # ---- the supervisor of one batch ----
 
@@ -88,19 +107,15 @@ class LocalBackend:
         return []  # each process group is asked about in its own pass (follow_job)
 
     def start_queued(self, batch: BatchDir, queued: list[RunDir], active: list[RunDir], start: Starter) -> None:
-        """Start queued runs in batch order while GPUs (or, without GPUs, ``parallel``) allow."""
-        if sysmetrics.gpu_count() > 0:
-            # GPUs are one resource across batches: decide and launch under the machine's ledger
-            with gpu_ledger.opened() as ledger:
-                self._admit(batch, queued, active, start, ledger)
-        else:
-            self._admit(batch, queued, active, start, None)
+        """Start queued runs in batch order while GPUs and cores (or, without GPUs, ``parallel``) allow."""
+        # GPUs and cores are one resource across batches: decide and launch under the machine's ledger
+        with gpu_ledger.opened() as ledger:
+            self._admit(batch, queued, active, start, ledger)
 
-    def _admit(
-        self, batch: BatchDir, queued: list[RunDir], active: list[RunDir], start: Starter, ledger: gpu_ledger.Ledger | None
-    ) -> None:
-        total_gpus = sysmetrics.gpu_count()
-        others = ledger.held_elsewhere(batch.path) if ledger is not None else []
+    def _admit(self, batch: BatchDir, queued: list[RunDir], active: list[RunDir], start: Starter, ledger: gpu_ledger.Ledger) -> None:
+        total_gpus, cores = sysmetrics.gpu_count(), core_share.machine_cores()
+        others = ledger.held_elsewhere(batch.path)
+        gpu_holders = [h for h in others if h.gpus]
         for rd in queued:
             go, gpu_slice = gpu_share.choose(
                 rd.settings(),
@@ -108,16 +123,22 @@ class LocalBackend:
                 active=len(active),
                 busy_slices=[b.status().get("gpu_slice") for b in active],
                 total_gpus=total_gpus,
-                elsewhere=[h.gpus for h in others],
+                elsewhere=[h.gpus for h in gpu_holders],
             )
             if not go:
-                if others and not active:  # nothing of ours runs: it is the other batches we wait for
-                    live_phase.set_phase(rd, f"waiting for GPUs held by {gpu_ledger.holders_text(others)}")
+                if gpu_holders and not active:  # nothing of ours runs: it is the other batches we wait for
+                    live_phase.set_phase(rd, f"waiting for GPUs held by {gpu_ledger.holders_text(gpu_holders)}")
                 break  # runs start in their batch order
+            need = core_share.cores_needed(rd.settings(), total_gpus=total_gpus, cores=cores)
+            busy = core_share.blocking(others, need, cores) if self.cores_choice == core_share.WAIT else []
+            if busy:  # other batches compute on the cores it needs: their timings and its own would mix
+                if not active:
+                    live_phase.set_phase(rd, f"waiting for cores used by {gpu_ledger.runs_text(busy)}")
+                break
             start(rd, gpu_slice)
             active.append(rd)
-            if ledger is not None and rd.state not in FINAL_STATES:
-                ledger.add(rd, gpu_slice if gpu_slice is not None else list(range(total_gpus)))
+            if rd.state not in FINAL_STATES:
+                ledger.add(rd, gpu_slice if gpu_slice is not None else list(range(total_gpus)), need)
 
     def start(self, rd: RunDir, t: Tracked, slot: Any) -> bool:
         try:
@@ -153,16 +174,42 @@ class LocalBackend:
         return st.get("state") in LIVE_STATES
 
     def readings(self, t: Tracked, st: dict[str, Any], *, live: bool, interval_s: float) -> None:
-        """The job's process tree and this machine's GPUs, sampled here; what the run does now."""
+        """The job's process tree and this machine's GPUs, sampled here; what ran beside it; what the run does now."""
         if live:
-            ingest.sample_system(t, st, interval_s, time.time())
+            now = time.time()
+            ingest.sample_system(t, st, interval_s, now)
+            self._look_beside(t.rd, st, now)
+        else:
+            self._settle_overlap(t.rd)
         self.phases.update(t.rd)  # for every view; cleared once it ended
+
+    def _look_beside(self, rd: RunDir, st: dict[str, Any], now: float) -> None:
+        """Which other runs of any batch live beside this one now (the ledger), and the host's load."""
+        key = str(rd.path)
+        if now - self._looked.get(key, 0.0) < overlap.LOOK_EVERY_S:
+            return
+        self._looked[key] = now
+        live, ended = gpu_ledger.read()
+        rd.update_status(**overlap.record(rd, st, live, ended, now, overlap.host_load(), core_share.machine_cores()))
+
+    def _settle_overlap(self, rd: RunDir) -> None:
+        """Once the run ended: a last look (a run that ended since the previous one is in the ledger's recent
+        runs), and what was still beside it then stayed to its end (status.json, then MLflow's tags)."""
+        st = rd.status()
+        if st.get("state") not in FINAL_STATES or not st.get("started") or (st.get(overlap.OVERLAP) or {}).get("final"):
+            return
+        end = st.get("ended") if isinstance(st.get("ended"), (int, float)) else time.time()
+        live, ended = gpu_ledger.read()
+        seen = overlap.record(rd, st, live, ended, end, None, core_share.machine_cores())
+        rd.update_status(**{**seen, overlap.OVERLAP: overlap.settled({**st, **seen})})
 
     def follow_job(self, t: Tracked, st: dict[str, Any]) -> None:
         liveness.check(t, st, self)
+        self._settle_overlap(t.rd)  # the end was just seen: before the MLflow run's end takes the tags
 
     def tags(self, st: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        """Whether other runs shared the machine during its timed steps (dstui.overlapped, dstui.overlap)."""
+        return overlap.tags(st)
 
     # ---- a run's job, from its status alone ----
 

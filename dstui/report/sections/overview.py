@@ -175,6 +175,11 @@ def headlines(ctx: ReportContext) -> list[str]:
     outl = sum(c.outliers for c in ctx.train)
     if outl:
         out.append(f"{outl} outlier iteration(s) (> {an.OUTLIER_FACTOR:g}x the run's median) — see Data quality.")
+    shared = sum(c.n_overlapped for c in ctx.conds)
+    if shared:
+        out.append(f"{shared} run(s) timed while other runs shared the machine: their timings are "
+                   f"{'kept (--include-overlapped)' if ctx.include_overlapped else 'left out of speed comparisons'}"
+                   " — see Data quality.")  # fmt: skip
     return out or ["No timing, memory or loss data was recorded for these runs."]
 
 

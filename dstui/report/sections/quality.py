@@ -56,6 +56,8 @@ def quality(ctx: ReportContext) -> str:
             flags.append("NaN loss")
         if usable and not any("iter_time" in r.history for r in usable):
             flags.append("no iteration times")
+        if c.n_overlapped:
+            flags.append(f"{c.n_overlapped} timed beside other runs" + (" (timings left out)" if c.n_timings_left_out else ""))
         rows.append([
             c.label,
             f"{c.n_usable}/{c.n_runs}",
@@ -80,6 +82,7 @@ def quality(ctx: ReportContext) -> str:
     if out_rows:
         lines += ["", f"Outlier iterations ({len(out_rows)}{', first 30' if len(out_rows) > 30 else ''}):", ""]
         lines.append(table(["run", "step", f"time ({ctx.unit})", "x median"], out_rows[:30]))
+    lines += overlap_lines(ctx)
     bad_lines = [(r, n) for r in ctx.runs if (n := bad_line_count(r))]
     if bad_lines:
         lines += ["", "Output lines dstui could not read as metrics (counted and skipped; the first one is the run's "
@@ -95,6 +98,28 @@ def quality(ctx: ReportContext) -> str:
         "system metrics (`system/...`) stay in MLflow and are not part of this report."
     )
     return "\n".join(lines) + "\n"
+
+
+def overlap_lines(ctx: ReportContext) -> list[str]:
+    """Runs that other runs shared the machine with while they were timed: which, and what became of their timings."""
+    shared = [r for r in ctx.runs if r.stats.get("overlapped")]
+    if not shared:
+        return []
+    if ctx.include_overlapped:
+        how = ("their timings are **included** in every speed figure and comparison (`--include-overlapped`): "
+               "they measure the runs beside them as much as the run itself")  # fmt: skip
+    else:
+        how = ("their timings are **left out** of every speed figure and comparison (iteration time, tokens/s, "
+               "ratios, fastest); their loss and memory still count. `dstui report --include-overlapped` keeps them")
+    rows = []
+    for r in shared[:30]:
+        kept = r.stats if ctx.include_overlapped else r.stats.get("overlapped_timings") or {}
+        mean = kept.get("iter_time_mean")
+        rows.append([r.run_name, code(r.tags.get(tag_keys.OVERLAP, ""), 300) or "-",
+                     ctx.t(mean) if isinstance(mean, (int, float)) else "-",
+                     "kept" if ctx.include_overlapped else "left out"])  # fmt: skip
+    return ["", f"{len(shared)} run(s) were timed while other runs shared this machine (tag `dstui.overlapped`): {how}.", "",
+            table(["run", "beside it", f"iteration mean ({ctx.unit})", "timings"], rows)]  # fmt: skip
 
 
 def recommendations(ctx: ReportContext) -> str:
