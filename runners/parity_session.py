@@ -74,7 +74,7 @@ class ParitySession:
         self.first_worst: list[dict] = []
         self.first_shape: parity_shape.Shape | None = None
         self.ratios: list[float | None] = []
-        self.shapes: list[str] = []
+        self.worst_shape: tuple[float, str] = (-1.0, "")  # (|d-g|/|g| over its tolerance, its shape) of a PASS
         self.overall: dict[tuple[str, str], float] = {}
         self.iter_times: list[float] = []
         self.maxima = dict.fromkeys(MAXIMA, 0.0)
@@ -300,7 +300,9 @@ class ParitySession:
         diffs, shape = cmp["diffs"], cmp["shape"]
         self.iter_times.append(rec["iter_time"])
         self.ratios.append(rec["grad_norm_ratio"])
-        self.shapes.append(shape.text)
+        closeness = shape.rel / cmp["l2_tol"] if cmp["l2_tol"] > 0 else (math.inf if shape.rel else 0.0)
+        if not math.isnan(closeness) and closeness > self.worst_shape[0]:
+            self.worst_shape = (closeness, shape.text)
         for k in self.maxima:
             self.maxima[k] = max(self.maxima[k], rec[k] if rec[k] is not None else math.inf)
         for kind, d in diffs.items():
@@ -368,7 +370,7 @@ class ParitySession:
                 {"name": n, "kind": k, "max_abs_diff": v} for (k, n), v in top if v > 0],
             tolerance=policy.tolerance(), tolerance_basis=policy.basis(), tolerance_mode=policy.mode,
             rtol=policy.rtol_for(), atol=policy.atol if policy.mode == "given" else 0.0,
-            grad_norm_ratios=self.ratios, grad_shape=(shape.text if shape else self.shapes[-1]),
+            grad_norm_ratios=self.ratios, grad_shape=(shape.text if shape else self.worst_shape[1]),
             grad_shape_kind=(shape.kind if shape else "rounding-level"), applied=self.applied_how,
             loss_pattern=self.args.loss_pattern,
             **{f"{k}_max": _finite(v) for k, v in self.maxima.items()}, status="ok",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.core import verdicts
 from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.records import (
     ATTEMPT,
@@ -220,6 +221,7 @@ def merge_summary(rd: RunDir, rec: dict) -> None:
     fields: dict[str, Any] = {"summary": merged}
     if rec.get("verdict"):
         fields["verdict"] = rec["verdict"]
+        fields["evidence"] = verdicts.evidence(merged)
     rd.update_status(**fields)
 
 

@@ -39,6 +39,7 @@ EXIT_CODE = "dstui.exit_code"
 BAD_METRIC_LINES = "dstui.bad_metric_lines"
 FIRST_BAD_LINE = "dstui.first_bad_line"  # "why: start of the line" of the first bad line (execute/ingest.py)
 VERDICT = "dstui.verdict"
+EVIDENCE = "dstui.evidence"  # the verdict's numbers in one line (dstui.core.verdicts)
 WORST = "dstui.worst"
 TOLERANCE_BASIS = "dstui.tolerance_basis"
 DIVERGED = "dstui.diverged"
