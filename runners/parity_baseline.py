@@ -11,12 +11,16 @@ recipes do, with nothing hidden:
   (``reduce="micro"``: ZeRO-2/3, which reduce-scatter in the backward hooks).
   The two orders are the same mathematics with different rounding; choosing
   DeepSpeed's order is what makes fp32 bit-exact.
-* **bf16/fp16 with fp32 master weights**: the module's parameters (not its buffers) live in the
-  low-precision dtype (forward and backward run there, like the engine's
-  module), an fp32 master copy is what the optimizer updates, and the masters
-  are cast back into the module after each step. fp16 uses the loss scale that
-  DeepSpeed used at that step, and skips the step when DeepSpeed did.
-* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients.
+* **bf16/fp16 with fp32 master weights**: the module's parameters and buffers
+  take the dtypes the engine's module holds after ``deepspeed.initialize`` (read
+  from it, not assumed: releases differ in whether buffers are cast), forward
+  and backward run there, an fp32 master copy is what the optimizer updates,
+  and the masters are cast back into the module after each step. fp16 uses the
+  loss scale that DeepSpeed used at that step, and skips the step when
+  DeepSpeed did.
+* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients;
+  :meth:`Baseline.step` returns the gradient as the optimizer applies it
+  (reduced, unscaled, clipped), which is what DeepSpeed's side is read as.
 
 A *twin* (``coarse=True``) is the same baseline with every rounding choice
 turned the other legitimate way: the opposite reduction order, the sum over

@@ -383,8 +383,8 @@ def test_verify_conditions_through_the_pipeline(tmp_path: Path, monkeypatch: pyt
     evidence = "verify FAIL at step 1: grad-norm ratio 1.0000, identical"
     assert bad.data.tags["dstui.reason"] == evidence and bad.data.tags["dstui.evidence"] == evidence
     assert good.data.tags["dstui.evidence"] == "verify PASS: grad-norm ratio 1.0000 over 3 steps, bit-exact"
-    ratios = client.get_metric_history(bad.info.run_id, "grad_norm_ratio")
-    assert [m.value for m in sorted(ratios, key=lambda m: m.step)] == [1.0, 1.0, 1.0]
+    ratios = sorted(client.get_metric_history(bad.info.run_id, "grad_norm_ratio"), key=lambda m: m.step)
+    assert [m.step for m in ratios] == [1, 2, 3] and ratios[0].value == 1.0  # then the wrong update shows
     status = dstui("status", "--json", env={"DSTUI_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": uri})
     runs_json = {r["condition"]: r for b in json.loads(status.stdout)["batches"] for r in b["runs"]}
     assert runs_json["z1-broken"]["reason"] == evidence and runs_json["z3"]["evidence"].startswith("verify PASS")
