@@ -145,14 +145,7 @@ class PipelineParitySession(ParitySession):
         base.loss = fp32_mean(base.losses)
         mine = {n for n, _ in self.ds_named}
         ds["base_params"] = {n: p for n, p in self.base.params().items() if n in mine}
-        if self.twin is not None:
-            twin = self.twin.step(xs, self.loss_fn)
-            twin_params = self.twin.params()
-            noise = self.policy.noise
-            noise.observe("loss", [(torch.tensor(twin.loss), torch.tensor(base.loss))])
-            noise.observe("grad", [(twin.grads[n], g) for n, g in base.grads.items()])
-            noise.observe("param", [(twin_params[n], p) for n, p in ds["base_params"].items()])
-            noise.observe_l2(twin.grads, base.grads)
+        self.twin_noise(xs, base, ds["base_params"])
         base.grads = {n: g for n, g in base.grads.items() if n in mine and not ds["skipped"]}
         base.local = {}  # one replica per data-parallel rank already: no rank-local shape to tell apart
         missing = set(ds["grads"]) ^ set(base.grads)

@@ -222,20 +222,26 @@ class ParitySession:
         ds = self.ds_side(xs, grad_scale)
         base = self.base.step(xs, self.loss_fn, loss_scale=ds["scale"], skip=ds["skipped"])
         ds["base_params"] = self.base.params()
-        if self.twin is not None:
-            twin = self.twin.step(xs, self.loss_fn, loss_scale=ds["scale"], skip=ds["skipped"])
-            twin_params = self.twin.params()
-            noise = self.policy.noise
-            noise.observe("loss", [(torch.tensor(twin.loss), torch.tensor(base.loss))])
-            noise.observe("grad", [(twin.grads[n], g) for n, g in base.grads.items()])
-            noise.observe("param", [(twin_params[n], p) for n, p in ds["base_params"].items()])
-            noise.observe_l2(twin.grads, base.grads)
+        self.twin_noise(xs, base, ds["base_params"], loss_scale=ds["scale"], skip=ds["skipped"])
         if ds["skipped"]:
             base.grads = {}
         missing = set(ds["grads"]) ^ set(base.grads)
         if missing:
             raise RuntimeError(f"gradients present on one side only: {sorted(missing)[:5]}")
         return ds, base
+
+    def twin_noise(self, xs: list[torch.Tensor], base: BaseStep, base_params: dict[str, torch.Tensor], *,
+                   loss_scale: float = 1.0, skip: bool = False) -> None:
+        """The twin's step and how far it lands from the baseline's: the noise the tolerance is made of."""
+        if self.twin is None:
+            return
+        twin = self.twin.step(xs, self.loss_fn, loss_scale=loss_scale, skip=skip)
+        twin_params = self.twin.params()
+        noise = self.policy.noise
+        noise.observe("loss", [(torch.tensor(twin.loss), torch.tensor(base.loss))])
+        noise.observe("grad", [(twin.grads[n], g) for n, g in base.grads.items()])
+        noise.observe("param", [(twin_params[n], p) for n, p in base_params.items()])
+        noise.observe_l2(twin.grads, base.grads)
 
     def compare(self, ds: dict[str, Any], base: BaseStep) -> dict[str, Any]:
         """This rank's differences, the gradient's shape and the ranks' agreement (collectives)."""

@@ -30,24 +30,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarize import load  # noqa: E402  (the run folder reader of the GPU scripts)
+
 
 def losses(batch: Path) -> dict[tuple[str, int], dict[int, float]]:
-    """(condition, seed) -> {step: loss} of every finished run of the batch."""
+    """(condition, seed) -> {step: loss} of every run of the batch that logged steps."""
     out: dict[tuple[str, int], dict[int, float]] = {}
     for run in sorted(p for p in batch.iterdir() if (p / "metrics.jsonl").is_file()):
-        header, steps = {}, {}
-        for line in (run / "metrics.jsonl").read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("type") == "header":
-                header = rec
-            elif rec.get("type") == "step" and isinstance(rec.get("loss"), (int, float)):
-                steps[int(rec["step"])] = float(rec["loss"])
-        status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-        seed = (header.get("config") or {}).get("seed")
-        condition = status.get("condition") or run.name.rsplit("-r", 1)[0]
+        r = load(run)
+        steps = {int(s["step"]): float(s["loss"]) for s in r["steps"] if isinstance(s.get("loss"), (int, float))}
+        seed = (r["header"].get("config") or {}).get("seed")
+        condition = r["status"].get("condition") or run.name.rsplit("-r", 1)[0]
         condition = "-".join(p for p in condition.split("-") if not p.startswith("seed"))
         if seed is not None and steps:
             out[(condition, int(seed))] = steps

@@ -140,3 +140,16 @@ def test_what_a_spec_may_ask_of_pipelines(settings: dict, refused: str | None) -
         assert why is None
     else:
         assert why is not None and refused in why.message
+
+
+def test_a_train_spec_with_a_pipeline_block_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Before issue 37 it was accepted, trained data-parallel and ended done without a word."""
+    from helpers import dstui
+
+    spec = tmp_path / "pp.yaml"
+    spec.write_text("name: pp\nsettings: {model: tiny-llama, gpus: 2, steps: 2, warmup_steps: 0,\n"
+                    "  ds_overrides: {pipeline: {stages: 2}}}\n")
+    proc = dstui("list", str(spec), env={"DSTUI_HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert "ds_overrides.pipeline" in line and "builds no pipeline engine" in line and "pipeline_stages" in line
