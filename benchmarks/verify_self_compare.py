@@ -47,7 +47,7 @@ def one(out: Path, dtype: str, seed: int, steps: int) -> dict[str, Any]:
     (out / f"{name}.json").write_text(json.dumps(ds_config(stage, gas, dtype)))
     metrics = out / f"{name}.jsonl"
     metrics.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "dstui.execute.ranks", "--nproc", "2", "--master-port", str(free_port()), "--",
+    cmd = [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "2", "--master-port", str(free_port()), "--",
            sys.executable, str(REPO / "runners" / "compare_loss.py"), "--model", "tiny-llama", "--seq-length", "16",
            "--steps", str(steps), "--torch-adam", "--seed", str(seed), "--ds-config", str(out / f"{name}.json"),
            "--metrics-file", str(metrics)]
