@@ -77,6 +77,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 from parity_options import ds_config_of, parse_args  # noqa: E402
+from parity_pipeline import PipelineParitySession  # noqa: E402
 from parity_session import ParitySession  # noqa: E402
 
 from dstui.core.records import SUMMARY, MetricsWriter  # noqa: E402
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         accel.set_device(int(os.environ.get("LOCAL_RANK", max(args.local_rank, 0))))
     writer = MetricsWriter(args.metrics_file if rank == 0 else None)
     try:
-        return ParitySession(args, ds_config_of(args, world), writer, fault, rank=rank, world=world).run()
+        session = PipelineParitySession if args.pipeline_stages > 1 else ParitySession
+        return session(args, ds_config_of(args, world), writer, fault, rank=rank, world=world).run()
     except BaseException as e:
         writer.write(SUMMARY, status="failed", error=f"{type(e).__name__}: {e}",
                      traceback=traceback.format_exc(limit=5))

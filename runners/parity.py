@@ -8,7 +8,7 @@ importing DeepSpeed. Only torch is needed here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +93,12 @@ class Diff:
 
     max_abs: float = 0.0
     max_rel: float = 0.0
+    #: largest |d| / (atol + rtol |base|): the margin (below 1 within tolerance; inf for any |d| > 0 when exact)
+    max_ratio: float = 0.0
+    #: the tensor of ``max_ratio``, with its |d| and the tolerance it had at that element
+    ratio_name: str = ""
+    ratio_abs: float = 0.0
+    ratio_tol: float = 0.0
     ok: bool = True
     worst: str = ""
     count: int = 0
@@ -123,6 +129,14 @@ class Diff:
         rel = absdiff / b.abs().clamp_min(tiny)
         m_abs = float(absdiff.max())
         m_rel = float(rel.max())
+        allowed = atol + rtol * b.abs()
+        ratio = torch.where(absdiff == 0, torch.zeros_like(absdiff), absdiff / allowed).nan_to_num(math.inf)
+        at = int(ratio.reshape(-1).argmax())
+        if float(ratio.reshape(-1)[at]) > self.max_ratio or not self.ratio_name:
+            self.max_ratio = max(self.max_ratio, float(ratio.reshape(-1)[at]))
+            self.ratio_name = name
+            self.ratio_abs = float(absdiff.reshape(-1)[at])
+            self.ratio_tol = float(allowed.reshape(-1)[at])
         self.per_tensor.append((name, m_abs))
         if m_abs > self._worst_abs:
             self._worst_abs = m_abs
@@ -169,19 +183,26 @@ def verdict_line(first_step: int | None, reason: str) -> str:
     return f"FAIL (first diverging step {first_step}: {reason})"
 
 
-def divergence_reason(rec: dict[str, float], rtol: float, atol: float, worst: Sequence[str]) -> str:
-    """Name what diverged first in a step: loss, gradients or parameters."""
-    parts = []
-    if not rec.get("loss_within_tol", 1):
-        parts.append(f"loss |d|={rec['loss_abs_diff']:.3e}")
-    if not rec.get("grad_within_tol", 1):
-        parts.append(f"grad max|d|={rec['grad_max_abs_diff']:.3e}")
-    if not rec.get("param_within_tol", 1):
-        parts.append(f"param max|d|={rec['param_max_abs_diff']:.3e}")
-    # worst = (the gradient's worst tensor, the parameter's): one name when they agree
-    named = [(kind, w) for kind, w in zip(("grad", "param"), worst, strict=False) if w]
-    if len({w for _, w in named}) == 1:
-        where = f" worst in {named[0][1]}"
-    else:
-        where = " worst in " + ", ".join(f"{w} ({kind})" for kind, w in named) if named else ""
-    return "; ".join(parts) + f" > rtol={rtol:g} atol={atol:g}" + where
+@dataclass(frozen=True)
+class StepEvidence:
+    """What one step's comparison found, everything a FAIL reason states (one rank's view, combined)."""
+
+    shape: str = ""  # the gradient's shape (parity_shape.Shape.text)
+    rank_spread: float = 0.0
+    loss: tuple[float, float] | None = None  # (|d|, tolerance) when out of tolerance
+    l2: tuple[float, float] | None = None  # (|d-g|/|g|, tolerance) when out
+    tensors: tuple[tuple[str, str, float, float], ...] = ()  # (kind, name, |d|, tolerance) out of tolerance
+
+
+def divergence_reason(ev: StepEvidence) -> str:
+    """One line: the gradient's shape first, then each check that failed with its number and tolerance."""
+    parts = [ev.shape] if ev.shape else []
+    if ev.rank_spread > 0:
+        parts.append(f"ranks disagree by up to {ev.rank_spread:.3e}")
+    if ev.loss:
+        parts.append(f"loss |d| {ev.loss[0]:.3e} > {ev.loss[1]:.3e}")
+    if ev.l2:
+        parts.append(f"whole gradient |d-g|/|g| {ev.l2[0]:.3e} > {ev.l2[1]:.3e}")
+    for kind, name, d, tol in ev.tensors:
+        parts.append(f"{kind} |d| {d:.3e} > {tol:.3e} in {name}")
+    return "; ".join(parts) or "no difference recorded"

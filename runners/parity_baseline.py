@@ -11,12 +11,16 @@ recipes do, with nothing hidden:
   (``reduce="micro"``: ZeRO-2/3, which reduce-scatter in the backward hooks).
   The two orders are the same mathematics with different rounding; choosing
   DeepSpeed's order is what makes fp32 bit-exact.
-* **bf16/fp16 with fp32 master weights**: the module's parameters (not its buffers) live in the
-  low-precision dtype (forward and backward run there, like the engine's
-  module), an fp32 master copy is what the optimizer updates, and the masters
-  are cast back into the module after each step. fp16 uses the loss scale that
-  DeepSpeed used at that step, and skips the step when DeepSpeed did.
-* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients.
+* **bf16/fp16 with fp32 master weights**: the module's parameters and buffers
+  take the dtypes the engine's module holds after ``deepspeed.initialize`` (read
+  from it, not assumed: releases differ in whether buffers are cast), forward
+  and backward run there, an fp32 master copy is what the optimizer updates,
+  and the masters are cast back into the module after each step. fp16 uses the
+  loss scale that DeepSpeed used at that step, and skips the step when
+  DeepSpeed did.
+* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients;
+  :meth:`Baseline.step` returns the gradient as the optimizer applies it
+  (reduced, unscaled, clipped), which is what DeepSpeed's side is read as.
 
 A *twin* (``coarse=True``) is the same baseline with every rounding choice
 turned the other legitimate way: the opposite reduction order, the sum over
@@ -29,37 +33,89 @@ the check cannot be bit-exact (see parity_tolerance.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from parity import TORCH_DTYPES
+
+#: (model, this micro-batch's token ids) -> the loss to backpropagate (parity_patterns.py)
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 def make_torch_opt(params: Any, kind: str, kwargs: dict[str, Any]) -> torch.optim.Optimizer:
     return getattr(torch.optim, kind)(params, **kwargs)
 
 
-class Baseline:
-    """One data-parallel replica of the model trained without DeepSpeed."""
+@dataclass
+class BaseStep:
+    """One optimizer step of a baseline, in the terms DeepSpeed's optimizer applies."""
 
-    def __init__(self, model: torch.nn.Module, *, dtype: str, opt_kind: str, opt_kwargs: dict[str, Any],
-                 clip: float, reduce: str, coarse: bool = False) -> None:
+    loss: float  # mean over this rank's micro-batches
+    grads: dict[str, torch.Tensor]  # reduced, averaged, unscaled and clipped fp32: what the optimizer applies
+    norm: float  # global norm before clipping (what DeepSpeed reports)
+    #: this rank's own gradient, never reduced (same scaling): what a rank-local bug applies
+    local: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: each micro-step's reduced share of ``grads`` (explaining baselines with grad_accum > 1)
+    micro: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # each micro-batch's loss (fp32 values)
+
+
+class Baseline:
+    """One data-parallel replica of the model trained without DeepSpeed.
+
+    ``param_dtype`` and ``buffer_dtypes`` are read from the engine under test
+    (what its module holds after ``deepspeed.initialize``), not assumed: older
+    releases cast buffers (rotary ``inv_freq``) to bf16 as well, and a baseline
+    that keeps them fp32 computes another function. ``explain``: also keep the
+    rank-local gradient and each micro-step's share, for the shape of a
+    gradient error (parity_shape.py).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, param_dtype: torch.dtype, opt_kind: str,
+                 opt_kwargs: dict[str, Any], clip: float, reduce: str, coarse: bool = False,
+                 buffer_dtypes: dict[str, torch.dtype] | None = None, explain: bool = False) -> None:
         self.model = model
-        self.low = TORCH_DTYPES[dtype] if dtype != "fp32" else None
+        self.low = param_dtype if param_dtype != torch.float32 else None
         self.coarse = coarse
+        self.explain = explain
         self.reduce = reduce if not coarse else ("micro" if reduce == "boundary" else "boundary")
         self.clip = clip
         self.world = dist.get_world_size()
         self.named = [(n.removeprefix("_orig_mod."), p) for n, p in model.named_parameters()]
+        self.trainable = {n for n, p in self.named if p.requires_grad}
         if self.low is not None:
-            # Parameters only, as DeepSpeed casts them: buffers (rotary inv_freq) stay fp32.
             for _, p in self.named:
                 p.data = p.data.to(self.low)
-            self.masters = [p.detach().float().clone().requires_grad_(True) for _, p in self.named]
+            self.masters = [p.detach().float().clone().requires_grad_(p.requires_grad) for _, p in self.named]
         else:
             self.masters = [p for _, p in self.named]
-        self.opt = make_torch_opt(self.masters, opt_kind, opt_kwargs)
+        for name, buf in model.named_buffers():
+            want = (buffer_dtypes or {}).get(name.removeprefix("_orig_mod."))
+            if want is not None and buf.dtype != want:
+                buf.data = buf.data.to(want)
+        self.opt = make_torch_opt([m for m in self.masters if m.requires_grad], opt_kind, opt_kwargs)
+
+    def warm_start(self, steps: int) -> None:
+        """Take ``steps`` optimizer steps on zero gradients, as DeepSpeed's wrapper did at start-up.
+
+        FP16_Optimizer / FP16_UnfusedOptimizer initialize the optimizer's state with
+        one ``step()`` on zero gradients: the masters stay (without weight decay), but
+        Adam's step count starts at 1, so its bias correction makes the first real update
+        0.744 lr instead of lr (measured, ZeRO-0 bf16, DeepSpeed 0.19.8). The count is
+        read from the engine's optimizer state (parity_applied.optimizer_steps).
+        """
+        for _ in range(steps):
+            for m in self.masters:
+                if m.requires_grad:
+                    m.grad = torch.zeros_like(m)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        if steps and self.low is not None:
+            with torch.no_grad():
+                for (_, p), master in zip(self.named, self.masters, strict=True):
+                    p.copy_(master.to(self.low))
 
     # -- reduction ------------------------------------------------------------
 
@@ -68,7 +124,7 @@ class Baseline:
 
     def _all_reduce_mean(self, g: torch.Tensor) -> torch.Tensor:
         """Mean over ranks; the twin sums an all-gather in reverse rank order."""
-        t = g.to(self._comm_dtype())
+        t = g.to(self._comm_dtype(), copy=True)  # never reduce the caller's tensor in place
         if self.coarse and self.world > 2:
             parts = [torch.empty_like(t) for _ in range(self.world)]
             dist.all_gather(parts, t)
@@ -81,52 +137,63 @@ class Baseline:
 
     # -- one optimizer step ---------------------------------------------------
 
-    def step(self, micro_batches: list[torch.Tensor], *, loss_scale: float = 1.0,
-             skip: bool = False) -> tuple[float, dict[str, torch.Tensor], float]:
-        """Train on this rank's micro-batches; (mean loss, averaged fp32 grads, grad norm)."""
+    def _micro_grads(self, x: torch.Tensor, loss_fn: LossFn, gas: int, loss_scale: float
+                     ) -> tuple[float, dict[str, torch.Tensor]]:
+        for _, p in self.named:
+            p.grad = None
+        loss = loss_fn(self.model, x)
+        ((loss / gas) * loss_scale if loss_scale != 1.0 else loss / gas).backward()
+        return float(loss.detach().float()), {n: p.grad.detach() for n, p in self.named if p.grad is not None}
+
+    def step(self, micro_batches: list[torch.Tensor], loss_fn: LossFn, *, loss_scale: float = 1.0,
+             skip: bool = False) -> BaseStep:
+        """Train on this rank's micro-batches, as DeepSpeed's recipe does (see the module docstring)."""
         gas = len(micro_batches)
         acc: dict[str, torch.Tensor] = {}
+        local: dict[str, torch.Tensor] = {}
+        micro: list[dict[str, torch.Tensor]] = []
         acc_dtype = self.low if (self.coarse and self.low is not None) else torch.float32
         losses = []
         for x in micro_batches:
-            for _, p in self.named:
-                p.grad = None
-            loss = self.model(input_ids=x, labels=x).loss
-            losses.append(float(loss.detach().float()))
-            ((loss / gas) * loss_scale if loss_scale != 1.0 else loss / gas).backward()
-            for name, p in self.named:
-                if p.grad is None:
-                    continue
-                g = p.grad.detach()
-                if self.reduce == "micro":
-                    g = self._all_reduce_mean(g)
-                g = g.to(acc_dtype)
-                if name in acc:
-                    acc[name].add_(g)
-                else:
-                    acc[name] = g.clone()
+            loss, grads = self._micro_grads(x, loss_fn, gas, loss_scale)
+            losses.append(loss)
+            share = {}
+            for name, g in grads.items():
+                if self.explain:
+                    local[name] = local[name] + g.float() if name in local else g.float().clone()
+                if self.reduce == "micro" or (self.explain and gas > 1):
+                    share[name] = self._all_reduce_mean(g)
+                g = (share[name] if self.reduce == "micro" else g).to(acc_dtype)
+                acc[name] = acc[name].add_(g) if name in acc else g.clone()
+            if self.explain and gas > 1:
+                micro.append(share)
         if self.reduce == "boundary":
             acc = {n: self._all_reduce_mean(g) for n, g in acc.items()}
-        grads = {n: g.float() / loss_scale if loss_scale != 1.0 else g.float() for n, g in acc.items()}
+        unscale = 1.0 / loss_scale
+        grads = {n: g.float() * unscale for n, g in acc.items()}
         norm = self._norm(grads)
+        coef = self.clip / (norm + 1e-6) if self.clip > 0 and norm > self.clip else 1.0
+        applied = {n: g * coef for n, g in grads.items()} if coef != 1.0 else grads
         if not skip:
-            self._update(grads, norm)
+            self._update(applied)
         for _, p in self.named:
             p.grad = None
-        return sum(losses) / gas, grads, norm
+        same = unscale * coef
+        return BaseStep(sum(losses) / gas, applied, norm,
+                        local={n: g * same for n, g in local.items()},
+                        micro=[{n: g * same for n, g in m.items()} for m in micro], losses=losses)
 
     def _norm(self, grads: dict[str, torch.Tensor]) -> float:
+        if not grads:
+            return 0.0
         if self.coarse:
             return math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
 
-    def _update(self, grads: dict[str, torch.Tensor], norm: float) -> None:
-        coef = 1.0
-        if self.clip > 0 and norm > self.clip:
-            coef = self.clip / (norm + 1e-6)
+    def _update(self, grads: dict[str, torch.Tensor]) -> None:
         for (name, _), master in zip(self.named, self.masters, strict=True):
             g = grads.get(name)
-            master.grad = None if g is None else (g * coef if coef != 1.0 else g.clone())
+            master.grad = None if g is None else g.clone()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if self.low is not None:
@@ -135,8 +202,9 @@ class Baseline:
                     p.copy_(master.to(self.low))
 
     def params(self) -> dict[str, torch.Tensor]:
-        """The fp32 parameters the optimizer holds (masters under bf16/fp16)."""
-        return {name: m.detach().float() for (name, _), m in zip(self.named, self.masters, strict=True)}
+        """What the optimizer holds (fp32 masters under bf16/fp16); a frozen parameter as the module holds it."""
+        return {name: (m if name in self.trainable else p).detach().float()
+                for (name, p), m in zip(self.named, self.masters, strict=True)}
 
 
 class _Identity(torch.autograd.Function):

@@ -18,6 +18,17 @@ bucket flush within the last micro-step of that step (default 0). Faults:
 * ``skip_gas_scaling``: ``engine.backward`` stops dividing the loss by the
   gradient accumulation steps, from ``step`` on.
 
+Faults of the whole step's gradient, at any ZeRO stage (runners/parity_faults.py):
+
+* ``gas_scaled_twice``: the loss is divided by the accumulation steps once
+  more (a uniform 1/GAS: what output hooks that scale did to the loss).
+* ``rank_local``: the step's gradient reductions see only this rank's data,
+  so each rank applies its own gradient instead of the mean.
+* ``drop_micro``: micro-batch ``micro`` (1-based, default 1) of the step adds
+  nothing to the gradient, on every rank.
+* ``stage_scale``: pipeline runs only: the gradient of pipeline stage
+  ``stage`` (default 1) is divided by the accumulation steps once more.
+
 Each patch prints ``parity_inject: ...`` naming the parameters it touched, so a
 test can check that the check names the same ones.
 """
@@ -28,8 +39,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import parity_faults
+
 ENV = "DSTUI_PARITY_INJECT"
-FAULTS = ("drop_bucket", "double_grad", "skip_gas_scaling")
+FAULTS = ("drop_bucket", "double_grad", "skip_gas_scaling", "gas_scaled_twice", "rank_local", "drop_micro",
+          "stage_scale")
+OPTIONS = ("step", "bucket", "micro", "stage")
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,8 @@ class Fault:
     kind: str
     step: int = 2
     bucket: int = 0
+    micro: int = 1
+    stage: int = 1
 
 
 def parse(text: str) -> Fault:
@@ -47,12 +64,12 @@ def parse(text: str) -> Fault:
     values: dict[str, int] = {}
     for opt in opts:
         key, _, value = opt.partition("=")
-        if key not in ("step", "bucket") or not value.isdigit():
-            raise ValueError(f"{ENV}: bad option '{opt}' (use step=N, bucket=K)")
+        if key not in OPTIONS or not value.isdigit():
+            raise ValueError(f"{ENV}: bad option '{opt}' (use step=N, bucket=K, micro=M, stage=S)")
         values[key] = int(value)
     fault = Fault(kind, **values)
-    if fault.step < 1:
-        raise ValueError(f"{ENV}: step must be >= 1")
+    if fault.step < 1 or fault.micro < 1:
+        raise ValueError(f"{ENV}: step and micro must be >= 1")
     return fault
 
 
@@ -96,6 +113,9 @@ class _Injector:
 
 def install(engine: Any, fault: Fault) -> None:
     """Patch ``engine`` (and its ZeRO optimizer) so that ``fault`` happens."""
+    if fault.kind in parity_faults.STEP_FAULTS:
+        parity_faults.install(engine, fault)
+        return
     names = {id(p): n for n, p in engine.module.named_parameters()}
     inj = _Injector(engine, fault, names)
     backward = engine.backward

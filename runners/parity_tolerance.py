@@ -70,12 +70,20 @@ class NoiseEnvelope:
 
     rel: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     floor: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, FLOOR_REL))
+    l2: float = 0.0  # the whole gradient's relative L2 distance (the gradient-norm evidence's noise)
 
     def observe(self, kind: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for twin, base in pairs:
             d, scale = max_abs_rel(twin, base)
             if scale > 0:
                 self.rel[kind] = max(self.rel[kind], d / scale)
+
+    def observe_l2(self, twin: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> None:
+        """The whole gradient's relative L2 distance, ``|twin - base| / |base|`` over every tensor at once."""
+        num = sum(float((twin[n].double() - b.double()).pow(2).sum()) for n, b in base.items() if n in twin)
+        den = sum(float(b.double().pow(2).sum()) for b in base.values())
+        if den > 0:
+            self.l2 = max(self.l2, (num / den) ** 0.5)
 
     def atol(self, kind: str, base: torch.Tensor) -> float:
         """Absolute tolerance for one tensor of ``kind`` whose baseline value is ``base``."""
@@ -103,6 +111,14 @@ class Policy:
         self.used[kind] = max(self.used[kind], tol)
         return tol
 
+    def l2_tol(self) -> float:
+        """Tolerance of the whole gradient's ``|d - g| / |g|`` (0.0 when bit-exact)."""
+        if self.mode == "exact":
+            return 0.0
+        if self.mode == "given":
+            return max(self.rtol, FLOOR_REL)
+        return max(SAFETY * self.noise.l2, FLOOR_REL)
+
     def rtol_for(self) -> float:
         return self.rtol if self.mode == "given" else 0.0
 
@@ -116,7 +132,7 @@ class Policy:
         if self.noise.floor["loss"] != FLOOR_REL:
             floor += f" ({self.noise.floor['loss']:.0e} of the loss: half precision)"
         return (f"measured: {SAFETY:g} x the largest relative baseline-vs-twin distance "
-                f"({rel}), {floor}; not exact because {self.why_not_exact}")
+                f"({rel}; whole gradient L2 {self.noise.l2:.2e}), {floor}; not exact because {self.why_not_exact}")
 
     def tolerance(self) -> float:
         """The largest absolute tolerance applied (0.0 when bit-exact)."""

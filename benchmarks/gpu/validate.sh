@@ -33,6 +33,13 @@
 #                                      # (git archive OLD dstui runners configs pyproject.toml);
 #                                      # prints dstui's own marks (DSTUI_TRACE: CLI, checks,
 #                                      # supervisor, op check, launch, end) beside the rank's phases
+#   benchmarks/gpu/validate.sh matrix      # issue 37 on 2 GPUs (~4 min): the equivalence matrix's bf16 and
+#                                      # fp16 cells (configs/experiments/equivalence_matrix.yaml; grad_accum 4
+#                                      # unless MATRIX_ONLY='...' names others), every verdict with its
+#                                      # grad-norm ratio and shape, `dstui report`
+#   benchmarks/gpu/validate.sh gap         # issue 37.7 on 2 GPUs (~5 min): seed 001's z1 vs z2+DeepCompile
+#                                      # loss gap at step 10, z2 eager as the noise pair, 2 seeds
+#                                      # (benchmarks/gpu/gap.yaml); benchmarks/gpu/loss_gap.py answers
 #
 # Packages the machine lacks (deepspeed, hjson, pydantic, mlflow-skinny and what its SQLite store
 # imports) travel as wheels in .whl/ (see docs/gpu-validation/README.md for how they were made) and
@@ -362,6 +369,47 @@ PYEOF
     tail -20 "$OUT/share-opbuild.txt"
 }
 
+phase_matrix() {  # issue 37: the equivalence matrix's half-precision cells on 2 GPUs
+    local spec=$WORK/matrix-gpu.yaml mb only=${MATRIX_ONLY:-'*-ga4-*'}
+    $PY - "$spec" <<'PYEOF'
+import sys, yaml
+d = yaml.safe_load(open("configs/experiments/equivalence_matrix.yaml"))
+d["name"] = "matrix-gpu"
+d["axes"].update(gpus=[2], dtype=["bf16", "fp16"])
+d["exclude"] = [x for x in d["exclude"] if x.get("gpus") != 1]
+# fp16 starts at a loss scale of 2^8, not 2^16: a tiny model's first steps would all overflow and be skipped
+d["settings"]["ds_overrides"] = {"fp16": {"initial_scale_power": 8}}
+d["conditions"] = [{**c, "name": c["name"].replace("fp32", dt), "dtype": dt} for c in d["conditions"]
+                   if c["gpus"] == 2 and c["dtype"] == "fp32" for dt in ("bf16", "fp16")]
+yaml.safe_dump(d, open(sys.argv[1], "w"), sort_keys=False)
+PYEOF
+    say "equivalence matrix, bf16 + fp16 on 2 GPUs, --only $only (limit $(( $(left) - 60 ))s)"
+    set -f  # the patterns go to dstui as they are
+    timeout "$(( $(left) - 60 ))" $PY -m dstui run "$spec" --quiet --only $only
+    say "dstui run exited $?"
+    set +f
+    mb=$(ls -dt "$DSTUI_HOME"/runs/matrix-gpu-* | head -1)
+    cancel_leftovers "$mb"
+    COLUMNS=200 $PY -m dstui status "$(basename "$mb")" -v --no-takeover 2>&1 | tee "$OUT/matrix-status.txt" || true
+    timeout 60 $PY -m dstui report --experiment matrix-gpu --batch "$(basename "$mb")" -o "$WORK/matrix-report" \
+        || say "report failed"
+    tar -C "$WORK" -czf "$OUT/matrix-data.tgz" matrix-report "home/runs/$(basename "$mb")" 2>/dev/null || true
+    ls -la "$OUT"
+}
+
+phase_gap() {  # issue 37.7: is seed 001's z1 vs z2+DeepCompile loss gap at step 10 noise or a defect?
+    local spec=${GAP_SPEC:-benchmarks/gpu/gap.yaml} gb
+    say "$spec: z1, z2, z2-dc x 2 seeds (limit $(( $(left) - 30 ))s)"
+    timeout "$(( $(left) - 30 ))" $PY -m dstui run "$spec" --quiet
+    say "dstui run exited $?"
+    gb=$(ls -dt "$DSTUI_HOME/runs/$(spec_name "$spec")"-* | head -1)
+    cancel_leftovers "$gb"
+    $PY benchmarks/gpu/loss_gap.py "$gb" --pair z1 z2-dc --noise z1 z2 --step "${GAP_STEP:-10}" \
+        --json "$OUT/gap.json" | tee "$OUT/gap.md"
+    $PY benchmarks/gpu/summarize.py "$gb" --baseline seed42-z1 | tee "$OUT/gap-summary.md"
+    tar -C "$WORK" -czf "$OUT/gap-data.tgz" "home/runs/$(basename "$gb")" 2>/dev/null || true
+}
+
 setup || exit 1
 # the benchmarks need FusedAdam only (ZeRO-0/1, no offload, no DeepCompile)
 case $PHASE in bare|folders) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
@@ -371,6 +419,8 @@ case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBu
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 # the SP specs train with torch's AdamW: only DeepCompile's op is built (sp4 has no DeepCompile run)
 case $PHASE in sp) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; sp4) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac
+case $PHASE in matrix) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac   # torch AdamW: no JIT op to build
+case $PHASE in gap) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild
 case $PHASE in
     batch) phase_batch ;;
@@ -386,7 +436,9 @@ case $PHASE in
     share) phase_share ;;
     sp) phase_sp ;;
     sp4) SP_SPEC=${SP_SPEC:-benchmarks/gpu/sp4.yaml} phase_sp ;;
+    matrix) phase_matrix ;;
+    gap) phase_gap ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|matrix|gap|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.analysis.rundata import RunData
+from dstui.core import verdicts
 from dstui.tracking import tags as tag_keys
 
-DIFF_KEYS = ("loss_abs_diff", "grad_max_abs_diff", "param_max_abs_diff", "grad_max_rel_diff", "param_max_rel_diff")
+DIFF_KEYS = ("loss_abs_diff", "grad_max_abs_diff", "param_max_abs_diff", "grad_max_rel_diff", "param_max_rel_diff",
+             "grad_l2_rel_diff")
 
 
 @dataclass
@@ -33,6 +35,12 @@ class CheckResult:
     tolerance_basis: str = ""
     maxima: dict[str, float] = field(default_factory=dict)
     worst: list[dict[str, Any]] = field(default_factory=list)
+    #: the verdict's numbers in one line (dstui.core.verdicts): the grad-norm ratio and the error's shape
+    evidence: str = ""
+    ratio_range: tuple[float, float, int] | None = None  # smallest and largest grad-norm ratio, steps
+    margin: float | None = None  # largest difference / its tolerance (PASS: <= 1)
+    shape_kind: str = ""  # rounding-level, uniform, rank-local, micro-batch, no simple shape
+    steps_run: int | None = None
 
 
 def _summary_records(run: RunData) -> list[dict[str, Any]]:
@@ -101,7 +109,22 @@ def check_of(run: RunData) -> CheckResult:
     if isinstance(worst, list):
         res.worst = [w for w in worst if isinstance(w, dict) and w.get("name")]
         res.worst.sort(key=lambda w: -(finite_number(w.get("max_abs_diff")) or 0.0))
+    _evidence(res, summary)
     return res
+
+
+def _evidence(res: CheckResult, summary: dict[str, Any]) -> None:
+    """The grad-norm ratios, margin and shape: from the summary record, else the step metrics."""
+    run = res.run
+    res.evidence = run.tags.get(tag_keys.EVIDENCE) or verdicts.evidence(summary) or ""
+    res.ratio_range = verdicts.ratio_range(summary)
+    if res.ratio_range is None and "grad_norm_ratio" in run.history and len(run.history["grad_norm_ratio"][1]):
+        values = [v for v in run.history["grad_norm_ratio"][1].tolist() if math.isfinite(v)]
+        res.ratio_range = (min(values), max(values), len(values)) if values else None
+    res.margin = finite_number(run.metrics.get("summary.margin_max", summary.get("margin_max")))
+    res.shape_kind = str(summary.get("grad_shape_kind") or "")[:40]
+    steps = finite_number(run.metrics.get("summary.steps", summary.get("steps")))
+    res.steps_run = int(steps) if steps is not None else None
 
 
 def sp_check_runs(runs: list[RunData]) -> list[CheckResult]:

@@ -60,6 +60,7 @@ CHANGES_NUMERICS: dict[str, str] = {
     "seed": "different initial weights, data order and dropout",
     "command": "a different command: dstui cannot tell what it computes",
     "extra_args": "different runner arguments: dstui cannot tell what they change",
+    "loss_pattern": "a different loss (verify)",
 }
 
 KEEPS_NUMERICS: dict[str, str] = {
@@ -89,6 +90,7 @@ KEEPS_NUMERICS: dict[str, str] = {
     "mirror_zero3_hooks": "verify runs only",
     "rtol": "verify runs only",
     "atol": "verify runs only",
+    "pipeline_stages": "splits the same layers over pipeline stages (verify)",
 }
 
 # resolved ds_config keys (params ``ds.<key>``) that partition, compile or log the same computation

@@ -84,7 +84,8 @@ class RunData:
 
     @property
     def usable(self) -> bool:
-        return self.status in USABLE_STATES
+        """Its steps count: done or running, or a verify run whose FAIL is a verdict (it ran every step)."""
+        return self.status in USABLE_STATES or (self.kind == "verify" and self.tags.get(tag_keys.VERDICT) == "FAIL")
 
     @property
     def started(self) -> bool:

@@ -47,6 +47,7 @@ def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
         "reason": reason_of(st),
         "phase": st.get("phase"),
         "verdict": st.get("verdict"),
+        "evidence": st.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
         "condition": st.get("condition"),
         "revision": st.get("revision"),
         "repeat": st.get("repeat"),

@@ -72,8 +72,8 @@ REASON = "reason"
 
 
 def _reason_or_phase(st: dict[str, Any]) -> str:
-    """The reason; for a live run without one, what it does now ('building op ShareMemComm 12s')."""
-    return reason_of(st) or live_text(st)
+    """The reason; a verdict's evidence; for a live run without one, what it does now ('building op ShareMemComm 12s')."""
+    return reason_of(st) or st.get("evidence") or live_text(st)
 
 
 def _statuses(runs: list[RunDir]) -> list[dict[str, Any]]:

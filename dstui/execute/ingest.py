@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstui.core import run_files
+from dstui.core import run_files, verdicts
 from dstui.core.attempt_steps import AttemptSteps
 from dstui.core.metric_names import MetricNames
 from dstui.core.records import (
@@ -246,6 +246,7 @@ def merge_summary(rd: RunDir, rec: dict) -> None:
     fields: dict[str, Any] = {"summary": merged}
     if rec.get("verdict"):
         fields["verdict"] = rec["verdict"]
+        fields["evidence"] = verdicts.evidence(merged)
     rd.update_status(**fields)
 
 

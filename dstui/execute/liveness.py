@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from dstui.core import failures
+from dstui.core import failures, verdicts
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import guard_watch
 from dstui.execute.ingest import Tracked
@@ -173,8 +173,7 @@ def outcome(st: dict, exit_info: dict, settings: dict, *, cancelled: bool, log_t
         if summary.get("check"):
             fields.update(state="failed", reason=f"{summary['check']} FAIL")
         else:
-            step = summary.get("first_diverging_step")
-            fields.update(state="failed", reason=f"verify FAIL (first diverging step {step})")
+            fields.update(state="failed", reason=verdicts.evidence(summary))
     elif exit_info.get("disk_full"):  # the wrapper saw the run folder's disk full when the job ended
         fields.update(state="failed", reason=DISK_FULL)
     else:

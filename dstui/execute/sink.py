@@ -107,6 +107,8 @@ class MlflowSink(MlflowRuns):
             }
             if st.get("verdict"):
                 final[tag_keys.VERDICT] = st["verdict"]
+            if st.get("evidence"):
+                final[tag_keys.EVIDENCE] = st["evidence"]
             final.update(job_tags or {})
             final.update(guard_watch.tags_of(st))  # again here: the live tag is lost if MLflow was down then
             if st.get("phases"):  # time/launch, time/init, ... (dstui.core.phases)

@@ -42,6 +42,8 @@ _SHORT: dict[str, Any] = {
     "sp_mode": lambda v: str(v),
     "torch_adam": lambda v: "tadam" if v else "",
     "model": lambda v: Path(str(v)).name.replace("_", "-"),
+    "pipeline_stages": lambda v: f"pp{v}" if v != 1 else "",
+    "loss_pattern": lambda v: "" if v == "standard" else str(v).replace("_", "-"),
 }
 
 

@@ -21,6 +21,8 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Kind = Literal["train", "verify", "command"]
 MetricsFormat = Literal["jsonl", "seed"]
 SpMode = Literal["eager", "compile", "deepcompile", "ring"]
+# runners/parity_patterns.py: how a verify step turns a micro-batch into the loss
+LossPattern = Literal["standard", "second_forward", "logits_in_loss", "outside_branch", "frozen"]
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -114,6 +116,20 @@ class Settings(StrictModel):
         False,
         description="verify: wrap the PyTorch baseline like ZeRO-3 wraps modules, so ZeRO-3 can match exactly "
         "(ZeRO-3's hooks regroup gradient sums: ulp-level differences otherwise).",
+        json_schema_extra=VERIFY,
+    )
+    loss_pattern: LossPattern = Field(
+        "standard",
+        description="verify: how a step makes its loss, on both sides: standard (one forward, .loss), second_forward "
+        "(two forwards per backward), logits_in_loss (loss + z-loss on the same output's logits), outside_branch "
+        "(a term the wrapped module computes outside the engine's forward), frozen (input embeddings frozen); "
+        "runners/parity_patterns.py.",
+        json_schema_extra=VERIFY,
+    )
+    pipeline_stages: int = Field(
+        1, ge=1,
+        description="verify: DeepSpeed's pipeline engine with this many stages (>= 2; ZeRO 0/1, grad_accum micro-batches "
+        "per step) against the same layers unpipelined (runners/parity_pipeline.py); 1 = data parallel only.",
         json_schema_extra=VERIFY,
     )
     rtol: float = Field(0.0, ge=0, description="verify: relative tolerance; with atol, a fixed tolerance instead of the automatic one.", json_schema_extra=VERIFY)

@@ -42,6 +42,7 @@ BAD_METRIC_LINES = "dstui.bad_metric_lines"
 FIRST_BAD_LINE = "dstui.first_bad_line"  # "why: start of the line" of the first bad line (execute/ingest.py)
 FILE_PROBLEMS = "dstui.file_problems"  # the run's files dstui refused to read: "metrics.jsonl is a FIFO: not read; ..."
 VERDICT = "dstui.verdict"
+EVIDENCE = "dstui.evidence"  # the verdict's numbers in one line (dstui.core.verdicts)
 WORST = "dstui.worst"
 TOLERANCE_BASIS = "dstui.tolerance_basis"
 DIVERGED = "dstui.diverged"

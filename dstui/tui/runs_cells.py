@@ -75,6 +75,8 @@ def reason_cell(st: dict, diverged: str | None) -> Text | str:
         return Text(printable(st.get("reason") or diverged, one_line=True)[:60], style="red")
     if st.get("reason"):
         return printable(st["reason"], one_line=True)[:60]
+    if st.get("evidence"):  # a PASS with its numbers (dstui.core.verdicts)
+        return Text(printable(str(st["evidence"]), one_line=True)[:60], style="green")
     bad = bad_lines_note(st)
     return Text(bad[:60], style="yellow") if bad else ""
 

@@ -34,24 +34,15 @@ Exactness findings (DeepSpeed 0.19.8, torch 2.13 CPU, 2 ranks, fp32, torch AdamW
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-
-from dstui.execute.launch import free_port
+from parity_jobs import Job, finished, jobs_fixture, uses
 
 REPO = Path(__file__).resolve().parents[2]
-RUNNER = REPO / "runners" / "compare_loss.py"
 sys.path.insert(0, str(REPO / "runners"))
-
 
 
 class _LazyParity:
@@ -68,8 +59,6 @@ parity = _LazyParity()
 
 # one xdist worker runs the module in order: the e2e tests read jobs one module fixture launches together
 pytestmark = pytest.mark.xdist_group("compare-loss")
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 EXACT = ["--torch-adam", "--dtype", "fp32", "--rtol", "0", "--atol", "0", "--steps", "3"]
 # A tolerance far above rounding noise: the injected faults must stand out from
@@ -117,8 +106,6 @@ RECIPES: dict[str, tuple[dict, str | None]] = {
 CASE_ARGS = {"ga4_z3_skip_gas": ["--mirror-zero3-hooks"]}
 for _name in RECIPES:
     CASES[_name] = [*RECIPE, *CASE_ARGS.get(_name, [])]
-MAX_PARALLEL = 2
-LAUNCH_TIMEOUT_S = 540
 
 
 # -- unit tests (no process group) ---------------------------------------------
@@ -195,97 +182,8 @@ def test_verdict_line() -> None:
 # -- end to end: the real launcher, two gloo ranks -----------------------------
 
 
-@dataclass
-class Job:
-    name: str
-    argv: list[str]
-    metrics: Path
-    log: Path
-    done: threading.Event = field(default_factory=threading.Event)
-    returncode: int | None = None
-    seconds: float = 0.0
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def records(self, kind: str) -> list[dict]:
-        if not self.metrics.exists():
-            return []
-        recs = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
-        return [r for r in recs if r["type"] == kind]
-
-    def summary(self) -> dict:
-        found = self.records("summary")
-        assert found, f"{self.name}: no summary record (exit {self.returncode})\n{self.output[-4000:]}"
-        return found[-1]
-
-
-def uses(*names: str) -> Callable[[F], F]:
-    """Declare the jobs a non-parametrized test reads, so that only those are launched."""
-
-    def mark(fn: F) -> F:
-        fn.cases = names  # type: ignore[attr-defined]
-        return fn
-
-    return mark
-
-
-def _run(job: Job, slots: threading.Semaphore) -> None:
-    with slots:
-        start = time.monotonic()
-        # dstui's rank starter, what `dstui run` uses on one node (test_ranks_env.py: the ranks get
-        # what DeepSpeed's launcher gives them); the launcher would import DeepSpeed twice per job
-        cmd = [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "2",
-               "--master-port", str(free_port()), "--", sys.executable, str(RUNNER), *job.argv,
-               "--metrics-file", str(job.metrics)]
-        env = {k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_PARITY_INJECT")}
-        env.update(job.env)
-        with open(job.log, "w") as log:
-            try:
-                job.returncode = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, timeout=LAUNCH_TIMEOUT_S).returncode
-            except subprocess.TimeoutExpired:
-                job.returncode = -1
-        job.seconds = time.monotonic() - start
-        job.done.set()
-
-
-def _wanted(session: pytest.Session) -> list[str]:
-    """The cases that the selected tests use (so ``-k inject`` launches two jobs, not six)."""
-    names = []
-    for item in session.items:
-        callspec = getattr(item, "callspec", None)
-        case = callspec.params.get("case") if callspec else None
-        for name in ([case] if case else []) + list(getattr(item.function, "cases", ())):
-            if name in CASES and name not in names:
-                names.append(name)
-    return names or list(CASES)
-
-
-@pytest.fixture(scope="module")
-def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
-    """Start every needed job at once, MAX_PARALLEL running; tests wait for their own."""
-    base = tmp_path_factory.mktemp("compare_loss")
-    slots = threading.Semaphore(MAX_PARALLEL)
-    out: dict[str, Job] = {}
-    for name in _wanted(request.session):
-        job = Job(name, CASES[name], base / f"{name}.jsonl", base / f"{name}.log")
-        if name in RECIPES:
-            cfg, fault = RECIPES[name]
-            (base / f"{name}.json").write_text(json.dumps(cfg))
-            job.argv = [*job.argv, "--ds-config", str(base / f"{name}.json")]
-            job.env = {"DSTUI_PARITY_INJECT": fault} if fault else {}
-        out[name] = job
-        threading.Thread(target=_run, args=(job, slots), daemon=True).start()
-    return out
-
-
-def _finished(jobs: dict[str, Job], name: str) -> Job:
-    job = jobs[name]
-    assert job.done.wait(LAUNCH_TIMEOUT_S * len(jobs)), f"{name} never finished"
-    return job
+jobs = jobs_fixture(CASES, RECIPES)
+_finished = finished
 
 
 def _assert_exact(job: Job) -> None:
@@ -481,4 +379,14 @@ def test_verify_conditions_through_the_pipeline(tmp_path: Path, monkeypatch: pyt
         assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [1, 2, 3]
         assert all(m.value == 0.0 for m in hist), key
     assert bad.data.tags["dstui.verdict"] == "FAIL" and bad.info.status == "FAILED"
-    assert bad.data.tags["dstui.reason"] == "verify FAIL (first diverging step 1)"
+    # the reason carries the evidence: a wrong lr leaves the applied gradient identical, the masters not
+    evidence = "verify FAIL at step 1: grad-norm ratio 1.0000, identical"
+    assert bad.data.tags["dstui.reason"] == evidence and bad.data.tags["dstui.evidence"] == evidence
+    assert good.data.tags["dstui.evidence"] == "verify PASS: grad-norm ratio 1.0000 over 3 steps, bit-exact"
+    ratios = sorted(client.get_metric_history(bad.info.run_id, "grad_norm_ratio"), key=lambda m: m.step)
+    assert [m.step for m in ratios] == [1, 2, 3] and ratios[0].value == 1.0  # then the wrong update shows
+    status = dstui("status", "--json", env={"DSTUI_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": uri})
+    runs_json = {r["condition"]: r for b in json.loads(status.stdout)["batches"] for r in b["runs"]}
+    assert runs_json["z1-broken"]["reason"] == evidence and runs_json["z3"]["evidence"].startswith("verify PASS")
+    table = dstui("status", env={"DSTUI_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"}).stdout
+    assert "verify PASS: grad-norm ratio 1.0000 over 3 steps, bit-exact" in table and evidence in table

@@ -1,4 +1,4 @@
-"""The verify verdict's reason names the worst tensor once, and says which side when they differ."""
+"""The verify verdict's reason: the gradient's shape first, then every failed check with its number and tolerance."""
 
 from __future__ import annotations
 
@@ -8,20 +8,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
 
-from parity import divergence_reason  # noqa: E402
-
-REC = {"loss_within_tol": 1, "grad_within_tol": 0, "param_within_tol": 0,
-       "grad_max_abs_diff": 4.074e-05, "param_max_abs_diff": 1.593e-06}  # fmt: skip
+from parity import StepEvidence, divergence_reason  # noqa: E402
 
 
-def test_one_tensor_worst_on_both_sides_is_named_once() -> None:
-    text = divergence_reason(REC, 0.0, 0.0, ["model.embed_tokens.weight", "model.embed_tokens.weight"])
-    assert text == "grad max|d|=4.074e-05; param max|d|=1.593e-06 > rtol=0 atol=0 worst in model.embed_tokens.weight"
+def test_the_shape_comes_first_then_each_failed_check_with_its_tolerance() -> None:
+    ev = StepEvidence(shape="grad-norm ratio 0.2500, uniform scale 0.2500 = 1/GAS (residual 6.6e-04 of |g|)",
+                      l2=(0.75, 7.2e-3), tensors=(("grad", "model.embed_tokens.weight", 2.05e-2, 4.1e-3),))
+    assert divergence_reason(ev) == (
+        "grad-norm ratio 0.2500, uniform scale 0.2500 = 1/GAS (residual 6.6e-04 of |g|); "
+        "whole gradient |d-g|/|g| 7.500e-01 > 7.200e-03; grad |d| 2.050e-02 > 4.100e-03 in model.embed_tokens.weight")
 
 
-def test_different_worst_tensors_say_which_is_which() -> None:
-    text = divergence_reason(REC, 0.0, 0.0, ["lm_head.weight", "model.norm.weight"])
-    assert text.endswith("worst in lm_head.weight (grad), model.norm.weight (param)")
-    only_grad = divergence_reason({**REC, "param_within_tol": 1}, 0.0, 0.0, ["lm_head.weight", ""])
-    assert only_grad == "grad max|d|=4.074e-05 > rtol=0 atol=0 worst in lm_head.weight"
-    assert divergence_reason(REC, 0.0, 0.0, ["", ""]).endswith("atol=0")
+def test_ranks_that_disagree_and_a_loss_out_of_tolerance_are_said() -> None:
+    text = divergence_reason(StepEvidence(rank_spread=0.1338, loss=(1.9e-3, 6.3e-4),
+                                          tensors=(("param", "lm_head.weight", 1.5e-3, 2.5e-3 / 10),)))
+    assert text == ("ranks disagree by up to 1.338e-01; loss |d| 1.900e-03 > 6.300e-04; "
+                    "param |d| 1.500e-03 > 2.500e-04 in lm_head.weight")
+
+
+def test_an_exact_check_states_zero_tolerance() -> None:
+    text = divergence_reason(StepEvidence(tensors=(("grad", "w", 1.863e-09, 0.0),)))
+    assert text == "grad |d| 1.863e-09 > 0.000e+00 in w"
+    assert divergence_reason(StepEvidence()) == "no difference recorded"

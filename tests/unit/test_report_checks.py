@@ -204,7 +204,7 @@ def test_worst_tensors_from_the_runs_metrics_artifact(store: tuple[Any, str, str
     (folder / "metrics.jsonl").write_text(json.dumps({"type": "header"}) + "\n" + json.dumps(summary) + "\n")
     client.log_artifacts(rid, str(folder), artifact_path="run")
     md = export_report(EXP, tmp_path / "art").read_text()
-    assert "| verify-z2-r0 | verify-z2 | done | **FAIL** | 7 | grad `lm_head.weight` (3.000e-02) |" in md
+    assert "| verify-z2-r0 | verify-z2 | done | **FAIL** | 7 | - | - | grad `lm_head.weight` (3.000e-02) |" in md
     assert "rtol 1.000e-02, atol 2.000e-03; bf16 default" in md
 
 
@@ -221,3 +221,35 @@ def test_compare_says_which_loss_tolerance(store: tuple[Any, str, str], capsys: 
     level = float(np.median(np.abs([v for _, v in losses(0.0)])))
     out = capsys.readouterr().out
     assert f"loss tolerance {32 * 2**-8 * level:g} (bf16: 32 ulp" in out, out
+
+
+def test_a_verify_fail_is_a_verdict_with_its_numbers_not_a_run_that_did_not_finish(
+    store: tuple[Any, str, str], tmp_path: Path  # noqa: F811
+) -> None:
+    """Issue 37: the FAIL is listed with its grad-norm ratios, shape and margin; its loss and time still count;
+    per-element relative maxima (1e+41 where a baseline element is ~0) are not shown."""
+    client, exp_id, _ = store
+    parent = make_parent(client, exp_id, BATCH)
+    evidence = "verify FAIL at step 1: grad-norm ratio 0.2500, uniform scale 0.2500 = 1/GAS (residual 6.6e-04 of |g|)"
+    bad = log_run(client, exp_id, parent, condition="z1-gas", kind="verify", status="failed", reason=evidence,
+                  tags={"dstui.verdict": "FAIL", "dstui.evidence": evidence},
+                  history={"loss": losses(0.0), "iter_time": [(s, 0.5) for s in STEPS],
+                           "grad_norm_ratio": [(s, 0.25 if s == 1 else 1.0) for s in STEPS],
+                           "grad_max_rel_diff": [(s, 3e41) for s in STEPS]})
+    good = log_run(client, exp_id, parent, condition="z1", kind="verify", tags={"dstui.verdict": "PASS"},
+                   history={"loss": losses(0.0), "iter_time": [(s, 0.5) for s in STEPS]})
+    for rid, summary in ((bad, {"verdict": "FAIL", "first_diverging_step": 1, "margin_max": 104.2,
+                                "grad_norm_ratios": [0.25, 1.0], "grad_shape_kind": "uniform"}),
+                         (good, {"verdict": "PASS", "margin_max": 0.24, "grad_norm_ratios": [0.9999, 1.0002],
+                                 "grad_shape": "grad-norm ratio 1.0002, rounding-level"})):
+        folder = tmp_path / rid
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text(json.dumps({"type": "summary", **summary}) + "\n")
+        client.log_artifacts(rid, str(folder), artifact_path="run")
+    md = export_report(EXP, tmp_path / "art").read_text()
+    assert "did not finish" not in md
+    assert f"Verification runs: 1 PASS, 1 FAIL (z1-gas-r0: {evidence})." in md.replace("\\", "")
+    assert "| z1-gas-r0 | z1-gas | failed | **FAIL** | 1 | 0.2500 to 1.0000 | 104.20 |" in md
+    assert "| z1-r0 | z1 | done | **PASS** | - | 0.9999 to 1.0002 | 0.24 |" in md
+    assert "3.000e+41" not in md and "max grad |d-g|/|g|" in md.replace("\\", "")
+    assert "verify PASS: grad-norm ratio 0.9999..1.0002 over 2 steps, largest difference 0.24x its tolerance" in md

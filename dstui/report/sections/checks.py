@@ -5,6 +5,7 @@ The sequence-parallel check has its own section (:mod:`dstui.report.sections.seq
 
 from __future__ import annotations
 
+from dstui.analysis.checks import CheckResult
 from dstui.analysis.intervals import METHOD as INTERVAL_METHOD
 from dstui.analysis.intervals import RECOMMENDED_REPEATS
 from dstui.analysis.revision_compare import ALPHA
@@ -84,40 +85,57 @@ def revisions(ctx: ReportContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: differences the verify table shows: absolute ones, and the whole gradient's relative L2 distance. The
+#: per-element relative maxima are left out: an element whose baseline is ~0 makes them 1e+41 and mean nothing.
+VERIFY_COLUMNS = {"loss_abs_diff": "max loss |d|", "grad_max_abs_diff": "max grad |d|",
+                  "param_max_abs_diff": "max param |d|", "grad_l2_rel_diff": "max grad |d-g|/|g|"}
+
+
+def _ratios(ch: CheckResult) -> str:
+    if ch.ratio_range is None:
+        return "-"
+    lo, hi, _ = ch.ratio_range
+    return f"{lo:.4f}" if hi == lo else f"{lo:.4f} to {hi:.4f}"
+
+
+def _margin(ch: CheckResult) -> str:
+    if ch.margin is None:
+        return "-"
+    return "0 (bit-exact)" if ch.margin == 0 else f"{ch.margin:.2f}"
+
+
 def verify(ctx: ReportContext) -> str:
     if not ctx.checks:
         return ""
-    keys: list[str] = []
-    for r in ctx.verify_runs:
-        for k in r.metrics:
-            if ("diff" in k or k.startswith("verify")) and not k.startswith("system/") and k not in keys:
-                keys.append(k)
     rows = []
     for ch in ctx.checks:
         r = ch.run
         worst = Md(", ".join(f"{esc(w.get('kind', '?'))} {code(w['name'])} ({fexp(_float(w.get('max_abs_diff')))})"
                              for w in ch.worst[:3]))  # fmt: skip
         rows.append([
-            r.run_name,
-            r.label,
-            "OOM" if r.oom else r.status,
-            bold(ch.verdict),
+            r.run_name, r.label, "OOM" if r.oom else r.status, bold(ch.verdict),
             "-" if ch.first_diverging_step is None else ch.first_diverging_step,
-            worst or "-",
-            *[fexp(r.metrics.get(k)) for k in keys],
+            _ratios(ch), _margin(ch), worst or "-",
+            *[fexp(ch.maxima.get(k)) for k in VERIFY_COLUMNS],
         ])
-    head = ["run", "condition", "status", "verdict", "first diverging step", "worst tensors", *keys]
+    head = ["run", "condition", "status", "verdict", "first diverging step", "grad-norm ratio (DS / baseline)",
+            "margin (diff / tol)", "worst tensors", *VERIFY_COLUMNS.values()]
     tol = {(fexp(c.rtol) if c.rtol is not None else "?", fexp(c.atol) if c.atol is not None else "?") for c in ctx.checks}
     tol_text = "; ".join(f"rtol {a}, atol {b}" for a, b in sorted(tol))
     bases = [esc(b, 300) for b in sorted({c.tolerance_basis for c in ctx.checks if c.tolerance_basis})]
     lines = [
         "## Verification runs (`kind: verify`)", "",
-        "ZeRO against plain PyTorch: loss, gradients and parameters compared element-wise "
-        f"({tol_text}{'; ' + '; '.join(bases) if bases else ''}); the verdict is the runner's own. "
-        "The first diverging step is the first step at which any of them left the tolerance.\n",
+        "DeepSpeed against plain PyTorch: the loss, the gradient the optimizer applies and the fp32 master weights "
+        f"compared element-wise ({tol_text}{'; ' + '; '.join(bases) if bases else ''}), and the whole gradient's "
+        "relative L2 distance; the verdict is the runner's own. The first diverging step is the first step at which "
+        "any of them left the tolerance. The grad-norm ratio is |DeepSpeed's applied gradient| / |the baseline's| per "
+        "step (1 up to rounding when they agree; exactly 1/GAS, (W-1)/W, ... for a reduction bug); the margin is the "
+        "largest difference divided by its tolerance (a PASS stays at or below 1).\n",
         table(head, rows), "",
     ]
     for ch in ctx.checks:
+        if ch.evidence:
+            lines += [f"{code(ch.run.run_name)}: {esc(ch.evidence, 400)}", ""]
         if ch.worst:
             lines += [f"Worst tensors of {code(ch.run.run_name)} (largest |difference| first):", ""]
             lines.append(table(["tensor", "kind", "max abs diff"],
@@ -125,7 +143,7 @@ def verify(ctx: ReportContext) -> str:
                                 for w in ch.worst[:10]]))  # fmt: skip
             lines.append("")
         if ch.reason:
-            lines += [f"{code(ch.run.run_name)}: {esc(ch.reason)}", ""]
+            lines += [f"{code(ch.run.run_name)} (first diverging step): {esc(ch.reason, 600)}", ""]
     lines.append(img(ctx, "verify_steps", "per-step differences of verify runs"))
     return "\n".join(lines) + "\n"
 

@@ -133,10 +133,25 @@ def memory_headline(ctx: ReportContext) -> str | None:
     return f"Least memory: {bold(low.label)} at {low.mem_peak_gb:.2f} GiB {what} ({esc(high.label)}: {high.mem_peak_gb:.2f} GiB)."
 
 
+def verify_headline(ctx: ReportContext) -> str | None:
+    """Verify verdicts counted, each FAIL with its evidence (grad-norm ratio, shape: dstui.core.verdicts)."""
+    judged = [c for c in ctx.checks if c.verdict in ("PASS", "FAIL")]
+    if not judged:
+        return None
+    fails = [c for c in judged if c.verdict == "FAIL"]
+    text = f"Verification runs: {len(judged) - len(fails)} PASS, {len(fails)} FAIL"
+    if fails:
+        text += " (" + "; ".join(f"{esc(c.run.run_name)}: {esc(c.evidence or c.reason or 'FAIL', 240)}"
+                                 for c in fails[:4]) + (" ..." if len(fails) > 4 else "") + ")"
+    return text + "."
+
+
 def run_headlines(ctx: ReportContext) -> list[str]:
     """Runs that failed, never started, or are still going, by name with their reason."""
     out = []
-    failed = [r for r in ctx.started if r.status in an.FAILED_STATES]
+    # a verify FAIL is a verdict with its numbers (verify_headline), not a run that did not finish
+    judged = {c.run.run_id for c in ctx.checks if c.verdict in ("PASS", "FAIL")}
+    failed = [r for r in ctx.started if r.status in an.FAILED_STATES and r.run_id not in judged]
     if failed:
         oom = sum(r.oom for r in failed)
         out.append(
@@ -168,9 +183,8 @@ def headlines(ctx: ReportContext) -> list[str]:
                    f"time went to optimizer steps ({steps:.1f} s of {wall:.1f} s) — see Where the time went.")  # fmt: skip
     if ctx.parity:
         out.append(parity_headline(ctx))
-    verdicts = [r.tags.get(tag_keys.VERDICT) for r in ctx.verify_runs if r.tags.get(tag_keys.VERDICT)]
-    if verdicts:
-        out.append(f"Verification runs: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL.")
+    if (line := verify_headline(ctx)) is not None:
+        out.append(line)
     out += run_headlines(ctx)
     outl = sum(c.outliers for c in ctx.train)
     if outl:
