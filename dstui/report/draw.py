@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dstui.analysis import runs as an
 from dstui.analysis import speed
-from dstui.report import charts, charts_checks, phases_chart
+from dstui.report import charts, charts_checks, charts_tuning, phases_chart
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import marker
 
@@ -87,6 +87,10 @@ def draw(ctx: ReportContext, out: Path) -> None:
         ).name
     if ctx.times is not None and not ctx.times.empty:
         ctx.images["phases"] = phases_chart.phase_bars(ctx.times, out / "phases.png").name
+    if ctx.tuning is not None:
+        chart = charts_tuning.save_predicted_vs_measured(ctx.tuning, out / "tuning.png")
+        if chart is not None:
+            ctx.images["tuning"] = chart.name
     _draw_checks(ctx, out)
 
 

@@ -28,12 +28,13 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"core", "spec", "tracking", "analysis"},
     "importer": {"core", "spec", "tracking", "analysis"},
     "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report"},
+    "tune": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report"},
     # one service per use case, shared by both faces (never importing them)
     "usecases": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect"},
     "commands": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
-                 "usecases"},
+                 "usecases", "tune"},
     "tui": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer", "bisect",
-            "usecases"},
+            "usecases", "tune"},
 }
 # The CLI's `tui`/`demo` commands start the TUI: the one arrow from commands to tui.
 STARTS_TUI = {"dstui/commands/tui.py", "dstui/commands/demo.py"}
