@@ -144,13 +144,15 @@ def build(spec: ExperimentSpec, *, cuda: bool, capacity: int | None, file: str |
         raise SpecError("`dstui tune` tunes the bundled trainer (kind: train)", file=file, field="settings.kind")
     batch = global_batch(base, opts, file=file)
     out: list[Candidate] = []
+    ranks = base.gpus * base.nodes
     for i, choice in enumerate(_combinations(base, opts, cuda)):
-        dp = base.gpus * base.nodes // choice["sequence_parallel"] if base.gpus * base.nodes % choice["sequence_parallel"] == 0 else 0
+        sp, mb = choice["sequence_parallel"], choice["micro_batch"]
+        dp = ranks // sp if ranks % sp == 0 else 0
+        if dp and batch % (mb * dp) == 0:
+            choice["grad_accum"] = batch // (mb * dp)
         reason = invalid(choice, base, cuda)
-        if reason is None and (not dp or batch % (choice["micro_batch"] * dp)):
-            reason = f"global batch {batch} is not a multiple of micro batch {choice['micro_batch']} x {dp} data-parallel ranks"
-        if reason is None:
-            choice["grad_accum"] = batch // (choice["micro_batch"] * dp)
+        if reason is None and "grad_accum" not in choice:
+            reason = f"global batch {batch} is not a multiple of micro batch {mb} x {dp} data-parallel ranks"
         cand = Candidate(name_of(choice), choice, pruned=reason, order=i)
         if reason is None:
             _settle(cand, base, capacity)

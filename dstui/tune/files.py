@@ -100,12 +100,11 @@ def fill_probe(probe: Probe, run: ProbeRun, opts: TuneOptions) -> None:
     t = probe_rules.step_time(run.times, opts.warmup_steps)
     probe.state, probe.reason, probe.started, probe.ended = run.state, run.reason, run.started, run.ended or time.time()
     probe.mlflow_run_id, probe.mem_peak = run.mlflow_run_id, run.mem_peak
-    if t is not None:
-        probe.step_time, probe.steps = t.mean, t.steps
-        probe.half = t.half if t.half != float("inf") else None
-        rates = [r for r in run.tokens_per_s[opts.warmup_steps:] if r > 0]
-        # the harmonic mean of the steps' rates = tokens per step / mean step time (work over time)
-        probe.tokens_per_s = len(rates) / sum(1 / r for r in rates) if rates else None
+    if t is not None and t.steps >= 2:  # one timed step is no mean: a time-boxed probe may leave just that
+        probe.step_time, probe.steps, probe.half = t.mean, t.steps, t.half
+        # tokens per step (a step's rate times its time) over the mean step time: the rate of the same steps
+        tokens = run.tokens_per_s[0] * run.times[0] if run.tokens_per_s and run.times else None
+        probe.tokens_per_s = tokens / t.mean if tokens else None
     probe.outcome = outcome(run, probe, opts)
 
 

@@ -64,10 +64,10 @@ def cost_line(s: TuneSummary) -> str:
     c = s.cost
     if not c:
         return ""
-    gpu = f", {fmt_sig(c['gpu_s'])} GPU-seconds" if c.get("gpu_s") else " (CPU ranks: no GPU time)"
-    budget = f"; budget {fmt_sig(c['budget_s'])} s" if c.get("budget_s") else ""
-    return (f"Cost of the search: {int(c.get('probes', 0))} probes, {fmt_sig(c.get('probe_wall_s', 0.0))} s of probe "
-            f"wall time (launch to exit){gpu}; {fmt_sig(c.get('search_wall_s', 0.0))} s for the whole search{budget}.")  # fmt: skip
+    gpu = f", {c['gpu_s']:.0f} GPU-seconds" if c.get("gpu_s") else " (CPU ranks: no GPU time)"
+    budget = f"; budget {c['budget_s']:.0f} s" if c.get("budget_s") else ""
+    return (f"Cost of the search: {int(c.get('probes', 0))} probes, {c.get('probe_wall_s', 0.0):.0f} s of probe wall "
+            f"time, launch to exit{gpu}; {c.get('search_wall_s', 0.0):.0f} s for the whole search{budget}.")  # fmt: skip
 
 
 def _ranking_table(s: TuneSummary) -> Md:
