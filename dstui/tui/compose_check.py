@@ -1,5 +1,5 @@
-"""The compose screen's slow check, run in a thread worker: DeepSpeed's config validation and
-the memory forecast per run (no textual here).
+"""The compose screen's slow check, run in a thread worker: DeepSpeed's config validation,
+the memory forecast and the predicted step time per run (no textual here).
 
 Both import DeepSpeed (seconds the first time), so neither may run on the UI
 thread. The forecast is DeepSpeed's model-state estimators plus the analytic
@@ -30,6 +30,8 @@ class CheckResult:
     note: str = ""  # e.g. DeepSpeed is not installed here
     memory: dict[str, Text] = field(default_factory=dict)  # run name -> '12.3 GiB', coloured
     memory_note: str = ""  # what the forecast was held against
+    step_time: dict[str, Text] = field(default_factory=dict)  # run name -> '~34.1 ms' (the time model)
+    time_note: str = ""  # what the time model was calibrated on
     infeasible: dict[str, str] = field(default_factory=dict)  # run name -> 'deepcompile=true: why' (this machine)
     machine: str = ""  # what they were held against: '1 GPU of 80 GiB, 16 CPU cores'
 
@@ -60,6 +62,24 @@ def memory_cells(runs: Sequence[RunSpec], ds_configs: dict[str, dict] | None, de
         return {}, f"memory forecast not available: {type(e).__name__}: {e}"
 
 
+def time_cells(runs: Sequence[RunSpec]) -> tuple[dict[str, Text], str]:
+    """(run name -> predicted step time, what the model was calibrated on); never raises.
+
+    The model of this machine (its GPU, or this host's CPU ranks), calibrated on the finished runs
+    of the same machine in the local MLflow store (a SQLite query, no mlflow import).
+    """
+    try:
+        from dstui.analysis import time_forecast
+        from dstui.execute import sysmetrics
+
+        gpus = sysmetrics.gpu_count()
+        model = time_forecast.for_machine("cuda" if gpus else "cpu", sysmetrics.gpu_name() if gpus else None)
+        cells = {name: Text(time_forecast.column(p)) for name, p in time_forecast.predict_runs(runs, model).items()}
+        return cells, f"step: predicted time per optimizer step ({model.source} of {model.hardware.kind})"
+    except Exception as e:  # advice, like the memory forecast: the check stands without it
+        return {}, f"step time prediction not available: {type(e).__name__}: {e}"
+
+
 def machine_problems(runs: Sequence[RunSpec], executor: str = "local") -> tuple[dict[str, str], str]:
     """(run name -> why it cannot work here, the machine in words): the check `dstui run` refuses by."""
     from dstui.execute import backends, feasibility
@@ -76,5 +96,6 @@ def check(
     and hold every run against this machine, as `dstui run` will."""
     ds_configs, error, note = validate(runs, file, spec_dir)
     memory, memory_note = memory_cells(runs, ds_configs, declared_gib)
+    steps, time_note = time_cells(runs)
     infeasible, machine = machine_problems(runs, executor)
-    return CheckResult(error, note, memory, memory_note, infeasible, machine)
+    return CheckResult(error, note, memory, memory_note, steps, time_note, infeasible, machine)

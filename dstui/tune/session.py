@@ -109,7 +109,7 @@ class Session:
         st = state.load(self.folder) or TuneState(str(self.spec_path), self.spec.name, state.search_key(self.spec))
         self._apply_learned(st)
         self.fit(st, self._history(st))
-        preds = self.predictions(st)
+        preds = self.predictions(st, probed_too=True)  # after a search: what the calibrated model says of each
         rows = [{"candidate": c.name, "settings": cands_mod.overrides(c.choice) if c.settings else {},
                  "predicted_s": preds[c.name].seconds if c.name in preds else None,
                  "predicted_log_sd": preds[c.name].log_sd if c.name in preds else None,
@@ -177,9 +177,10 @@ class Session:
         self.model = TimeModel(hw, [*history, *self._observations(st, hw)]).fit()
         return self.model
 
-    def predictions(self, st: TuneState) -> dict[str, Prediction]:
+    def predictions(self, st: TuneState, *, probed_too: bool = False) -> dict[str, Prediction]:
+        """The model's step time for each open candidate not probed yet (``probed_too``: for those as well)."""
         assert self.model is not None
-        probed = {p.candidate for p in st.probes}
+        probed = set() if probed_too else {p.candidate for p in st.probes}
         out = {}
         for c in self.candidates:
             shape = forecast.forecastable_shape(c.settings) if c.settings is not None else None

@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from helpers import fuzz_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.helpers import fuzz_examples
 
 from dstui.analysis import time_check
+from dstui.analysis.forecast_model import model_shape
 from dstui.analysis.rundata import RunData
 from dstui.analysis.time_model import cpu_hardware, terms
 from dstui.analysis.tuning import MAX_ROWS, summary_of
-from dstui.analysis.forecast_model import model_shape
 from dstui.report.charts_tuning import predicted_vs_measured_figure
 from dstui.report.mdformat import neutralize, problems
 from dstui.report.sections.tuning import image_line, markdown
