@@ -18,17 +18,15 @@ its end and never probes a candidate twice.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dstui.core import names
-from dstui.core.errors import DstuiError
+from dstui.core.holder_lock import HolderLock
 from dstui.core.rundir import read_json, write_json_atomic
 from dstui.spec.experiment import ExperimentSpec
 
@@ -129,32 +127,8 @@ def save(folder: Path, st: TuneState) -> None:
     write_json_atomic(folder / STATE_FILE, st.to_json())
 
 
-class SearchLock:
+class SearchLock(HolderLock):
     """One `dstui tune` per search: an flock the kernel releases when its holder dies."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / LOCK_FILE
-        self._fh: Any = None
-
-    def __enter__(self) -> SearchLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")  # noqa: SIM115 - held while the search runs
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise DstuiError(f"this search is already running ({holder}); its folder: {self.path.parent}") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        self._fh = fh
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
+        super().__init__(folder / LOCK_FILE, lambda holder: f"this search is already running ({holder}); its folder: {folder}")

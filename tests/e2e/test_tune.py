@@ -98,13 +98,35 @@ def test_tune_finds_the_grids_winner_with_fewer_probes_each_within_its_box(tmp_p
     for p in probes:  # no probe outside its time box (the supervisor's kill, or the tuner's own past its grace)
         assert p["wall_s"] <= BOX_S + BOX_GRACE_S, p
     w, b = measured[winner], measured[best]
-    assert winner == best or w.low <= b.high, (  # the grid's best, or within the grid's own noise of it
-        f"tune chose {winner} ({w.mean * 1e3:.1f} ± {w.half * 1e3:.1f} ms in the grid), the grid's best is {best} "
-        f"({b.mean * 1e3:.1f} ± {b.half * 1e3:.1f} ms)\n{proc.stderr[-3000:]}"
-    )
+    if winner != best and w.low > b.high:
+        _referee(winner, best, w, b, plan["grid_spec"], grid_env, tmp_path, proc.stderr)
     assert doc["stop_reason"] and doc["cost"]["probes"] == len(probes)
 
     _check_tracking_and_outputs(doc, tune_env, tmp_path)
+
+
+def _referee(winner: str, best: str, w: probe_rules.StepTime, b: probe_rules.StepTime, grid_spec: str,
+             env: dict[str, str], tmp_path: Path, log: str) -> None:  # fmt: skip
+    """Minutes apart, a loaded 2-core machine can run the same configuration 3x slower: intervals from one
+    run each do not hold that noise. So when the grid's intervals of the winner and the grid's best do not
+    overlap, both run again side by side (W, B, W, B) and the winner must not be slower than the best by more
+    than that window's own noise: the repeat-to-repeat spread plus the runs' interval half-widths."""
+    data = yaml.safe_load(Path(grid_spec).read_text())
+    data.update(name="referee", repeats=2, conditions=[c for c in data["conditions"] if c["name"] in (winner, best)])
+    spec = tmp_path / "referee.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    runs = json.loads(cli("run", str(spec), "--json", env=env).stdout)["runs"]
+    again: dict[str, list[probe_rules.StepTime]] = {}
+    for r in runs:
+        times = [float(x["iter_time"]) for x in read_records(Path(r["path"]) / "metrics.jsonl") if x.get("type") == "step"]
+        again.setdefault(r["condition"], []).append(probe_rules.step_time(times, int(SETTINGS["warmup_steps"])))
+    mean = {c: sum(t.mean for t in ts) / len(ts) for c, ts in again.items()}
+    noise = max(abs(ts[0].mean - ts[1].mean) + (ts[0].half + ts[1].half) / 2 for ts in again.values())
+    assert mean[winner] - mean[best] <= noise, (
+        f"tune chose {winner} ({w.mean * 1e3:.1f} ± {w.half * 1e3:.1f} ms in the grid), the grid's best is {best} "
+        f"({b.mean * 1e3:.1f} ± {b.half * 1e3:.1f} ms); side by side: {winner} {mean[winner] * 1e3:.1f} ms, "
+        f"{best} {mean[best] * 1e3:.1f} ms, noise {noise * 1e3:.1f} ms\n{log[-3000:]}"
+    )
 
 
 def _check_tracking_and_outputs(doc: dict[str, Any], env: dict[str, str], tmp_path: Path) -> None:
@@ -171,3 +193,26 @@ def test_a_hung_probe_is_stopped_at_its_box_and_a_killed_search_resumes(tmp_path
     batch = BatchDir(run_dir.path.parent)
     assert sorted(rd.name for rd in batch.runs()) == ["z1-mb2-ga2-r0", "z1-mb4-ga1-r0"]
     assert not group_alive(run_dir.status().get("pgid"))  # the hung ranks are gone
+
+
+@pytest.mark.timeout(900)
+def test_a_stop_request_ends_a_run_as_finished_after_that_step(tmp_path: Path) -> None:
+    """What a probe relies on: the runner reads stop.request between steps and ends as a run that finished."""
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump({"name": "long", "settings": {**SETTINGS, "steps": 400, "max_runtime_s": 600},
+                                    "conditions": [{"name": "z1", "zero_stage": 1, "micro_batch": 2}]}))  # fmt: skip
+    env = env_for(tmp_path / "home")
+    started = cli("run", str(spec), "--detach", "--json", env=env)
+    rd = RunDir(Path(json.loads(started.stdout)["runs"][0]["path"]))
+    deadline = time.time() + 400
+    while time.time() < deadline and rd.status().get("steps_done", 0) < 5:
+        time.sleep(0.3)
+    assert rd.status().get("state") == "running", rd.log_tail()
+    rd.stop_file.write_text("ranked")
+    while time.time() < deadline and rd.status().get("state") not in ("done", "failed", "killed"):
+        time.sleep(0.3)
+    st = rd.status()
+    summary = next(r for r in read_records(rd.metrics_file) if r.get("type") == "summary")
+    assert st["state"] == "done" and st.get("reason") is None, st
+    assert summary["stopped_at"] == summary["steps"] == st["steps_done"] < 400
+    assert summary["iter_time_mean"] > 0 and summary["status"] == "ok"
