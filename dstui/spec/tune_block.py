@@ -103,7 +103,9 @@ class TuneOptions(StrictModel):
         "this fraction (or the best's own noise, when larger).",
     )
     confidence: float = Field(
-        0.9, gt=0.5, lt=1, description="How sure the time model must be that a candidate cannot win before it is left out."
+        0.9, gt=0.5, lt=1,
+        description="How sure the time model must be that no candidate left can win before the search stops (one "
+        "statement for all of them: each is judged at (1 - confidence) / candidates left).",
     )
     max_probes: int | None = Field(None, ge=1, description="Most probes a search launches (unset: no limit but the budget).")
     history: bool = Field(True, description="Calibrate the time model on earlier runs of this machine in MLflow.")

@@ -64,10 +64,11 @@ def not_probed(st: TuneState, candidates: Sequence[Candidate], model: TimeModel 
     from dstui.analysis.time_model import terms
 
     probed = {p.candidate for p in st.probes}
-    z = search.z_of(confidence)
+    left = [c for c in candidates if c.open and c.name not in probed and c.settings is not None]
+    z = search.joint_z(confidence, len(left))  # the level the search stopped at
     out = []
-    for c in candidates:
-        if not c.open or c.name in probed or c.settings is None or model is None:
+    for c in left:
+        if model is None:
             continue
         shape = forecastable_shape(c.settings)
         pred: Prediction | None = model.predict(terms(c.settings, shape, model.hardware)) if shape else None

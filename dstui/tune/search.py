@@ -45,6 +45,11 @@ def z_of(confidence: float) -> float:
     return NormalDist().inv_cdf(confidence)
 
 
+def joint_z(confidence: float, left: int) -> float:
+    """The one-sided z at which ``left`` candidates are judged together (Bonferroni)."""
+    return z_of(1 - (1 - confidence) / max(1, left))
+
+
 def margin_of(best: Best, margin: float) -> float:
     """How much faster than the best a candidate must be able to be: the spec's margin or the best's noise."""
     noise = best.time.rel_half if best.time.rel_half != float("inf") else 0.0
@@ -72,7 +77,7 @@ def decide(
     open_ = [c for c in candidates if c.open and c.name in predictions]
     if not open_:
         return Decision(None, "every candidate was probed or left out")
-    z = z_of(1 - (1 - confidence) / len(open_))
+    z = joint_z(confidence, len(open_))
     contenders = [c for c in open_ if can_win(predictions[c.name], best, z=z, margin=margin)]
     if not contenders:
         assert best is not None

@@ -148,7 +148,7 @@ def _check_tracking_and_outputs(doc: dict[str, Any], env: dict[str, str], tmp_pa
     assert (tmp_path / "report" / "tuning.png").stat().st_size > 10_000
     listed = cli("list", doc["winner_spec"], "--json", env=env, timeout=600)  # the winner's spec is a valid spec
     assert listed.returncode == 0, listed.stderr
-    assert [r["condition"] for r in json.loads(listed.stdout)["runs"]] == ["default"]
+    assert [r["condition"] for r in json.loads(listed.stdout)["runs"]] == ["base"]
 
 
 def _state(folder: Path) -> dict[str, Any]:

@@ -21,8 +21,9 @@ Z90 = 1.645
 EXPLAIN = (
     "Each probe is a short run of one candidate: warm-up steps left out, then steps until the 95% interval of its "
     "mean step time is tight enough to rank it (or lies above the best one's), within a hard time box. A "
-    "candidate is probed only while the time model's optimistic end (90% one-sided) could beat the best measured "
-    "step time by the margin; the prediction shown is the one it was chosen on, before it ran."
+    "candidate is probed only while the time model's optimistic end (the spec's confidence, split over the candidates "
+    "left) could beat the best measured step time by the margin; the prediction shown is the one it was chosen on, "
+    "before it ran."
 )
 
 
@@ -113,6 +114,8 @@ def markdown(s: TuneSummary, image_md: str = "") -> str:
     if image_md:
         lines += [image_md]
     lines += ["### Probes, fastest first", "", _ranking_table(s), ""]
+    if s.machine.startswith("cpu"):
+        lines += ["On CPU ranks the peak memory is the process's RSS, not the GPU memory the forecast describes.", ""]
     if s.not_probed:
         rows = [[r.candidate, _ms(r.predicted_s), _ms(r.optimistic_s)] for r in s.not_probed]
         lines += ["### Not probed: predicted not to win", "",
