@@ -45,10 +45,12 @@ def grid_rows(batch: Path) -> dict[str, dict[str, Any]]:
         t = probe_rules.step_time([float(r["iter_time"]) for r in steps], warm)
         tokens = steps[0]["tokens_per_s"] * steps[0]["iter_time"] if steps else None
         wall = (st.get("ended") or 0) - (st.get("started") or 0) if st.get("started") else None
+        header = next((r for r in recs if r.get("type") == "header"), {})
+        on_gpu = header.get("device") == "cuda"
         out[st.get("condition", rd.name)] = {
             "state": st.get("state"), "step_s": t.mean if t else None, "half_s": t.half if t else None,
             "tokens_per_s": tokens / t.mean if t and tokens else None, "wall_s": wall,
-            "gpus": int(rd.settings().get("gpus", 1)) * int(rd.settings().get("nodes", 1)),
+            "gpus": int(rd.settings().get("gpus", 1)) * int(rd.settings().get("nodes", 1)) if on_gpu else 0,
         }  # fmt: skip
     return out
 

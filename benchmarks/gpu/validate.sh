@@ -304,7 +304,8 @@ autotune() {  # $1 = output folder: DeepSpeed's autotuner on the same model and 
                 \"results_dir\": \"$at/autotuning_results\", \"exps_dir\": \"$at/autotuning_exps\"}}" >"$at/ds_config.json"
     say "DeepSpeed's autotuner (limit ${AUTOTUNE_LIMIT:-130}s), mlflow hidden"
     t=$(date +%s)
-    (cd "$at" && PATH="$at/bin:$PATH" PYTHONPATH="$at/no-mlflow:${PYTHONPATH:-}" timeout "${AUTOTUNE_LIMIT:-130}" \
+    # timeout signals its whole process group (the experiments' launchers and ranks too); KILL 10 s later
+    (cd "$at" && PATH="$at/bin:$PATH" PYTHONPATH="$at/no-mlflow:${PYTHONPATH:-}" timeout --kill-after=10 "${AUTOTUNE_LIMIT:-130}" \
         "$at/bin/deepspeed" --autotuning run --num_gpus 1 "$REPO/benchmarks/gpu/autotune_bare.py" \
         --model-config "$REPO/${AUTOTUNE_MODEL:-configs/models/llama-1b.json}" --seq-length "${AUTOTUNE_SEQ:-2048}" \
         --deepspeed_config "$at/ds_config.json") >"$b/autotune.log" 2>&1
