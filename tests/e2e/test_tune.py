@@ -30,7 +30,7 @@ import yaml
 
 from dstui.core.records import read_records
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.execute.executor import group_alive
+from dstui.execute.process_group import group_alive
 from dstui.tune import probe_rules
 from dstui.tune.probes import BOX_GRACE_S
 
