@@ -58,8 +58,10 @@ class Prediction:
 
 
 def seconds_label(seconds: float) -> str:
-    """'12.3 ms', '1.23 s': a step time for a table cell."""
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+    """'12.3 ms', '1.23 s', '27.2 min': a step time for a table cell."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 1000 else f"{seconds / 60:.3g} min"
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from dstui.analysis import forecast_history
@@ -113,11 +112,14 @@ def for_machine(device: str, gpu_name: str | None, *, history_uri: str | None = 
     return model_for(hardware_for(device, gpu_name, platform.node()), uri=history_uri, use_history=use_history)
 
 
+def machine_words(hw: Hardware) -> str:
+    """'NVIDIA H100 80GB HBM3' or 'this host's CPU ranks': what a prediction is for, in words."""
+    device, _, name = hw.kind.partition(":")
+    return name if device == "cuda" else "this host's CPU ranks"
+
+
 def column(p: Prediction | None) -> str:
     """A table cell: '~34.1 ms' (a prediction is never a measurement), '-' when none."""
     return "-" if p is None else f"~{p.label()}"
 
 
-def is_local_store(uri: str) -> bool:
-    db = forecast_history.sqlite_file(uri)
-    return db is not None and Path(db).is_file()

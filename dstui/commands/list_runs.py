@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     elif machine is not None:
         print(f"all can work on this machine ({machine.describe()})")
     print(textwrap.fill(forecast.capacity_note(capacity), width=width))
-    print(textwrap.fill(f"step: predicted time per optimizer step, {model.source} of this machine ({model.hardware.kind})",
-                        width=width))  # fmt: skip
+    print(textwrap.fill(f"step: predicted time per optimizer step ({model.source}, "
+                        f"{time_forecast.machine_words(model.hardware)})", width=width))  # fmt: skip
     if args.commands:
         for r in p.runs:
             rd = RunDir(Path("runs/<batch>") / r.name)

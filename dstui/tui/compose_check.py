@@ -75,7 +75,7 @@ def time_cells(runs: Sequence[RunSpec]) -> tuple[dict[str, Text], str]:
         gpus = sysmetrics.gpu_count()
         model = time_forecast.for_machine("cuda" if gpus else "cpu", sysmetrics.gpu_name() if gpus else None)
         cells = {name: Text(time_forecast.column(p)) for name, p in time_forecast.predict_runs(runs, model).items()}
-        return cells, f"step: predicted time per optimizer step ({model.source} of {model.hardware.kind})"
+        return cells, f"step: predicted time per optimizer step ({model.source}, {time_forecast.machine_words(model.hardware)})"
     except Exception as e:  # advice, like the memory forecast: the check stands without it
         return {}, f"step time prediction not available: {type(e).__name__}: {e}"
 
