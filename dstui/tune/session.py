@@ -22,7 +22,7 @@ from dstui.analysis.time_model import Hardware, hardware_for, terms
 from dstui.core import paths
 from dstui.core.errors import DstuiError
 from dstui.execute import batch as batch_mod
-from dstui.execute import feasibility, sysmetrics
+from dstui.execute import backends, feasibility, sysmetrics
 from dstui.spec.experiment import ExperimentSpec
 from dstui.spec.loading import load_spec
 from dstui.tune import candidates as cands_mod
@@ -95,8 +95,8 @@ class Session:
 
     def _refuse_infeasible(self, plan: batch_mod.Plan) -> None:
         """What this machine cannot run (more ranks than GPUs, ...) is left out with the check's own words."""
-        machine = feasibility.this_machine()
-        problems = feasibility.problems(plan.runs, machine, executor=plan.spec.executor)
+        machine = backends.get(plan.spec.executor).capacity()  # None: a scheduler places the runs and judges them
+        problems = feasibility.problems(plan.runs, machine)
         by_cond = {r.name: r.condition for r in plan.runs}
         for prob in problems:
             cand = next((c for c in self.candidates if c.name == by_cond.get(prob.run)), None)
