@@ -46,8 +46,14 @@ def predicted_vs_measured_figure(summary: TuneSummary) -> Any | None:
     if hi / lo < 10:
         mid = math.sqrt(lo * hi)
         lo, hi = mid / math.sqrt(10), mid * math.sqrt(10)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # 20, 50, 100, 200 ...: plain numbers, three a decade
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
     ax.plot([lo, hi], [lo, hi], color="#7f7f7f", linestyle="--", linewidth=1, label="predicted = measured")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)

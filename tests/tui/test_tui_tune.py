@@ -4,7 +4,7 @@ Opened from the command palette's "Tune current spec" on a real spec: the
 candidates and their predictions are those of `dstui tune --dry-run` (DeepSpeed
 validates every candidate's config, as the CLI does); a spec whose space cannot
 run here says why on screen in one line, and nothing starts. The search itself
-(probes) is tests/e2e/test_tune.py's.
+(probes) is tests/e2e/test_tune_e2e.py's.
 """
 
 from __future__ import annotations

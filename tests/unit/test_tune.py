@@ -1,7 +1,7 @@
 """`dstui tune`'s pure parts: the spec's tune block, candidates, probe rules, the search's choices, its state.
 
 The end-to-end proofs (real DeepSpeed probes, the grid's winner, a hang, a
-kill) are tests/e2e/test_tune.py; these pin the rules those runs follow.
+kill) are tests/e2e/test_tune_e2e.py; these pin the rules those runs follow.
 """
 
 from __future__ import annotations
