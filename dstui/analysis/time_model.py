@@ -178,14 +178,3 @@ def terms(s: Settings, shape: ModelShape, hw: Hardware) -> dict[str, float]:
         "host_link": _host_bytes(s, shape, partition) / link,
         "step": hw.step_s,
     }
-
-
-def prior_seconds(s: Settings, shape: ModelShape, hw: Hardware) -> float:
-    """The step time before any calibration: the terms' sum."""
-    return math.fsum(terms(s, shape, hw).values())
-
-
-def tokens_per_step(s: Settings) -> int:
-    """Tokens one optimizer step trains over all ranks (Ulysses ranks share their sequences)."""
-    dp = max(1, s.gpus * s.nodes // max(1, s.sequence_parallel))
-    return s.micro_batch * s.grad_accum * s.seq_length * dp

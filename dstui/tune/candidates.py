@@ -136,8 +136,13 @@ def invalid(choice: dict[str, Any], base: Settings, cuda: bool) -> str | None:
     return None
 
 
-def build(spec: ExperimentSpec, *, cuda: bool, capacity: int | None, file: str | None = None) -> list[Candidate]:
-    """Every combination of the space, in a stable order, with its settings, forecast and (if any) why it is out."""
+def build(
+    spec: ExperimentSpec, *, cuda: bool, capacity: int | None, file: str | None = None, fit: Any = None
+) -> list[Candidate]:
+    """Every combination of the space, in a stable order, with its settings, forecast and (if any) why it is out.
+
+    ``fit``: the memory forecast's activation fit on earlier GPU runs (:func:`dstui.analysis.forecast.stored_fit`).
+    """
     opts = options(spec, file=file)
     base = base_settings(spec, file=file)
     if base.kind != "train":
@@ -155,7 +160,7 @@ def build(spec: ExperimentSpec, *, cuda: bool, capacity: int | None, file: str |
             reason = f"global batch {batch} is not a multiple of micro batch {mb} x {dp} data-parallel ranks"
         cand = Candidate(name_of(choice), choice, pruned=reason, order=i)
         if reason is None:
-            _settle(cand, base, capacity)
+            _settle(cand, base, capacity, fit)
         out.append(cand)
     return out
 
@@ -167,19 +172,25 @@ def overrides(choice: dict[str, Any]) -> dict[str, Any]:
     return {**out, **OFFLOAD[choice["offload_kind"]]}
 
 
-def _settle(cand: Candidate, base: Settings, capacity: int | None) -> None:
+def _settle(cand: Candidate, base: Settings, capacity: int | None, fit: Any = None) -> None:
     """Settings (DeepSpeed's own rules via the model) and the memory forecast against the GPU."""
     try:
         cand.settings = Settings.model_validate({**base.model_dump(exclude_unset=True), **overrides(cand.choice)})
     except ValidationError as e:
         cand.pruned = str(e.errors()[0].get("msg", "invalid settings")).removeprefix("Value error, ")
         return
-    fc = forecast.forecast(cand.settings)
+    refit(cand, capacity, fit)
+
+
+def refit(cand: Candidate, capacity: int | None, fit: Any = None) -> bool:
+    """The candidate's memory forecast (with ``fit``, what GPU runs measured); True when it now cannot fit."""
+    fc = forecast.forecast(cand.settings, fit=fit) if cand.settings is not None else None
     if fc is not None:
         cand.memory, cand.memory_source = fc.total, fc.source
     reason = forecast.oom_reason(fc, capacity)
     if reason:
         cand.pruned = reason.removeprefix("skipped: ")
+    return bool(reason)
 
 
 def memory_label(cand: Candidate) -> str:

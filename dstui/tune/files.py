@@ -12,7 +12,6 @@ per probe, its prediction and the error on its child run.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
@@ -34,7 +33,7 @@ from dstui.tune.result import error_pct, winner_spec
 from dstui.tune.state import Probe
 
 log = logging.getLogger("dstui.tune")
-KEEP = ("revisions", "executor", "slurm", "gpu_memory_gib", "env_visible", "guard")
+KEEP = ("revisions", "executor", "slurm", "gpu_memory_gib")  # what a probe runs under; no guard: its baseline is no candidate
 
 
 def _dump(path: Path, data: dict[str, Any]) -> Path:
@@ -167,10 +166,3 @@ def log_search(parent_id: str | None, doc: dict[str, Any], folder: Path) -> None
                 tracking.log_file_artifact(c, parent_id, folder / name, "tune")
     except Exception as e:  # noqa: BLE001
         log.warning("could not log the search to MLflow: %s", e)
-
-
-def read_doc(folder: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((folder / "tune.json").read_text())
-    except (OSError, ValueError):
-        return None

@@ -93,7 +93,7 @@ def winner_spec(spec: ExperimentSpec, winner: Candidate) -> dict[str, Any]:
     out: dict[str, Any] = {"name": f"{spec.name}-tuned"}
     out["description"] = f"The fastest configuration `dstui tune` found for {spec.name}: {winner.name}."
     out["settings"] = {**copy.deepcopy(data.get("settings", {})), **overrides(winner.choice)}
-    for key in ("revisions", "executor", "slurm", "gpu_memory_gib", "env_visible"):
+    for key in ("revisions", "executor", "slurm", "gpu_memory_gib"):
         if key in data:
             out[key] = data[key]
     return out

@@ -21,8 +21,8 @@ from dstui.analysis.time_fit import Observation, Prediction, TimeModel
 from dstui.analysis.time_model import Hardware, hardware_for, terms
 from dstui.core import paths
 from dstui.core.errors import DstuiError
-from dstui.execute import batch as batch_mod
 from dstui.execute import backends, feasibility, sysmetrics
+from dstui.execute import batch as batch_mod
 from dstui.spec.experiment import ExperimentSpec
 from dstui.spec.loading import load_spec
 from dstui.tune import candidates as cands_mod
@@ -69,6 +69,7 @@ class Session:
     candidates: list[Candidate] = field(init=False, default_factory=list)
     folder: Path = field(init=False)
     model: TimeModel | None = field(init=False, default=None)
+    memory_fit: Any = field(init=False, default=None)  # the forecast's activation fit on GPU runs (history + probes)
 
     def emit(self, event: str, **data: Any) -> None:
         if self.on_event is not None:
@@ -81,7 +82,9 @@ class Session:
         self.spec = load_spec(self.spec_path)
         opts = cands_mod.options(self.spec, file=file)
         self.machine = self.machine or Machine.here(self.spec)
-        self.candidates = cands_mod.build(self.spec, cuda=self.machine.cuda, capacity=self.machine.capacity, file=file)
+        self.memory_fit = self._memory_fit(opts.history)
+        self.candidates = cands_mod.build(self.spec, cuda=self.machine.cuda, capacity=self.machine.capacity, file=file,
+                                          fit=self.memory_fit)  # fmt: skip
         self.folder = state.folder_for(self.spec, self.runs_root or paths.runs_dir())
         self.folder.mkdir(parents=True, exist_ok=True)
         if not any(c.open for c in self.candidates):
@@ -92,6 +95,17 @@ class Session:
         plan = batch_mod.plan(space, progress=self.say)
         self._refuse_infeasible(plan)
         return ProbeLauncher(plan, runs_root=self.runs_root, poll_s=self.poll_s)
+
+    def _memory_fit(self, use_history: bool) -> Any:
+        """The activation fit on this model's earlier GPU runs (as `dstui run` forecasts); an empty one on CPU."""
+        fit = forecast.ActivationFit()
+        if not use_history or not self.machine or not self.machine.cuda:
+            return fit
+        model = str(self.spec.settings.get("model", "tiny-llama"))
+        try:
+            return forecast.stored_fit(paths.tracking_uri(), [model])
+        except Exception:  # noqa: BLE001 - an unreadable store: the analytic forecast still works
+            return fit
 
     def _refuse_infeasible(self, plan: batch_mod.Plan) -> None:
         """What this machine cannot run (more ranks than GPUs, ...) is left out with the check's own words."""
@@ -267,6 +281,8 @@ class Session:
         files.fill_probe(probe, run, opts)
         if probe.outcome == "out of memory":
             self._teach_oom(st, cand)
+        elif probe.usable and probe.mem_peak and self.machine and self.machine.cuda:
+            self._teach_peak(st, cand, probe.mem_peak)
         st.in_flight = None
         state.save(self.folder, st)
         files.log_probe(probe, cand, self.folder.name)
@@ -282,6 +298,18 @@ class Session:
             c = next(x for x in self.candidates if x.name == name)
             st.oom_pruned[name] = str(c.pruned)
             self.say(f"  left out {name}: {c.pruned}")
+
+    def _teach_peak(self, st: TuneState, cand: Candidate, peak: float) -> None:
+        """A GPU probe's measured peak joins the forecast's fit; candidates that no longer fit are left out."""
+        assert self.machine is not None and cand.settings is not None
+        if not forecast.observe(self.memory_fit, cand.settings, peak):
+            return
+        probed = {p.candidate for p in st.probes}
+        for c in self.candidates:
+            if c.open and c.name not in probed and cands_mod.refit(c, self.machine.capacity, self.memory_fit):
+                c.pruned = f"{c.pruned} (forecast refitted on the probes' measured peaks)"
+                st.oom_pruned[c.name] = c.pruned
+                self.say(f"  left out {c.name}: {c.pruned}")
 
     def _conclude(self, st: TuneState, history: list[Observation]) -> dict[str, Any]:
         assert self.machine is not None

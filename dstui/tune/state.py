@@ -79,7 +79,7 @@ class TuneState:
     created: float = field(default_factory=time.time)
     probes: list[Probe] = field(default_factory=list)
     in_flight: str | None = None  # candidate name
-    oom_pruned: dict[str, str] = field(default_factory=dict)  # what OOM probes taught
+    oom_pruned: dict[str, str] = field(default_factory=dict)  # left out by what probes taught (an OOM, measured peaks)
     status: str = "running"  # running / done
     stop_reason: str = ""
     winner: str | None = None

@@ -154,3 +154,22 @@ def test_the_same_spec_finds_the_same_search_and_another_space_another() -> None
     a = spec({"space": {"zero_stage": [1, 2]}})
     assert state.search_key(a) == state.search_key(spec({"space": {"zero_stage": [1, 2]}}))
     assert state.search_key(a) != state.search_key(spec({"space": {"zero_stage": [1, 3]}}))
+
+
+def test_measured_gpu_peaks_refit_the_forecast_and_leave_out_what_no_longer_fits() -> None:
+    """Probes that used 1.6x the forecast activations: the fit on them pushes micro batch 8 past a 60-GiB GPU."""
+    from dstui.analysis import forecast
+
+    sp = spec({"global_batch": 8, "space": {"zero_stage": [1], "offload": ["none"], "micro_batch": [1, 2, 4, 8],
+                                            "activation_checkpointing": [False], "deepcompile": [False],
+                                            "sequence_parallel": [1]}},
+              model="llama-1b", seq_length=2048, dtype="bf16", gpus=1)  # fmt: skip
+    out = {c.name: c for c in cands.build(sp, cuda=True, capacity=60 * 2**30)}
+    assert all(c.open for c in out.values()) and out["z1-mb8-ga1"].memory < 60 * 2**30  # analytic: 49.6 GiB
+    fit = forecast.ActivationFit()
+    for name in ("z1-mb1-ga8", "z1-mb2-ga4", "z1-mb4-ga2"):
+        fc = forecast.forecast(out[name].settings)
+        assert forecast.observe(fit, out[name].settings, fc.total + 0.6 * fc.activations)
+    assert cands.refit(out["z1-mb8-ga1"], 60 * 2**30, fit)
+    assert out["z1-mb8-ga1"].pruned.startswith("predicted OOM (") and "fit on 3 runs" in out["z1-mb8-ga1"].memory_source
+    assert not cands.refit(out["z1-mb1-ga8"], 60 * 2**30, fit) and out["z1-mb1-ga8"].open
