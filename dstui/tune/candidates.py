@@ -4,8 +4,8 @@ A candidate is a condition of the spec's ``settings`` with the tuned choices
 laid over them. Gradient accumulation is derived (global batch / (micro batch x
 data-parallel ranks)), so every candidate trains the same tokens per step. A
 combination DeepSpeed cannot run (offload without ZeRO, parameter offload
-below ZeRO-3, DeepCompile without CUDA or with Ulysses, a degree that does not
-divide the heads), one whose accumulation would not be whole, and one whose
+below ZeRO-3, DeepCompile without CUDA, a degree that does not divide the
+ranks, what the runner refuses with sequence parallelism), one whose accumulation would not be whole, and one whose
 memory forecast exceeds the GPU are kept in the list with the reason, so the
 output says what was never tried and why.
 """
@@ -131,8 +131,6 @@ def invalid(choice: dict[str, Any], base: Settings, cuda: bool) -> str | None:
         return "DeepCompile needs a CUDA GPU; this machine has none"
     if sp > 1 and ranks % sp:
         return f"sequence_parallel {sp} does not divide the {ranks} ranks"
-    if sp > 1 and choice["deepcompile"]:
-        return "DeepCompile with sequence_parallel > 1: " + ulysses_rules.DEEPCOMPILE_WITH_SP.split(": ", 1)[0]
     return None
 
 
@@ -178,6 +176,10 @@ def _settle(cand: Candidate, base: Settings, capacity: int | None, fit: Any = No
         cand.settings = Settings.model_validate({**base.model_dump(exclude_unset=True), **overrides(cand.choice)})
     except ValidationError as e:
         cand.pruned = str(e.errors()[0].get("msg", "invalid settings")).removeprefix("Value error, ")
+        return
+    refused = ulysses_rules.refusal(cand.settings)  # what the runner cannot run with sequence parallelism
+    if refused:
+        cand.pruned = f"{refused[0]}: {refused[1]}"
         return
     refit(cand, capacity, fit)
 
