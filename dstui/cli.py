@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("dstui.commands.import_", "import seed-format logs into MLflow"),
     "compare": ("dstui.commands.compare", "compare DeepSpeed revisions against a baseline"),
     "bisect": ("dstui.commands.bisect", "find the DeepSpeed commit that changed a metric"),
+    "tune": ("dstui.commands.tune", "find the fastest DeepSpeed configuration of a spec's tune space that fits"),
     "ui": ("dstui.commands.ui", "print (or start) the `mlflow ui` command for these runs"),
     "supervise": ("dstui.commands.supervise", argparse.SUPPRESS),
 }

@@ -11,6 +11,7 @@ from typing import Any
 import common
 import process_group
 from phases import PhaseClock
+from probe_control import StopRequest, hang_if_injected, injected_hang_step
 from sp_probe import Probe
 from trainer import Trainer
 
@@ -78,6 +79,29 @@ def _write_header(writer: MetricsWriter, tr: Trainer, args: argparse.Namespace) 
     )
 
 
+def _log_step(tr: Trainer, writer: MetricsWriter, step: int, loss: float, dt: float, rank0: bool) -> int:
+    """One step record, and the seed's human line on rank 0; returns the memory peak it recorded."""
+    alloc, peak = tr.memory()
+    rec: dict[str, Any] = {
+        "step": step,
+        "epoch": tr.epoch(),
+        "loss": loss,
+        "iter_time": dt,
+        "tokens_per_s": tr.tokens_per_step / dt,
+    }
+    rec["tflops_per_gpu"] = tr.tflops_per_gpu(dt)
+    if tr.peak:
+        rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
+    rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
+    grad_norm = _grad_norm(tr.engine)
+    if grad_norm is not None:
+        rec["grad_norm"] = grad_norm
+    writer.write(STEP, **rec)
+    if rank0:
+        print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)
+    return peak
+
+
 def train(
     args: argparse.Namespace,
     ds_config: dict[str, Any],
@@ -99,6 +123,9 @@ def train(
     times: list[float] = []
     losses: list[float] = []
     mem_peak_max = 0
+    stop = StopRequest(args.metrics_file if (rank0 and writer is not None) else None)
+    hang_step = injected_hang_step(vars(args)) if writer is not None else None
+    stopped_at = None
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
         times.append(dt)
@@ -106,39 +133,25 @@ def train(
             probe.stop()
         if clock is not None and step == 1:
             clock.mark("first_step_done")
-        if clock is not None and step == args.steps:
-            clock.mark("last_step_done")
         if step % args.log_interval and step != args.steps:
             continue
-        loss = tr.global_loss(total)  # the only extra sync: on logged steps
+        loss, stopping = tr.global_loss(total, stop.asked())  # the only extra sync: on logged steps
+        if clock is not None and (step == args.steps or stopping):
+            clock.mark("last_step_done")
         losses.append(loss)
         if writer is None:
             continue
-        alloc, peak = tr.memory()
-        mem_peak_max = max(mem_peak_max, peak)
-        rec: dict[str, Any] = {
-            "step": step,
-            "epoch": tr.epoch(),
-            "loss": loss,
-            "iter_time": dt,
-            "tokens_per_s": tr.tokens_per_step / dt,
-        }
-        rec["tflops_per_gpu"] = tr.tflops_per_gpu(dt)
-        if tr.peak:
-            rec["mfu"] = rec["tflops_per_gpu"] / tr.peak
-        rec.update(mem_alloc=alloc, mem_peak=peak, lr=tr.lr())
-        grad_norm = _grad_norm(tr.engine)
-        if grad_norm is not None:
-            rec["grad_norm"] = grad_norm
-        writer.write(STEP, **rec)
-        if rank0:
-            print(seed_line(rec["epoch"], step, loss, dt, alloc, peak), flush=True)
+        mem_peak_max = max(mem_peak_max, _log_step(tr, writer, step, loss, dt, rank0))
+        hang_if_injected(hang_step, step)
+        if stopping:  # asked to stop (dstui tune's probe is measured): end as a finished run
+            stopped_at = step
+            break
 
     if writer is not None:
         # Statistics over every step after warm-up, logged or not: the timing
         # sync happens on every step, so unlogged steps are measured too.
         summary: dict[str, Any] = {
-            "steps": args.steps,
+            "steps": len(times),
             "warmup_steps": args.warmup_steps,
             **timing_summary(times, args.warmup_steps, tr.tokens_per_step, tr.tflops_per_gpu, tr.peak),
             "step_time_sum": sum(times),  # for the run's step share (dstui.core.phases)
@@ -146,6 +159,8 @@ def train(
             "final_loss": losses[-1] if losses else None,
             "status": "ok",
         }
+        if stopped_at is not None:
+            summary["stopped_at"] = stopped_at  # a stop request ended it before args.steps
         summary.update(common.compile_cache_counts())
         writer.write(SUMMARY, **summary)
     destroy = getattr(tr.engine, "destroy", None)

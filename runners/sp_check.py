@@ -80,7 +80,7 @@ def train_reference(
         if probe is not None:
             probe.stop()
         if step % args.log_interval == 0 or step == args.steps:
-            losses.append(tr.global_loss(total))
+            losses.append(tr.global_loss(total)[0])
     perf: dict[str, Any] = {"mode": MODE_WORDS[tr.compile_mode]}
     perf.update(timing_summary(times, args.warmup_steps, tr.tokens_per_step, tr.tflops_per_gpu, tr.peak))
     perf["mem_peak_max"] = tr.memory()[1] if on_gpu else None  # CPU: the process's RSS peak, not this run's

@@ -13,6 +13,7 @@ from common import RunnerError
 from phases import PhaseClock
 from sp_probe import Probe
 
+from dstui.core.hardware import flops_per_token, peak_tflops
 from dstui.spec import dsconfig
 
 
@@ -96,10 +97,10 @@ class Trainer:
         self.micro_batch = self.engine.train_micro_batch_size_per_gpu()
         self.grad_accum = self.engine.gradient_accumulation_steps()
         self.tokens_per_step = self.micro_batch * self.grad_accum * args.seq_length * self.dp
-        self.flops_per_token = common.flops_per_token(
+        self.flops_per_token = flops_per_token(
             self.params, self.layers, self.hidden, args.seq_length
         )
-        self.peak = common.peak_tflops(self.dev["gpu_name"], args.dtype)
+        self.peak = peak_tflops(self.dev["gpu_name"], args.dtype)
         self.device = self.accel.current_device_name()
         self.batches = self._data()
         if clock is not None:
@@ -200,18 +201,21 @@ class Trainer:
         self.accel.synchronize()
         return time.perf_counter() - t0, total
 
-    def global_loss(self, total: Any) -> float:
-        """Mean over the micro steps and over the data-parallel ranks, so every ZeRO stage logs the same number.
+    def global_loss(self, total: Any, stop: bool = False) -> tuple[float, bool]:
+        """Mean over the micro steps and over the data-parallel ranks, so every ZeRO stage logs the same number;
+        and whether any rank was asked to stop (rank 0's stop request rides the same all-reduce).
 
         Gloo has no AVG reduction, hence SUM / world. Ranks of one
         sequence-parallel group already hold the same (gathered) loss, so the
         mean over all ranks equals the mean over the data-parallel groups.
         """
         import deepspeed
+        import torch
 
-        t = total / self.grad_accum
+        t = torch.stack([total / self.grad_accum, torch.full_like(total, float(stop))])
         deepspeed.comm.all_reduce(t, op=deepspeed.comm.ReduceOp.SUM)
-        return float(t.item()) / self.world
+        loss, stops = t.tolist()
+        return loss / self.world, stops > 0
 
     def tflops_per_gpu(self, iter_time: float) -> float:
         """Model TFLOP/s per rank (GPU) for one optimizer step of ``iter_time`` seconds."""

@@ -2,7 +2,7 @@
 """A bare PyTorch training loop of a dstui model preset: the MFU yardstick for runners/train.py.
 
 Same model (configs/models/, random init, SDPA attention), same data (the runner's
-tiny-corpus blocks), same FLOP count (runners.common.flops_per_token) and the same
+tiny-corpus blocks), same FLOP count (dstui.core.hardware.flops_per_token) and the same
 timing (a device synchronize after every optimizer step) as the bundled runner,
 but no DeepSpeed. Two precisions:
 
@@ -37,6 +37,8 @@ for _p in (str(REPO), str(REPO / "runners")):
 
 import common  # noqa: E402
 import corpus  # noqa: E402
+
+from dstui.core.hardware import flops_per_token, peak_tflops  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
     timed = times[a.warmup_steps :] or times
     tok = a.micro_batch * a.seq_length
-    fpt = common.flops_per_token(params, layers, hidden, a.seq_length)
+    fpt = flops_per_token(params, layers, hidden, a.seq_length)
     name = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
-    peak = common.peak_tflops(name, "bf16" if a.mode != "fp32" else "fp32")
+    peak = peak_tflops(name, "bf16" if a.mode != "fp32" else "fp32")
     mean = statistics.fmean(timed)
     tflops = fpt * tok / mean / 1e12
     res = {

@@ -26,6 +26,12 @@
 #                                      # ZeRO 2 and 3, four injected faults; the sp-check on each; then
 #                                      # benchmarks/gpu/sp_table.py's table and the report's SP section
 #   benchmarks/gpu/validate.sh sp4         # issue 41 on 4 GPUs (~3.5 min): benchmarks/gpu/sp4.yaml, sp 2 x dp 2
+#   benchmarks/gpu/validate.sh tune        # issue 42 on 1 GPU (~7.5 min): llama-1b, ZeRO 1-3 x micro batch
+#                                      # 1/2/4: the exhaustive grid (`dstui run` of the search's grid.yaml,
+#                                      # a home of its own), `dstui tune` over the same space, then DeepSpeed's
+#                                      # autotuner (mlflow hidden: it crashes with KeyError MLFLOW_RUN_ID
+#                                      # otherwise) for AUTOTUNE_LIMIT s; benchmarks/gpu/tune_compare.py
+#                                      # prints winner vs grid best, probes and GPU time, model errors
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
@@ -258,6 +264,63 @@ phase_bare() {  # ~5 min on 1 GPU (llama-1b): issue 31's start-up goals, bare sc
     ls -la "$OUT"
 }
 
+phase_tune() {  # issue 42 on 1 GPU: grid vs dstui tune vs DeepSpeed's autotuner (TUNE_SPEC, ~7.5 min on llama-1b)
+    local spec=${TUNE_SPEC:-benchmarks/gpu/tune1.yaml} b=$WORK/bench/tune grid gb t
+    mkdir -p "$b"
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+    # the search and the grid each in a home (and MLflow store) of its own: the search never learns from the grid
+    DSTUI_HOME=$WORK/tune-home $PY -m dstui tune "$spec" --dry-run --json >"$b/plan-before.json" 2>"$b/plan.err" \
+        || { say "tune --dry-run failed"; tail -5 "$b/plan.err"; return 1; }
+    grid=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['grid_spec'])" "$b/plan-before.json")
+    say "the exhaustive grid: dstui run $grid (limit ${GRID_LIMIT:-240}s)"
+    t=$(date +%s)
+    DSTUI_HOME=$WORK/grid-home timeout "${GRID_LIMIT:-240}" $PY -m dstui run "$grid" --json >"$b/grid.json" 2>"$b/grid.err"
+    say "grid exited $? after $(( $(date +%s) - t ))s"
+    gb=$(ls -dt "$WORK"/grid-home/runs/*-grid-* | head -1)
+    cancel_leftovers "$gb"
+    say "dstui tune $spec (limit ${TUNE_LIMIT:-150}s)"
+    t=$(date +%s)
+    DSTUI_HOME=$WORK/tune-home timeout "${TUNE_LIMIT:-150}" $PY -m dstui tune "$spec" --json >"$b/tune.json" 2>"$b/tune.err"
+    say "tune exited $? after $(( $(date +%s) - t ))s"; tail -4 "$b/tune.err"
+    DSTUI_HOME=$WORK/tune-home $PY -m dstui tune "$spec" --dry-run --json >"$b/plan-after.json" 2>>"$b/plan.err"
+    autotune "$b"
+    $PY benchmarks/gpu/tune_compare.py --grid-batch "$gb" --tune "$b/tune.json" --before "$b/plan-before.json" \
+        --after "$b/plan-after.json" --autotune-dir "$WORK/autotune" \
+        --autotune-wall "$(cat "$b/autotune-wall" 2>/dev/null || echo 0)" --json "$b/compare.json" | tee "$b/compare.md"
+    tar -C "$WORK" -czf "$OUT/tune-data.tgz" bench/tune tune-home/runs grid-home/runs autotune/autotuning_results \
+        2>/dev/null || true
+    ls -la "$OUT"
+}
+
+autotune() {  # $1 = output folder: DeepSpeed's autotuner on the same model and space, AUTOTUNE_LIMIT seconds
+    local b=$1 at=$WORK/autotune t
+    [ -n "$b" ] && [ -n "$WORK" ] || return 1
+    rm -rf "$at"; mkdir -p "$at/no-mlflow/mlflow" "$at/bin"
+    # its mlflow support reads os.environ['MLFLOW_RUN_ID'] whenever mlflow imports: hide mlflow from it
+    echo 'raise ImportError("hidden from the autotuner: it needs MLFLOW_RUN_ID set when mlflow imports")' \
+        >"$at/no-mlflow/mlflow/__init__.py"
+    # its experiments start `deepspeed` from PATH: the launcher of this Python
+    printf '#!/bin/sh\nexec %s -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" "$@"\n' \
+        "$PY" >"$at/bin/deepspeed"
+    chmod +x "$at/bin/deepspeed"
+    printf '%s\n' "{\"train_micro_batch_size_per_gpu\": [1, 2, 4], \"gradient_accumulation_steps\": 2,
+ \"bf16\": {\"enabled\": ${AUTOTUNE_BF16:-true}}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}},
+ \"zero_optimization\": {\"stage\": [1, 2, 3]},
+ \"autotuning\": {\"enabled\": true, \"fast\": true, \"overwrite\": true, \"metric\": \"throughput\",
+                \"start_profile_step\": 3, \"end_profile_step\": 5,
+                \"results_dir\": \"$at/autotuning_results\", \"exps_dir\": \"$at/autotuning_exps\"}}" >"$at/ds_config.json"
+    say "DeepSpeed's autotuner (limit ${AUTOTUNE_LIMIT:-130}s), mlflow hidden"
+    t=$(date +%s)
+    # timeout signals its whole process group (the experiments' launchers and ranks too); KILL 10 s later
+    (cd "$at" && PATH="$at/bin:$PATH" PYTHONPATH="$at/no-mlflow:${PYTHONPATH:-}" timeout --kill-after=10 "${AUTOTUNE_LIMIT:-130}" \
+        "$at/bin/deepspeed" --autotuning run --num_gpus 1 "$REPO/benchmarks/gpu/autotune_bare.py" \
+        --model-config "$REPO/${AUTOTUNE_MODEL:-configs/models/llama-1b.json}" --seq-length "${AUTOTUNE_SEQ:-2048}" \
+        --deepspeed_config "$at/ds_config.json") >"$b/autotune.log" 2>&1
+    say "autotuner exited $? after $(( $(date +%s) - t ))s"
+    echo $(( $(date +%s) - t )) >"$b/autotune-wall"
+    grep -E "optimal|Tuning completed|num_experiments|Error" "$b/autotune.log" | tail -8
+}
+
 phase_folders() {  # ~3 min on 1 GPU: issue 31.3, local model folders as users make them (model_folders.py)
     local b
     $PY benchmarks/gpu/model_folders.py prepare "$WORK"
@@ -416,6 +479,7 @@ case $PHASE in bare|folders) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; es
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
+case $PHASE in tune) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 # the SP specs train with torch's AdamW: only DeepCompile's op is built (sp4 has no DeepCompile run)
 case $PHASE in sp) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; sp4) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac
@@ -429,6 +493,7 @@ case $PHASE in
     turnaround) phase_turnaround ;;
     bare) phase_bare ;;
     folders) phase_folders ;;
+    tune) phase_tune ;;
     forecast) phase_forecast ;;
     profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
@@ -439,6 +504,6 @@ case $PHASE in
     matrix) phase_matrix ;;
     gap) phase_gap ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|matrix|gap|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|matrix|gap|tune|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"

@@ -62,6 +62,13 @@ def sqlite_file(uri: str) -> Path | None:
 
 def read_runs(db: Path, models: Iterable[str]) -> list[HistoryRun] | None:
     """The GPU runs of ``models`` that history_fit's search would find, in its order; None: ask MLflow instead."""
+    gpu = {tag_keys.ROLE: tag_keys.ROLE_RUN, tag_keys.DEVICE: "cuda"}
+    # history_fit's filter strips quotes from the name it puts into MLflow's filter string
+    return read_matching(db, [(gpu, {"model": model.replace("'", "")}) for model in sorted(set(models))])
+
+
+def read_matching(db: Path, queries: Iterable[tuple[dict[str, str], dict[str, str]]]) -> list[HistoryRun] | None:
+    """Runs whose tags and params equal the given values, one query each, newest first; None: ask MLflow."""
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error:
@@ -71,8 +78,8 @@ def read_runs(db: Path, models: Iterable[str]) -> list[HistoryRun] | None:
             if not _schema_known(con):
                 return None
             out: list[HistoryRun] = []
-            for model in sorted(set(models)):
-                out.extend(_runs_of(con, model))
+            for tags, params in queries:
+                out.extend(_runs_where(con, tags, params))
             return out
         except sqlite3.Error:
             return None
@@ -91,20 +98,18 @@ def _schema_known(con: sqlite3.Connection) -> bool:
     return True
 
 
-_RUNS_OF_MODEL = f"""
+_ACTIVE_RUNS = """
 SELECT r.run_uuid FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id
-WHERE e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active'
-  AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = '{tag_keys.ROLE}' AND t.value = '{tag_keys.ROLE_RUN}')
-  AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = '{tag_keys.DEVICE}' AND t.value = 'cuda')
-  AND EXISTS (SELECT 1 FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'model' AND p.value = ?)
-ORDER BY r.start_time DESC, r.run_uuid ASC
-LIMIT {MAX_RUNS_PER_MODEL}
-"""  # noqa: S608 - constants only; the model is a bound parameter
+WHERE e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active'"""
+_HAS_TAG = " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ? AND t.value = ?)"
+_HAS_PARAM = " AND EXISTS (SELECT 1 FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = ? AND p.value = ?)"
 
 
-def _runs_of(con: sqlite3.Connection, model: str) -> list[HistoryRun]:
-    # history_fit's filter strips quotes from the name it puts into MLflow's filter string
-    ids = [row[0] for row in con.execute(_RUNS_OF_MODEL, (model.replace("'", ""),))]
+def _runs_where(con: sqlite3.Connection, tags: dict[str, str], params: dict[str, str]) -> list[HistoryRun]:
+    query = _ACTIVE_RUNS + _HAS_TAG * len(tags) + _HAS_PARAM * len(params)
+    query += f"\nORDER BY r.start_time DESC, r.run_uuid ASC\nLIMIT {MAX_RUNS_PER_MODEL}"
+    bound = [x for pair in [*tags.items(), *params.items()] for x in pair]
+    ids = [row[0] for row in con.execute(query, bound)]
     runs = {i: HistoryRun() for i in ids}
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]

@@ -99,7 +99,9 @@ def home_record() -> dict[str, Any]:
     return {"home": str(choice.path), "home_source": choice.source, "runs_dir": str(paths.runs_dir())}
 
 
-def plan_record(r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None) -> dict[str, Any]:
+def plan_record(
+    r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None, step: Any = None
+) -> dict[str, Any]:
     """One planned run (`dstui list --json`, `dstui run --dry-run --json`): nothing has started."""
     from dstui.analysis import forecast
 
@@ -123,5 +125,8 @@ def plan_record(r: Any, fc: Any = None, capacity: int | None = None, command: li
         "ranks": s.gpus * s.nodes,
         "mem_per_gpu": fc.total if fc is not None else None,
         "mem_source": fc.source if fc is not None else None,
+        "step_time_s": step.seconds if step is not None else None,  # the time model's prediction (dstui list)
+        "step_time_log_sd": step.log_sd if step is not None else None,
+        "step_time_source": step.source if step is not None else None,
         "command": command,
     }

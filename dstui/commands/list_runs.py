@@ -13,7 +13,7 @@ from dstui.commands._common import fitted_table
 from dstui.commands._machine import emit
 from dstui.commands._records import plan_record
 from dstui.commands._tables import terminal_width
-from dstui.usecases import launch
+from dstui.usecases import launch, step_forecast
 from dstui.usecases.options import LaunchOptions
 
 LISTED = Path("runs/<batch>")  # where the listed runs' folders are shown to be
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-history",
         action="store_true",
-        help="forecast memory analytically only (skip reading earlier GPU runs from MLflow)",
+        help="forecast memory and step time from first principles only (skip reading earlier runs from MLflow)",
     )
 
 
@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     # the checks `dstui run` refuses by, only found: a list that says "valid" must also say what cannot run here
     prepared = launch.prepare(args.spec, options, refuse=False, resolve_revisions=False)
     forecasts, capacity, infeasible = prepared.forecasts, prepared.capacity, prepared.problems
+    steps = step_forecast.predict(prepared.runs, history=not args.no_history)
     if args.json:
-        return print_json(prepared, commands=args.commands, validated=not args.no_validate)
+        return print_json(prepared, steps, commands=args.commands, validated=not args.no_validate)
     rows = []
     for r in prepared.runs:
         s = r.settings
@@ -51,14 +52,14 @@ def run(args: argparse.Namespace) -> int:
             s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}",
             "dc" if s.deepcompile else ("tc" if s.compile else "-"), s.dtype,
             str(s.micro_batch), str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes),
-            str(s.steps), forecast.column(forecasts.get(r.name), capacity), r.key,
+            str(s.steps), forecast.column(forecasts.get(r.name), capacity), step_forecast.column(steps.predictions.get(r.name)), r.key,
         ]  # fmt: skip
         if s.kind == "command":
             # dstui runs the user's command as it is: the training settings are its own, unknown here
-            row[4:12] = ["-"] * 8
+            row[4:12] = ["-"] * 8  # the step-time cell is '-' already: no prediction for a command
         rows.append(row)
     header = ["#", "run", "revision", "kind", "model", "zero", "offload", "compile", "dtype",
-              "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "key"]  # fmt: skip
+              "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "step", "key"]  # fmt: skip
     # the key goes first at 80 columns (it names the run's cache entry, not what it runs), then the
     # settings a glance needs least
     width = terminal_width()
@@ -73,17 +74,19 @@ def run(args: argparse.Namespace) -> int:
     elif prepared.machine is not None:  # None: a scheduler places the runs and judges them
         print(f"all can work on this machine ({prepared.machine})")
     print(textwrap.fill(forecast.capacity_note(capacity), width=width))
+    print(textwrap.fill(steps.note, width=width))
     if args.commands:
         for _, argv in launch.commands(prepared.plan, root=LISTED, with_python=False):
             print(shlex.join(argv))
     return 0
 
 
-def print_json(prepared: launch.Prepared, *, commands: bool, validated: bool) -> int:
+def print_json(prepared: launch.Prepared, steps: step_forecast.StepForecast, *, commands: bool, validated: bool) -> int:
     """`--json`: the plan as one document; every run ``planned`` at step 0 (see _records.plan_record)."""
     shown = launch.commands(prepared.plan, root=LISTED, with_python=False, shown=False) if commands else []
     argvs = {r.name: argv for r, argv in shown}
-    runs = [plan_record(r, prepared.forecasts.get(r.name), prepared.capacity, command=argvs.get(r.name))
+    runs = [plan_record(r, prepared.forecasts.get(r.name), prepared.capacity, command=argvs.get(r.name),
+                        step=steps.predictions.get(r.name))
             for r in prepared.runs]  # fmt: skip
     emit({"experiment": prepared.spec.name, "spec": str(prepared.plan.spec_path), "validated": validated,
           "gpu_memory": prepared.capacity, "runs": runs,

@@ -29,8 +29,11 @@ RETRIABLE_STATES = ("failed", "killed", "skipped")
 # Names of the files in a run folder that processes outside this module write or skip.
 EXIT_FILE = "exit.json"  # written by the job's wrapper (dstui.execute.injob.wrap), stdlib only
 CANCEL_FILE = "cancel.request"  # a request, not a record: never uploaded as an artifact
+# a request to end training gracefully after the current step (`dstui tune`'s probes): the
+# bundled runners look for it beside their metrics file, and end as a run that finished
+STOP_FILE = "stop.request"
 PRIVATE_SPEC_FILE = "spec.private.json"  # where older versions kept the unmasked spec; never uploaded
-PRIVATE_FILES = (CANCEL_FILE, PRIVATE_SPEC_FILE)
+PRIVATE_FILES = (CANCEL_FILE, STOP_FILE, PRIVATE_SPEC_FILE)
 BATCH_FILE = "batch.json"
 LOCK_FILE = "supervisor.lock"  # flock held by the batch's supervisor; the wrapper tests it too
 SUPERVISOR_LOG = "supervisor.log"
@@ -127,6 +130,10 @@ class RunDir:
     @property
     def cancel_file(self) -> Path:
         return self.path / CANCEL_FILE
+
+    @property
+    def stop_file(self) -> Path:
+        return self.path / STOP_FILE
 
     @property
     def name(self) -> str:

@@ -11,44 +11,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from typing import Any
 
 from dstui.core import proc_identity
-from dstui.core.errors import LockHeld
+from dstui.core.holder_lock import HolderLock
 from dstui.core.rundir import BatchDir
 
 
-class BatchLock:
+class BatchLock(HolderLock):
     """flock on supervisor.lock: released by the kernel when the holder dies."""
 
     def __init__(self, batch: BatchDir) -> None:
+        super().__init__(batch.lock_file, lambda holder: f"batch {batch.id} is already supervised by {holder}; "
+                                                          "use `dstui status` to watch it")  # fmt: skip
         self.batch = batch
-        self._fh: Any = None
-
-    def acquire(self) -> None:
-        self.batch.path.mkdir(parents=True, exist_ok=True)
-        fh = open(self.batch.lock_file, "a+")  # noqa: SIM115 - held for the process lifetime
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise LockHeld(
-                f"batch {self.batch.id} is already supervised by {holder}; "
-                "use `dstui status` to watch it"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
-        fh.flush()
-        self._fh = fh
-
-    def release(self) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
 
 
 def is_supervised(batch: BatchDir) -> bool:

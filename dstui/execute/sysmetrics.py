@@ -73,6 +73,18 @@ def gpu_memory_total(index: int = 0) -> int | None:
         return None
 
 
+def gpu_name(index: int = 0) -> str | None:
+    """NVML's name of one GPU ('NVIDIA H100 80GB HBM3'): which peak and history the time model uses; None without one."""
+    nv = _nvml()
+    if nv is None or gpu_count() <= index:
+        return None
+    try:
+        name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(index))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
+
+
 def gpus_support_bf16() -> bool | None:
     """Whether every GPU here computes in bf16 (compute capability >= 8.0); None when NVML cannot say."""
     nv = _nvml()

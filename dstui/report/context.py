@@ -22,6 +22,8 @@ from dstui.analysis.parity import FP32_TOLERANCE
 from dstui.analysis.results import Results
 from dstui.analysis.sequence_parallel import SpRow, sp_rows
 from dstui.analysis.stats import ConditionStats
+from dstui.analysis.time_check import time_vs_measured
+from dstui.analysis.tuning import from_parents as tuning_of
 from dstui.report import charts
 from dstui.tracking import layout
 from dstui.tracking import tags as tag_keys
@@ -48,6 +50,8 @@ class ReportContext(Results):
     forecast_missing: str = ""  # the module a forecast needed but could not import
     description: str = ""  # the spec's description (the batch parent's or experiment's MLflow note): untrusted text
     ds_configs: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # run id -> its ds_config.json
+    time_forecast: Any = None  # DataFrame: predicted (leave one condition out) vs measured step time
+    tuning: Any = None  # TuneSummary of a `dstui tune` search among the batches, else None
 
     @classmethod
     def of(cls, res: Results) -> ReportContext:
@@ -68,6 +72,8 @@ class ReportContext(Results):
             ctx.memory_forecast = forecast_vs_measured([r for r in ctx.runs if r.started or r.condition not in names])
         except ImportError as e:  # DeepSpeed's estimators: the optional training stack (dstui[train])
             ctx.forecast_missing = f"{e.name or e}"
+        ctx.time_forecast = time_vs_measured(ctx.started)
+        ctx.tuning = tuning_of(ctx.parents)
         return ctx
 
     def speed(self, c: ConditionStats) -> str:

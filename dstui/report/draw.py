@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dstui.analysis import runs as an
 from dstui.analysis import speed
-from dstui.report import charts, charts_checks, phases_chart
+from dstui.report import charts, charts_checks, charts_tuning, phases_chart
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import marker
 
@@ -88,6 +88,7 @@ def draw(ctx: ReportContext, out: Path) -> None:
     if ctx.times is not None and not ctx.times.empty:
         ctx.images["phases"] = phases_chart.phase_bars(ctx.times, out / "phases.png").name
     _draw_checks(ctx, out)
+    _draw_tuning(ctx, out)
 
 
 def _draw_checks(ctx: ReportContext, out: Path) -> None:
@@ -110,3 +111,11 @@ def _draw_checks(ctx: ReportContext, out: Path) -> None:
         ctx.images["verify_steps"] = charts_checks.step_differences(
             series, out / "verify_steps.png", atol=atols.pop() if len(atols) == 1 else None
         ).name
+
+
+def _draw_tuning(ctx: ReportContext, out: Path) -> None:
+    """A `dstui tune` search's probes: predicted vs measured step time."""
+    if ctx.tuning is not None:
+        chart = charts_tuning.save_predicted_vs_measured(ctx.tuning, out / "tuning.png")
+        if chart is not None:
+            ctx.images["tuning"] = chart.name

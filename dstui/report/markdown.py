@@ -39,7 +39,9 @@ from dstui.report.sections import (
     performance,
     quality,
     sequence_parallel,
+    time_forecast,
     timing,
+    tuning,
 )
 from dstui.report.sections.quality import ds_config_of
 from dstui.tracking import tags as tag_keys
@@ -124,6 +126,8 @@ def render(ctx: ReportContext) -> str:
         performance.iter_time(ctx),
         performance.memory(ctx),
         memory_forecast.forecast_vs_measured(ctx),
+        time_forecast.time_vs_measured(ctx),
+        tuning.tuning(ctx),
         performance.throughput(ctx),
         performance.system(ctx),
         timing.where_time_went(ctx),

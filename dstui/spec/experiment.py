@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from dstui.core import executors
 from dstui.spec.messages import one_of
 from dstui.spec.settings import SUPERVISION_ONLY, Settings, StrictModel, safe_name
+from dstui.spec.tune_block import TuneOptions
 
 # what dstui.revisions accepts as a PyPI release (after a leading '==' or 'v')
 PYPI_VERSION = re.compile(r"\d+(\.\d+)*([a-zA-Z0-9.+!-]*)")
@@ -139,6 +140,9 @@ class ExperimentSpec(StrictModel):
     skip_predicted_oom: bool = Field(False, description="Skip runs whose memory forecast exceeds the GPU's memory.")
     gpu_memory_gib: float | None = Field(
         None, gt=0, description="GPU memory to forecast against (default: GPU 0 of this machine)."
+    )
+    tune: TuneOptions | None = Field(
+        None, description="`dstui tune`: the search space and limits (the settings give model, data, ranks)."
     )
 
     _name_ok = field_validator("name")(classmethod(lambda cls, v: safe_name(v)))

@@ -87,6 +87,11 @@ BISECT = "dstui.bisect"
 BISECT_COMMIT = "dstui.bisect.commit"
 BISECT_VERDICT = "dstui.bisect.verdict"
 BISECT_CHANGE = "dstui.bisect.change"
+TUNE = "dstui.tune"  # `dstui tune`: the search's folder name, on its batch parent and every probe
+TUNE_CANDIDATE = "dstui.tune.candidate"
+TUNE_OUTCOME = "dstui.tune.outcome"
+TUNE_WINNER = "dstui.tune.winner"
+TUNE_STOP_REASON = "dstui.tune.stop_reason"
 
 
 def split_run_dir(value: str) -> tuple[str, int | None]:

@@ -160,6 +160,18 @@ class DstuiApp(App):
         if isinstance(screen, RunsScreen):
             screen.action_launch()
 
+    def tune_current(self) -> None:
+        """The Tune screen on the current spec's file (edits must be saved: the search resumes from the file)."""
+        if self.spec_path is None or not self.spec_path.is_file():
+            self.notify("open or save a spec first (Compose, ctrl+o / ctrl+s)", severity="warning")
+            return
+        if self.compose_draft() is not None:
+            self.notify("the spec has unsaved edits: save them (ctrl+s) first; a search runs from the file", severity="warning")
+            return
+        from dstui.tui.screens.tune import TuneScreen
+
+        self.push_screen(TuneScreen(self.spec_path))
+
     def get_screen_for_mode(self, mode: str):  # noqa: ANN201 - textual's Screen
         stack = self._screen_stacks.get(mode) or []
         return stack[0] if stack else None

@@ -17,6 +17,7 @@ class DstuiCommands(Provider):
             ("Go to Runs", "batches and runs; launch, cancel, retry", partial(app.action_goto, "runs")),
             ("Go to Results", "compare finished runs from MLflow", partial(app.action_goto, "results")),
             ("Launch current spec", "validate and launch the composed/opened spec", app.launch_current),
+            ("Tune current spec", "find the fastest configuration of its tune: space (dstui tune)", app.tune_current),
             ("Help", "keys of this screen", app.action_help),
             ("Bell on failures: on/off", "ring the terminal bell when a run fails, hangs or is flagged", app.toggle_bell),
         ]

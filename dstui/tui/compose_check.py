@@ -1,5 +1,5 @@
 """The compose screen's slow check, run in a thread worker (no textual here): what `dstui run`
-would say about the spec being edited, coloured for the preview.
+would say about the spec being edited, coloured for the preview, with each run's predicted step time.
 
 The checks are :func:`dstui.usecases.draft_check.check`'s (the models, DeepSpeed's config
 validation, the memory forecast with history, this machine); they import DeepSpeed (seconds
@@ -28,6 +28,8 @@ class CheckResult:
     note: str = ""  # e.g. DeepSpeed is not installed here
     memory: dict[str, Text] = field(default_factory=dict)  # run name -> '12.3 GiB', coloured
     memory_note: str = ""  # what the forecast was held against
+    step_time: dict[str, Text] = field(default_factory=dict)  # run name -> '~34.1 ms' (the time model)
+    time_note: str = ""  # what the time model was calibrated on
     infeasible: dict[str, str] = field(default_factory=dict)  # run name -> 'deepcompile=true: why' (this machine)
     machine: str = ""  # what they were held against: '1 GPU of 80 GiB, 16 CPU cores'
     error_field: str | None = None  # the settings field the error names ('model'): its row is marked ✗
@@ -38,8 +40,10 @@ def check(
 ) -> CheckResult:
     """Validate the models and configs, forecast memory with them (or without, when they are refused);
     and hold every run against this machine, as `dstui run` will."""
-    from dstui.usecases import draft_check
+    from dstui.usecases import draft_check, step_forecast
 
     found = draft_check.check(runs, file, spec_dir, declared_gib, executor)
     memory = cells_of(found.forecasts, found.capacity)
-    return CheckResult(found.error, found.note, memory, found.memory_note, found.infeasible, found.machine, found.error_field)
+    steps = {name: Text(step_forecast.column(p)) for name, p in found.steps.predictions.items()}
+    return CheckResult(found.error, found.note, memory, found.memory_note, steps, found.steps.note,
+                       found.infeasible, found.machine, found.error_field)  # fmt: skip

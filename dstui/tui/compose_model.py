@@ -206,7 +206,7 @@ def parse_list(field: str, text: str) -> list[Any]:
 
 # -- the preview's rows ------------------------------------------------------------------
 
-PREVIEW_COLUMNS = ("#", "run", "mem/GPU", "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model", "other")
+PREVIEW_COLUMNS = ("#", "run", "mem/GPU", "step", "zero", "offload", "compile", "dtype", "mb", "seq", "ga", "gpus", "model", "other")
 SHOWN = {"zero_stage", "offload", "offload_params", "deepcompile", "compile", "kind", "dtype", "micro_batch",
          "seq_length", "grad_accum", "gpus", "nodes", "model"}  # fmt: skip
 OTHER_MAX = 60
@@ -233,12 +233,12 @@ def other_text(r: RunSpec) -> str:
 
 
 def preview_row(r: RunSpec) -> tuple[str, ...]:
-    """One run of the preview (the mem/GPU cell is filled later by the check)."""
+    """One run of the preview (the mem/GPU and step cells are filled later by the check)."""
     s = r.settings
     off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
     comp = "cmd" if s.kind == "command" else "dc" if s.deepcompile else "tc" if s.compile else "-"
     return (
-        str(r.order), r.name, "", f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
+        str(r.order), r.name, "", "", f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
         str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name, other_text(r),
     )  # fmt: skip
 

@@ -106,7 +106,7 @@ def parse_conditions(text: str) -> list[dict[str, Any]]:
 
 
 # the spec's own options besides settings, axes, exclusions, conditions, repeats, revisions, baseline
-RUN_OPTIONS = ("description", "executor", "slurm", "guard", "skip_predicted_oom", "gpu_memory_gib")
+RUN_OPTIONS = ("description", "executor", "slurm", "guard", "skip_predicted_oom", "gpu_memory_gib", "tune")
 
 
 def run_options(data: dict[str, Any]) -> dict[str, Any]:

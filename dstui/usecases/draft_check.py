@@ -6,7 +6,7 @@ on the runs Compose already expanded: every run's model can be loaded (a misspel
 accepts every config, the memory forecast (with MLflow's history, as the launch
 forecasts) against the GPU, and what this machine cannot do. Slurm's preflight is
 left to the launch (it submits test jobs). Never raises: a forecast that cannot be
-made says why in its note.
+made says why in its note; so does the predicted step time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dstui.core.errors import SpecError
 from dstui.execute import backends, feasibility, preflight, sysmetrics
 from dstui.spec import dsconfig
 from dstui.spec.experiment import RunSpec
+from dstui.usecases.step_forecast import StepForecast, predict
 
 
 @dataclass
@@ -33,6 +34,7 @@ class DraftCheck:
     memory_note: str = ""  # what the forecast was held against, or why there is none
     infeasible: dict[str, str] = field(default_factory=dict)  # run name -> 'deepcompile=true: why'
     machine: str = ""  # what they were held against: '1 GPU of 80 GiB, 16 CPU cores'
+    steps: StepForecast = field(default_factory=StepForecast)  # predicted time per optimizer step
 
 
 def validate(runs: list[RunSpec], file: str | None, spec_dir: Path) -> tuple[dict[str, dict] | None, SpecError | None, str]:
@@ -69,4 +71,5 @@ def check(runs: list[RunSpec], file: str | None, spec_dir: Path, declared_gib: f
         memory_note=memory_note,
         infeasible={p.run: p.line().split(": ", 1)[1] for p in found},
         machine=machine.describe() if machine is not None else "",
+        steps=predict(runs),
     )

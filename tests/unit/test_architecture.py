@@ -30,9 +30,10 @@ ALLOWED: dict[str, set[str]] = {
     # one service per use case (launch, watch, takeover, cancel/retry), over the stages for both faces
     "usecases": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "importer"},
     "bisect": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "usecases"},
+    "tune": {"core", "spec", "revisions", "tracking", "execute", "analysis", "report", "usecases"},
     # the faces reach batches through the use cases, never through execute (see FACES below)
-    "commands": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases"},
-    "tui": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases"},
+    "commands": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases", "tune"},
+    "tui": {"core", "spec", "revisions", "tracking", "analysis", "report", "importer", "bisect", "usecases", "tune"},
 }
 # The CLI's `tui`/`demo` commands start the TUI: the one arrow from commands to tui.
 STARTS_TUI = {"dstui/commands/tui.py", "dstui/commands/demo.py"}

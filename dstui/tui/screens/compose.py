@@ -81,6 +81,8 @@ class ComposeScreen(SpecFileActions, Screen):
         "waits for a fix.\n"
         "mem/GPU: the memory forecast per GPU of each run, green when it fits the GPU's memory (the spec's "
         "gpu_memory_gib, else this machine's GPU), yellow above 90%, red when it is predicted to run out.\n"
+        "step: the predicted time per optimizer step ('~': a prediction), from the time model of this machine: "
+        "first principles (FLOPs, ZeRO's communication, offload traffic) calibrated on its finished runs in MLflow.\n"
         "ctrl+e edits the DeepSpeed revisions (add, edit, remove); every condition runs against each.\n"
         f"ctrl+s saves to the spec's own file (only the edited keys change; comments stay). {SAVE_AS_KEY} saves "
         "as: type a path in 'spec file' and Enter (asking before overwriting). dstui's own specs are read-only: "

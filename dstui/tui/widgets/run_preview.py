@@ -1,5 +1,5 @@
 """The compose screen's right side: the runs a spec expands to, its errors, the DeepSpeed check
-and the memory forecast per GPU of each run.
+the memory forecast per GPU and the predicted step time of each run.
 
 The run list follows every keystroke (expansion is cheap); the DeepSpeed check
 and the forecast come later from a worker (dstui/tui/compose_check.py), so
@@ -18,6 +18,7 @@ from dstui.tui import compose_model as cm
 from dstui.tui.compose_check import CheckResult
 
 MEMORY = "mem/GPU"
+STEP = "step"  # the predicted time per optimizer step
 RUN_COLUMNS = cm.PREVIEW_COLUMNS
 PENDING = Text("…", style="dim")
 SHOWN_WHY = 3  # runs whose reason is spelt out above the list; the rest are marked in it
@@ -42,10 +43,10 @@ class RunPreview(Vertical):
     def show_runs(self, spec: ExperimentSpec | None, runs: list[RunSpec]) -> None:
         table = self.query_one("#runlist", DataTable)
         table.clear()
-        mem = RUN_COLUMNS.index(MEMORY)
+        mem, step = RUN_COLUMNS.index(MEMORY), RUN_COLUMNS.index(STEP)
         for r, row in zip(runs, cm.preview_rows(runs), strict=True):
             cells: list = list(row)
-            cells[mem] = PENDING
+            cells[mem] = cells[step] = PENDING
             table.add_row(*cells, key=r.name)
         count = self.query_one("#count", Static)
         if spec is not None:
@@ -105,7 +106,8 @@ class RunPreview(Vertical):
                 table.update_cell(name, "run", Text(f"✗ {name.value}", style="bold red"), update_width=True)
         for name in list(table.rows):
             table.update_cell(name, MEMORY, result.memory.get(str(name.value), Text("-")), update_width=True)
+            table.update_cell(name, STEP, result.step_time.get(str(name.value), Text("-")), update_width=True)
         # the table widens the column when it next goes idle; a direct call posts it nothing, so
         # without a prompt the new width could wait for an unrelated event (a key, a resize)
         table.check_idle()
-        self.query_one("#memnote", Static).update(Text(result.memory_note, style="dim"))
+        self.query_one("#memnote", Static).update(Text("\n".join(n for n in (result.memory_note, result.time_note) if n), style="dim"))

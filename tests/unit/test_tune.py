@@ -1,0 +1,175 @@
+"""`dstui tune`'s pure parts: the spec's tune block, candidates, probe rules, the search's choices, its state.
+
+The end-to-end proofs (real DeepSpeed probes, the grid's winner, a hang, a
+kill) are tests/e2e/test_tune_e2e.py; these pin the rules those runs follow.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dstui.analysis.time_fit import Prediction
+from dstui.core.errors import DstuiError, SpecError
+from dstui.spec.models import parse_spec
+from dstui.tune import candidates as cands
+from dstui.tune import probe_rules, search, state
+from dstui.tune.probe_rules import StepTime
+
+BASE = {"model": "tiny-llama", "seq_length": 64, "gpus": 2, "dtype": "fp32"}
+
+
+def spec(tune: dict, **settings: object) -> object:
+    return parse_spec({"name": "t", "settings": {**BASE, **settings}, "tune": tune})
+
+
+@pytest.mark.parametrize(("tune", "field", "words"), [
+    ({"space": {"zero_stage": [0, 4]}}, "tune.space.zero_stage", "must be one of 0, 1, 2, 3 (got 4)"),
+    ({"space": {"micro_batch": [2, 2]}}, "tune.space.micro_batch", "listed twice"),
+    ({"space": {"micro_batch": []}}, "tune.space.micro_batch", "at least one value"),
+    ({"space": {"offload": ["cpu"]}}, "tune.space.offload.0", "'none', 'optimizer', 'params'"),
+    ({"global_batch": 8, "tokens_per_step": 512}, "tune", "not both"),
+    ({"probe_steps": 4, "warmup_steps": 2, "min_steps": 3}, "tune", "at least warmup_steps + min_steps"),
+    ({"budget": 10}, "tune.budget", "did you mean 'budget_s'"),
+    ({"precision": 0}, "tune.precision", "greater than 0"),
+])  # fmt: skip
+def test_tune_block_errors_name_the_field(tune: dict, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as e:
+        spec(tune)
+    assert e.value.field == field and words in e.value.message, str(e.value)
+
+
+def test_candidates_keep_the_global_batch_and_say_why_each_combination_is_out() -> None:
+    sp = spec({"global_batch": 8, "space": {"zero_stage": [0, 3], "offload": ["none", "optimizer", "params"],
+                                            "micro_batch": [1, 3, 4], "activation_checkpointing": [False],
+                                            "sequence_parallel": [1]}})  # fmt: skip
+    out = {c.name: c for c in cands.build(sp, cuda=False, capacity=None)}
+    assert out["z0-mb1-ga4"].open and out["z0-mb1-ga4"].settings.grad_accum == 4
+    assert out["z3-offparams-mb4-ga1"].settings.offload_params == "cpu"
+    assert out["z0-offoptimizer-mb1-ga4"].pruned == "optimizer offload needs ZeRO 1-3"
+    assert out["z0-offparams-mb1-ga4"].pruned == "parameter offload needs ZeRO-3"
+    assert "not a multiple of micro batch 3 x 2" in out["z3-mb3"].pruned
+    for c in out.values():  # every candidate trains the same samples per step
+        if c.open:
+            assert c.settings.micro_batch * c.settings.grad_accum * 2 == 8
+
+
+def test_deepcompile_and_sequence_parallel_where_they_fit() -> None:
+    sp = spec({"space": {"zero_stage": [1], "offload": ["none"], "micro_batch": [2], "activation_checkpointing": [False],
+                         "deepcompile": [False, True]}}, micro_batch=2)  # fmt: skip
+    out = {c.name: c for c in cands.build(sp, cuda=False, capacity=None)}
+    assert out["z1-mb2-ga1-dc"].pruned.startswith("DeepCompile needs a CUDA GPU")
+    assert "z1-mb2-ga2-sp2" in out  # tiny-llama: 4 heads, 64 tokens, 2 ranks: Ulysses 2 fits, its own accumulation
+    assert out["z1-mb2-ga2-dc-sp2"].pruned.startswith("DeepCompile needs a CUDA GPU")
+    auto = cands.build(spec({"space": {"zero_stage": [1], "offload": ["none"], "micro_batch": [2],
+                                       "activation_checkpointing": [False]}}), cuda=True, capacity=None)  # fmt: skip
+    assert {c.choice["deepcompile"] for c in auto} == {False, True}  # unset: both where CUDA is
+
+
+def test_the_memory_forecast_leaves_out_what_cannot_fit_with_the_numbers() -> None:
+    sp = spec({"global_batch": 16, "space": {"zero_stage": [0, 3], "offload": ["none"], "micro_batch": [1, 8],
+                                             "activation_checkpointing": [False], "sequence_parallel": [1]}},
+              model="llama-1b", seq_length=2048, dtype="bf16")  # fmt: skip
+    out = {c.name: c for c in cands.build(sp, cuda=True, capacity=40 * 2**30)}
+    assert out["z0-mb8-ga1"].pruned.startswith("predicted OOM (") and "> 40.0 GiB" in out["z0-mb8-ga1"].pruned
+    assert out["z3-mb1-ga8"].open and out["z3-mb1-ga8"].memory < 40 * 2**30
+
+
+def test_no_tune_block_is_a_one_line_error() -> None:
+    with pytest.raises(SpecError) as e:
+        cands.build(parse_spec({"name": "t", "settings": BASE}), cuda=False, capacity=None)
+    assert e.value.field == "tune"
+
+
+def test_a_probe_stops_when_tight_or_clearly_slower_and_stalls_are_not_its_pace() -> None:
+    steady = [9.0, 5.0, 1.00, 1.01, 0.99, 1.00, 1.02]
+    assert probe_rules.verdict(steady, warmup=2, min_steps=3, precision=0.03, best=None) == probe_rules.PRECISE
+    noisy = [9.0, 5.0, 1.0, 1.3, 0.8, 1.2]
+    assert probe_rules.verdict(noisy, warmup=2, min_steps=3, precision=0.03, best=None) is None
+    best = StepTime(0.5, 0.01, 10)
+    assert probe_rules.verdict(noisy, warmup=2, min_steps=3, precision=0.03, best=best) == probe_rules.SLOWER
+    assert probe_rules.verdict(steady[:4], warmup=2, min_steps=3, precision=0.5, best=None) is None  # 2 timed steps
+    st = probe_rules.step_time([9.0, 1.0, 1.0, 1.1, 0.9, 30.0], warmup=1)
+    assert st.outliers == 1 and st.mean == pytest.approx(1.0)  # a 30 s stall is the machine's, not the config's
+    assert probe_rules.step_time([1.0], warmup=0).half == math.inf
+
+
+def _cand(name: str, order: int, **choice: object) -> cands.Candidate:
+    base = {"zero_stage": 1, "offload_kind": "none", "micro_batch": 4, "activation_checkpointing": False,
+            "deepcompile": False, "sequence_parallel": 1}  # fmt: skip
+    return cands.Candidate(name, {**base, **choice}, order=order)
+
+
+def test_the_search_probes_the_fastest_that_can_still_win_and_stops_with_its_reason() -> None:
+    cs = [_cand("a", 0), _cand("b", 1), _cand("c", 2)]
+    preds = {"a": Prediction(1.0, 0.5, "prior"), "b": Prediction(0.9, 0.02, "fit"), "c": Prediction(3.0, 0.02, "fit")}
+    first = search.decide(cs, preds, None, confidence=0.9, margin=0.02)
+    assert first.candidate == "b"  # nothing measured: the fastest prediction
+    best = search.Best("b", StepTime(0.9, 0.005, 20))
+    nxt = search.decide(cs, {k: v for k, v in preds.items() if k != "b"}, best, confidence=0.9, margin=0.02)
+    assert nxt.candidate == "a"  # unsure enough that it may beat 0.9; c (3.0 +- 2%) cannot
+    done = search.decide(cs, {"c": preds["c"]}, best, confidence=0.9, margin=0.02)
+    assert done.candidate is None and "no remaining candidate can beat b" in done.why and "1 left unprobed" in done.why
+
+
+def test_the_margin_is_the_bests_own_noise_when_that_is_larger() -> None:
+    noisy_best = search.Best("b", StepTime(1.0, 0.10, 5))
+    close = Prediction(0.95, 0.01, "fit")  # 5% faster on paper, inside the best's 10% noise
+    assert not search.can_win(close, noisy_best, z=search.z_of(0.9), margin=0.02)
+    assert search.can_win(close, search.Best("b", StepTime(1.0, 0.001, 50)), z=search.z_of(0.9), margin=0.02)
+
+
+def test_an_oom_probe_leaves_out_what_needs_at_least_its_memory() -> None:
+    oomed = _cand("z1-mb4", 0)
+    oomed.memory = 30 * 2**30
+    bigger, ckpt, offl, other = _cand("z1-mb8", 1, micro_batch=8), _cand("z1-mb8-ac", 2, micro_batch=8, activation_checkpointing=True), \
+        _cand("z1-off-mb4", 3, offload_kind="optimizer"), _cand("z3-mb4", 4, zero_stage=3)  # fmt: skip
+    other.memory = 38 * 2**30  # fits the 40 GiB GPU on paper; the OOM says forecasts run 40/30 short
+    ckpt.memory = offl.memory = 10 * 2**30
+    out = search.teach_oom([oomed, bigger, ckpt, offl, other], oomed, 40 * 2**30)
+    assert bigger.pruned and "z1-mb4, which ran out of memory" in bigger.pruned
+    assert ckpt.open and offl.open  # checkpointing and offload relieve memory: not dominated
+    assert other.pruned and "x 1.33 > 40.0 GiB" in other.pruned
+    assert out == ["z1-mb8", "z3-mb4"]
+
+
+def test_state_round_trips_and_one_search_runs_at_a_time(tmp_path: Path) -> None:
+    st = state.TuneState("spec.yaml", "t", "k", batch="b-1")
+    st.probes.append(state.Probe("z1-mb4-ga1", "z1-mb4-ga1-r0", 0.05, 0.1, started=10.0, ended=40.0,
+                                 step_time=0.04, half=0.002, steps=10))  # fmt: skip
+    state.save(tmp_path, st)
+    back = state.load(tmp_path)
+    assert back == st and back.probes[0].usable and back.probes[0].wall_s == 30.0
+    (tmp_path / state.STATE_FILE).write_text("{not json")
+    assert state.load(tmp_path) is None  # unreadable: a fresh search, not a traceback
+    with state.SearchLock(tmp_path), pytest.raises(DstuiError, match="already running"), state.SearchLock(tmp_path):
+        pass
+    with state.SearchLock(tmp_path):  # released by the first holder
+        pass
+
+
+def test_the_same_spec_finds_the_same_search_and_another_space_another() -> None:
+    a = spec({"space": {"zero_stage": [1, 2]}})
+    assert state.search_key(a) == state.search_key(spec({"space": {"zero_stage": [1, 2]}}))
+    assert state.search_key(a) != state.search_key(spec({"space": {"zero_stage": [1, 3]}}))
+
+
+def test_measured_gpu_peaks_refit_the_forecast_and_leave_out_what_no_longer_fits() -> None:
+    """Probes that used 1.6x the forecast activations: the fit on them pushes micro batch 8 past a 60-GiB GPU."""
+    from dstui.analysis import forecast
+
+    sp = spec({"global_batch": 8, "space": {"zero_stage": [1], "offload": ["none"], "micro_batch": [1, 2, 4, 8],
+                                            "activation_checkpointing": [False], "deepcompile": [False],
+                                            "sequence_parallel": [1]}},
+              model="llama-1b", seq_length=2048, dtype="bf16", gpus=1)  # fmt: skip
+    out = {c.name: c for c in cands.build(sp, cuda=True, capacity=60 * 2**30)}
+    assert all(c.open for c in out.values()) and out["z1-mb8-ga1"].memory < 60 * 2**30  # analytic: 49.6 GiB
+    fit = forecast.ActivationFit()
+    for name in ("z1-mb1-ga8", "z1-mb2-ga4", "z1-mb4-ga2"):
+        fc = forecast.forecast(out[name].settings)
+        assert forecast.observe(fit, out[name].settings, fc.total + 0.6 * fc.activations)
+    assert cands.refit(out["z1-mb8-ga1"], 60 * 2**30, fit)
+    assert out["z1-mb8-ga1"].pruned.startswith("predicted OOM (") and "fit on 3 runs" in out["z1-mb8-ga1"].memory_source
+    assert not cands.refit(out["z1-mb1-ga8"], 60 * 2**30, fit) and out["z1-mb1-ga8"].open
