@@ -69,6 +69,10 @@ _QUOTED_KEY = re.compile(r"([\"'])([A-Za-z_][\w.-]{0,63})\1([ \t]*:[ \t]*)(?:\"(
 _ASSIGNMENT = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_.-]{0,63})=([\"']?)(?!\{env:)([^\s'\";,&)\]}]+)")
 
 
+_AUTH_WORD = re.compile("authorization", re.IGNORECASE)
+_BEARER_WORD = re.compile("bearer", re.IGNORECASE)
+
+
 def strip_credentials(text: str) -> str:
     """Credentials out of free text, in time linear in its length (the rules: this module's docstring)."""
     if not text:
@@ -76,14 +80,15 @@ def strip_credentials(text: str) -> str:
     text = strip_userinfo(text)
     if "-" in text:
         text = _FLAG_IN_TEXT.sub(_mask_flag_match, text)
-    lower = text.lower()  # the case-blind rules run only where their word is (a scan of each costs more)
-    if "authorization" in lower:
+    # the case-blind rules run only where their word is (a scan of each costs more); never text.lower():
+    # on text with one non-Latin-1 character it allocates 14 bytes a character (14 MiB for a 1 MiB log)
+    if _AUTH_WORD.search(text):
         text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{MASK}", text)
     if ":" in text:
         text = _QUOTED_KEY.sub(_mask_quoted_key, text)
     if "=" in text:
         text = _ASSIGNMENT.sub(_mask_assignment, text)
-    if "bearer" in lower:
+    if _BEARER_WORD.search(text):
         text = _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return _TOKEN_SHAPES.sub(MASK, text)
 
