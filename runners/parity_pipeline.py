@@ -164,9 +164,10 @@ class PipelineParitySession(ParitySession):
         every = [torch.zeros_like(tagged) for _ in range(dist.get_world_size())]
         dist.all_gather(every, tagged)
         per_stage: dict[int, torch.Tensor] = {}
-        for t in every:
+        for t in every:  # summed on the CPU: the gathered tensors are on this rank's GPU under NCCL
             sid = int(t[0].item())
-            per_stage[sid] = per_stage.get(sid, torch.zeros_like(t[1:])) + t[1:].cpu()
+            terms = t[1:].cpu()
+            per_stage[sid] = per_stage.get(sid, torch.zeros_like(terms)) + terms
         shapes = []
         for sid in sorted(per_stage):
             s = parity_shape.classify(per_stage[sid].tolist(), gas=self.gas, world=self.dp_world,

@@ -69,7 +69,7 @@ def step_differences(
 
     ``series``: (run label, {metric key: (steps, values)}, first diverging
     step or None). The tolerance is drawn as a dashed line and the first
-    diverging step as a vertical red line, so the reader sees where and by
+    diverging step as a dotted line in the run's colour, so the reader sees where and by
     how much a run left parity. Each log axis spans at least a decade (and
     holds the tolerance line), so a tiny difference never fills a panel.
     """
@@ -95,8 +95,8 @@ def step_differences_figure(
             steps, values = hist[key]
             vals = np.where(np.asarray(values) > 0, values, np.nan)  # log scale: 0 means "equal"
             ax.plot(steps, vals, "o-", ms=3, lw=1.2, color=cmap(i % 10), label=short_label(label))
-            if first is not None:
-                ax.axvline(first, color="#d62728", lw=1.0, alpha=0.7)
+            if first is not None:  # in the run's colour: with several FAILs the reader sees whose step it is
+                ax.axvline(first, color=cmap(i % 10), ls=":", lw=1.4, alpha=0.9)
         if atol is not None and atol > 0 and math.isfinite(atol):
             ax.axhline(atol, color="#333333", ls="--", lw=0.9, label=f"atol {atol:g}")
         ax.set_yscale("log")
@@ -104,9 +104,14 @@ def step_differences_figure(
         log_span(ax, shown + ([atol] if atol is not None and atol > 0 and math.isfinite(atol) else []))
         ax.set_ylabel(title, fontsize=9)
         ax.grid(True, alpha=0.3, which="both")
-    axes[0, 0].set_title("Per-step differences against the plain-PyTorch baseline (red line: first diverging step)")
+    axes[0, 0].set_title("Per-step differences against the plain-PyTorch baseline\n"
+                         "(dotted line: a run's first diverging step; a difference of 0 is not drawn on a log axis)",
+                         fontsize=10)  # fmt: skip
     bottom = axes[-1, 0]
     bottom.set_xlabel("optimizer step")
+    from matplotlib.ticker import MaxNLocator
+
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     handles, labels = axes[0, 0].get_legend_handles_labels()
     bottom.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=9, frameon=False)
     fig.tight_layout()
