@@ -125,8 +125,11 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def writes_home(args: argparse.Namespace) -> bool:
-    """Whether a command writes to the runs home (all but those that only print)."""
-    if args.command == "list" or getattr(args, "dry_run", False):
+    """Whether a command writes to the runs home (all but those that only print).
+
+    `status` asks by itself (dstui.commands.status): it shows what it can read of a home that cannot be written.
+    """
+    if args.command in ("list", "status") or getattr(args, "dry_run", False):
         return False
     return args.command != "ui" or bool(getattr(args, "start", False))
 

@@ -68,12 +68,34 @@ def pytest_configure(config: pytest.Config) -> None:
     # this checkout) took the fast loop from 135-141 to 107-117 user CPU-s (docs/BENCHMARKS.md).
     if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
         sys.dont_write_bytecode = False
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("dist") == "loadgroup":
+        check_loadgroup_groups()
     # One ccache for every DeepSpeed JIT op build of the session (helpers.compiler_cache_env),
     # set by the controller before xdist starts its workers, so every process sees the same CXX.
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         from helpers import compiler_cache_env
 
         os.environ.update(compiler_cache_env(config._tmp_path_factory.getbasetemp()))  # noqa: SLF001 - pytest's own
+
+
+def check_loadgroup_groups() -> None:
+    """Refuse a pytest that pytest-xdist's ``--dist loadgroup`` cannot group with.
+
+    xdist (3.8 and before) tells the controller a test's group by appending ``@group`` to its
+    node id; pytest 9.2's structured node ids ignore that (pytest-dev/pytest-xdist#1386), and
+    nothing fails: every group's tests are spread over all workers. Seen here: test_runner's
+    launches, the bisect bench and the revision envs each built on two or three workers at once,
+    and tests that build on each other's results ran apart. pyproject.toml pins pytest below 9.2.
+    """
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(pytest.__version__).release >= (9, 2) and Version(version("pytest-xdist")).release <= (3, 8, 0):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')}: --dist loadgroup would not group "
+            "the tests (pytest-dev/pytest-xdist#1386); install what pyproject.toml pins (pytest<9.2)"
+        )
 
 
 def _group(item: pytest.Item) -> str | None:

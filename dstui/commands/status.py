@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from dstui.commands import _argtypes, _machine
 from dstui.commands._common import runs_table
 from dstui.commands._records import batch_record, exit_code_of, home_record
 from dstui.commands._tables import terminal_width
-from dstui.core import exit_codes, paths, phases, terminal
+from dstui.core import exit_codes, home_check, paths, phases, terminal
 from dstui.core.errors import NotFound
 from dstui.core.records import bad_lines_note
 from dstui.core.rundir import BatchDir, RunDir, list_batches
@@ -56,18 +57,29 @@ def chosen_batches(root: Path, ref: str | None, n: int) -> list[BatchDir]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The batches as they are; a home that cannot be written is shown too, its one line said, exit 2.
+
+    A full disk is when a person most needs to see the runs (a batch waiting for
+    space says so in its notes), so `status` does not refuse it as the commands
+    that write do (dstui.cli): it reads, settles and restarts nothing, and ends
+    with the same one line and exit status as they do.
+    """
     root = paths.runs_dir()
-    takeover.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
+    unwritable = home_check.unwritable()
+    if unwritable is None:
+        takeover.settle_all(root)  # batches a killed `dstui run` left half-made: every run gets listed
     fmt = _machine.wants(args)
     batches = chosen_batches(root, args.batch, args.n)
     if not batches:
-        return nothing_here(root, fmt)
-    policy = takeover.Takeover(enabled=not args.no_takeover)
+        code = nothing_here(root, fmt, unwritable)
+        return said_unwritable(unwritable) if unwritable else code
+    policy = takeover.Takeover(enabled=not args.no_takeover, writes=unwritable is None)
     if args.follow:
         from dstui.commands._follow_out import follow
 
         policy.look_one(batches[0])
-        return follow(batches[0], fmt=fmt, verbose=getattr(args, "verbose", False))
+        code = follow(batches[0], fmt=fmt, verbose=getattr(args, "verbose", False))
+        return said_unwritable(unwritable) if unwritable else code
     if fmt is None:
         print(f"runs: {paths.home_choice().describe()}\n")
     docs = []
@@ -93,15 +105,26 @@ def run(args: argparse.Namespace) -> int:
         print()
         docs.append(batch_record(b))
     code = exit_code_of([r for d in docs for r in d["runs"]])
+    trouble = {"error": unwritable, "exit_code": exit_codes.BAD_INPUT} if unwritable else {}
     if fmt == "json":
-        _machine.emit({**home_record(), "batches": docs, "exit_code": code})
-    return code
+        _machine.emit({**home_record(), "batches": docs, "exit_code": code, **trouble})
+    elif fmt == "jsonl" and trouble:
+        _machine.emit(trouble, one_line=True)
+    return said_unwritable(unwritable) if unwritable else code
 
 
-def nothing_here(root: Path, fmt: str | None) -> int:
+def said_unwritable(why: str) -> int:
+    """The line every command says of a home that cannot be written (dstui.cli), after what status could show."""
+    print(f"dstui: error: {why}", file=sys.stderr)
+    return exit_codes.BAD_INPUT
+
+
+def nothing_here(root: Path, fmt: str | None, unwritable: str | None = None) -> int:
     """No batches: say where dstui looked and how the home is chosen (exit 3)."""
     if fmt is not None:
-        _machine.emit({**home_record(), "batches": [], "exit_code": exit_codes.NOT_FOUND}, one_line=fmt == "jsonl")
+        trouble = {"error": unwritable, "exit_code": exit_codes.BAD_INPUT} if unwritable else {}
+        doc = {**home_record(), "batches": [], "exit_code": exit_codes.NOT_FOUND, **trouble}
+        _machine.emit(doc, one_line=fmt == "jsonl")
         return exit_codes.NOT_FOUND
     print(f"no batches under {paths.home_choice().describe()}")
     print("dstui looks in $DSTUI_HOME/runs, else in the runs/ of the nearest folder (from here up) that holds "

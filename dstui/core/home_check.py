@@ -2,6 +2,8 @@
 
 Every command but the ones that only print (`list`, `run --dry-run`, `ui`) writes
 to the home: locks, run folders, status files, the MLflow store, the library log.
+`status` is asked too, but shows the batches it can read before it says the line
+(a full disk is when a person most needs to see them), settling and starting nothing.
 On a read-only home they crashed with a traceback each (issue 40.6: `run`,
 `status`, `report`, `import`; the library log handler's mkdir came first), half
 way through their work. :func:`check_writable` is asked first, by the CLI, and
@@ -61,6 +63,15 @@ def check_writable() -> None:
                 raise OSError(errno.EROFS if free.f_flag & os.ST_RDONLY else errno.EACCES, "", str(existing))
         except OSError as e:
             raise HomeNotWritable(describe(e, folder)) from None
+
+
+def unwritable() -> str | None:
+    """The one line of :func:`check_writable`'s trouble, None when the home can be written."""
+    try:
+        check_writable()
+    except HomeNotWritable as e:
+        return str(e)
+    return None
 
 
 def _probe(folder: Path) -> None:

@@ -28,15 +28,21 @@ class BatchLock(HolderLock):
 
 def is_supervised(batch: BatchDir) -> bool:
     """True when a live process holds the batch lock."""
-    if not batch.lock_file.exists():
+    try:
+        fd = os.open(batch.lock_file, os.O_RDWR)  # NFS emulates flock with byte-range locks: they need write access
+    except FileNotFoundError:
         return False
-    with open(batch.lock_file, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
+    except OSError:  # a read-only home (`dstui status` still shows it): a local flock needs no write access
+        fd = os.open(batch.lock_file, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
         return False
+    finally:
+        os.close(fd)
 
 
 def holder_pid(batch: BatchDir) -> int | None:

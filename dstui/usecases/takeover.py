@@ -51,11 +51,12 @@ def supervised(b: BatchDir) -> bool:
     return control.is_supervised(b)
 
 
-def needs_supervisor(b: BatchDir) -> bool:
-    """An unfinished batch that no live supervisor holds."""
+def needs_supervisor(b: BatchDir, *, settle: bool = True) -> bool:
+    """An unfinished batch that no live supervisor holds (``settle``: a cut-short creation is finished first)."""
     if control.is_supervised(b):
         return False
-    creation.settle(b)
+    if settle:
+        creation.settle(b)
     return not (b.info().get("finalized") and b.is_finished())
 
 
@@ -64,6 +65,7 @@ class Takeover:
     """The takeover policy of one watcher (a `dstui status`, a follow loop, the TUI, a bisect)."""
 
     enabled: bool = True  # False: only say how batches are looked after (`dstui status --no-takeover`)
+    writes: bool = True  # False: a home that cannot be written (full, read-only): nothing settled or started
     confirm_s: float = CONFIRM_S
     max_restarts: int = MAX_RESTARTS
     restarts: dict[str, int] = field(default_factory=dict)
@@ -71,8 +73,8 @@ class Takeover:
     def look(self, batches: Iterable[BatchDir]) -> dict[str, str]:
         """How each batch is looked after, supervisors started where the rule says: batch id -> verdict."""
         batches = list(batches)
-        gone = [b for b in batches if needs_supervisor(b)]
-        if gone and self.enabled and self.confirm_s > 0:
+        gone = [b for b in batches if needs_supervisor(b, settle=self.writes)]
+        if gone and self.enabled and self.writes and self.confirm_s > 0:
             time.sleep(self.confirm_s)
             gone = [b for b in gone if needs_supervisor(b)]
         missing = {b.id for b in gone}
@@ -85,7 +87,7 @@ class Takeover:
         return self.look([b])[b.id]
 
     def _restart(self, b: BatchDir) -> str:
-        if not self.enabled:
+        if not (self.enabled and self.writes):
             return NOT_RUNNING
         n = self.restarts.get(b.id, 0)
         if n >= self.max_restarts:

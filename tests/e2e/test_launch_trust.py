@@ -63,13 +63,21 @@ SLEEPERS = """
     name: {name}
     settings: {{kind: command, gpus: 1, metrics_format: seed, steps: 2, warmup_steps: 1}}
     conditions:
-      - {{name: a, command: ["{{python}}", "-c", "{program}"]}}
-      - {{name: b, command: ["{{python}}", "-c", "{program}"]}}
+      - {{name: a, command: ["{{python}}", "{program}", "{release}"]}}
+      - {{name: b, command: ["{{python}}", "{program}", "{release}"]}}
 """
 
 
-# what the program sees: only the GPU the supervisor gave it
-SLEEPER = "import os, time; print('sees GPUs', os.environ.get('CUDA_VISIBLE_DEVICES')); time.sleep(2.5); print('Epoch 1, Step 1, Loss: 1.0')"
+# what the program sees: only the GPU the supervisor gave it. It holds its GPU until the test
+# releases it (at most 5 minutes): held for 2.5 s, the first batch's runs had ended under load
+# 10-16 before the second batch's supervisor looked at the GPUs, and nothing waited (issue 39).
+SLEEPER = """import os, sys, time
+print('sees GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)
+give_up = time.time() + 300
+while not os.path.exists(sys.argv[1]) and time.time() < give_up:
+    time.sleep(0.1)
+print('Epoch 1, Step 1, Loss: 1.0')
+"""
 
 
 def _wait_all_final(root: Path, n_batches: int, timeout: float = 240) -> list:
@@ -82,19 +90,37 @@ def _wait_all_final(root: Path, n_batches: int, timeout: float = 240) -> list:
     raise AssertionError(f"batches not finished: {[(b.id, [r.state for r in b.runs()]) for b in list_batches(root)]}")
 
 
+def _wait(what: str, predicate, timeout: float = 300):  # noqa: ANN001, ANN202 - any predicate, its value
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _on_gpus(root: Path) -> bool:
+    """Both runs of the first batch have started on their GPU (the sleeper says so first)."""
+    runs = [rd for b in list_batches(root) for rd in b.runs()]
+    return len(runs) == 2 and all(rd.log_file.exists() and "sees GPUs" in rd.log_file.read_text(errors="replace") for rd in runs)
+
+
 def test_two_batches_never_hold_the_same_gpu_at_once(home: Path, tmp_path: Path) -> None:
     """A fake inventory of 2 GPUs (nothing here has one): two batches of two 1-GPU runs each."""
     env = {"DSTUI_GPU_COUNT": "2", "DSTUI_GPU_LEDGER": str(tmp_path / "ledger")}
-    first = dstui("run", str(_spec(home, "first", SLEEPERS.format(name="first", program=SLEEPER))), "--detach", env=env, timeout=120)
+    program, release = tmp_path / "sleeper.py", tmp_path / "release"
+    program.write_text(SLEEPER)
+    sleepers = {name: SLEEPERS.format(name=name, program=program, release=release) for name in ("first", "second")}
+    first = dstui("run", str(_spec(home, "first", sleepers["first"])), "--detach", env=env, timeout=120)
     assert first.returncode == 0, first.stderr
-    second = dstui("run", str(_spec(home, "second", SLEEPERS.format(name="second", program=SLEEPER))), "--detach", env=env, timeout=120)
+    _wait("both runs of the first batch on a GPU", lambda: _on_gpus(home / "runs"))  # so the second is the one that waits
+    second = dstui("run", str(_spec(home, "second", sleepers["second"])), "--detach", env=env, timeout=120)
     assert second.returncode == 0, second.stderr
-    waited = []
-    deadline = time.time() + 60
-    while time.time() < deadline and not waited:  # the second batch says what it waits for
-        for b in list_batches(home / "runs"):
-            waited += [rd.status().get("phase") for rd in b.runs() if "waiting for GPUs" in (rd.status().get("phase") or "")]
-        time.sleep(0.2)
+    waited = _wait("the second batch to say what it waits for", lambda: [
+        rd.status().get("phase") for b in list_batches(home / "runs") for rd in b.runs()
+        if "waiting for GPUs" in (rd.status().get("phase") or "")
+    ])  # fmt: skip
+    release.touch()
     batches = _wait_all_final(home / "runs", 2)
     held = []
     for b in batches:

@@ -3,11 +3,14 @@
 A home with a finished batch and its MLflow store is mounted read-only on itself (a bind
 mount in a user namespace, `unshare -rm`: a real read-only file system, which root cannot
 write either), then copied onto a tmpfs that is filled to its last byte. Every command that
-writes the home (run, status, report, import, cancel, retry, compare, bisect, ui --start,
+writes the home (run, report, import, cancel, retry, compare, bisect, ui --start,
 supervise, the TUI) answers with the same one line and exit 2, `--json` with that line as
 its error document; no traceback; the home's files are the same before and after (on the
 full disk not even an empty lock file appears). The commands that only print (list,
-run --dry-run, ui) still work. A home not made yet under a read-only folder is one line too.
+run --dry-run, ui) still work. `status` shows the batch first (on a full disk a person needs
+to see the runs: tests/e2e/test_reliability.py), then says the same line, exit 2; its
+`--json` document holds the batch and the error. A home not made yet under a read-only
+folder is one line too.
 """
 
 from __future__ import annotations
@@ -77,15 +80,16 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict:
     psutil.wait_procs(supervisors, timeout=120)
     assert not control.is_supervised(b)
     commands = [
-        ["run", str(spec)], ["status"], ["status", "--json"], ["report", "-e", "quick", "-o", str(root / "report")],
+        ["run", str(spec)], ["report", "-e", "quick", "-o", str(root / "report")],
         ["import", str(logs), "--experiment", "imported"], ["cancel", b.id], ["retry", f"{b.id}/base-r0", "--force"],
         ["compare", "--experiment", "quick", "--baseline", "installed"], ["ui", "--start", "--port", "5099"],
         ["bisect", str(spec), "--condition", "base", "--good", "0.1.0", "--bad", "0.2.0", "--metric", "loss"],
         ["supervise", str(b.path)], ["tui"],
     ]  # fmt: skip
     printing = [["list", str(spec)], ["run", "--dry-run", str(spec)], ["ui"]]
+    showing = [["status"], ["status", "--json"]]  # the batch as it is, then the same line
     return {"root": root, "home": home, "spec": spec, "env": {**env, "PATH": "/usr/bin:/bin"}, "commands": commands,
-            "printing": printing}  # fmt: skip
+            "printing": printing, "showing": showing, "batch": b.id}  # fmt: skip
 
 
 def _one_line_each(results: list[dict], what: str) -> None:
@@ -98,13 +102,28 @@ def _one_line_each(results: list[dict], what: str) -> None:
             assert json.loads(r["stdout"]) == {"error": lines[0].removeprefix("dstui: error: "), "exit_code": 2}
 
 
+def _shown_then_one_line(results: list[dict], what: str, batch: str) -> None:
+    """`status`: the batch shown (text, or the JSON document with the error in it), then the one line, exit 2."""
+    _one_line_each([{**r, "args": []} for r in results], what)  # the line and the exit status; no traceback
+    for r in results:
+        line = r["stderr"].strip().removeprefix("dstui: error: ")
+        if "--json" in r["args"]:
+            doc = json.loads(r["stdout"])
+            assert [b["batch"] for b in doc["batches"]] == [batch] and doc["batches"][0]["counts"] == {"done": 1}, doc
+            assert (doc["error"], doc["exit_code"]) == (line, 2), doc
+        else:
+            assert batch in r["stdout"] and "base-r0" in r["stdout"] and "done" in r["stdout"], r
+
+
 def test_a_read_only_home_is_one_line_exit_2_for_every_command(prepared: dict, tmp_path: Path) -> None:
     home = prepared["home"]
     before = tree(home)
     setup = f"mount --bind -o ro {shlex.quote(str(home))} {shlex.quote(str(home))}"
-    results = in_namespace(setup, prepared["commands"] + prepared["printing"], prepared["env"], tmp_path)
-    _one_line_each(results[: len(prepared["commands"])], "is on a read-only file system")
-    assert [r["rc"] for r in results[len(prepared["commands"]) :]] == [0, 0, 0], results[len(prepared["commands"]) :]
+    n, m = len(prepared["commands"]), len(prepared["printing"])
+    results = in_namespace(setup, prepared["commands"] + prepared["printing"] + prepared["showing"], prepared["env"], tmp_path)
+    _one_line_each(results[:n], "is on a read-only file system")
+    assert [r["rc"] for r in results[n : n + m]] == [0, 0, 0], results[n : n + m]
+    _shown_then_one_line(results[n + m :], "is on a read-only file system", prepared["batch"])
     assert tree(home) == before
 
 
@@ -133,7 +152,8 @@ def test_a_full_home_is_one_line_exit_2_and_nothing_is_written(prepared: dict, t
     ])  # fmt: skip
     (out := tmp_path / "out").mkdir()
     after = f"(cd {home} && find . -printf '%p %s %T@\\n' | sort) > {listing}.after"
-    results = in_namespace(setup, prepared["commands"], prepared["env"], out, after)
-    _one_line_each(results, "is full")
+    results = in_namespace(setup, prepared["commands"] + prepared["showing"], prepared["env"], out, after)
+    _one_line_each(results[: len(prepared["commands"])], "is full")
+    _shown_then_one_line(results[len(prepared["commands"]) :], "is full", prepared["batch"])
     before = Path(f"{listing}.before").read_text()
     assert "./filler" in before and Path(f"{listing}.after").read_text() == before

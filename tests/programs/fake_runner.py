@@ -24,6 +24,8 @@ def main() -> int:
     ap.add_argument("--fail-at", type=int, default=0, help="raise after this step")
     ap.add_argument("--fail-unless", default="", help="fail at --fail-at unless this file exists")
     ap.add_argument("--silent", action="store_true", help="exit 0 without any metrics")
+    ap.add_argument("--hold-after", type=int, default=0, help="after this step, wait until --hold-until exists")
+    ap.add_argument("--hold-until", default="", help="the file a test creates when the run may go on")
     a = ap.parse_args()
     if a.silent:
         return 0
@@ -42,6 +44,8 @@ def main() -> int:
                 raise RuntimeError(f"injected failure at step {s}")
             if a.hang_after and s == a.hang_after and not (a.hang_unless and os.path.exists(a.hang_unless)):
                 time.sleep(10_000)
+            while a.hold_after and s == a.hold_after and not os.path.exists(a.hold_until):
+                time.sleep(0.05)  # still running for as long as the test needs it, whatever the load
             time.sleep(a.interval)
         fh.write(json.dumps({"type": "summary", "time": time.time(), "steps": a.steps, "status": "ok"}) + "\n")
     return 0

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from textual.widgets._footer import FooterKey
+from tui_helpers import wait_for
 
 from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.fitting_footer import FittingFooter, fit_keys, key_width
@@ -43,20 +44,38 @@ def test_the_keys_chosen_fit_keep_help_order_and_leave_no_room(keys: list[Footer
         assert shown == keys
 
 
-async def _footer_text(app: DstuiApp, pilot) -> tuple[list[str], int]:  # noqa: ANN001
-    await pilot.pause()
-    footer = app.screen.query_one(FittingFooter)
-    keys = list(footer.query(FooterKey))
+def _footer_keys(app: DstuiApp) -> tuple[list[str], int]:
+    footers = app.screen.query(FittingFooter)
+    keys = list(footers.first().query(FooterKey)) if footers else []
     return [f"{k.key_display} {k.description}" for k in keys], sum(key_width(k) for k in keys)
+
+
+async def _footer_text(app: DstuiApp, pilot, screen: str | None = None) -> tuple[list[str], int]:  # noqa: ANN001
+    """The footer's keys once ``screen`` (a class name's start) is shown and its footer has been composed.
+
+    A screen switch recomposes the footer on a later refresh: one pause was not always enough under
+    load 10-16 (issue 39), and the keys read then were the old screen's or none.
+    """
+
+    def composed() -> bool:
+        return type(app.screen).__name__.lower().startswith(screen or "") and any(
+            t.startswith("? Help") for t in _footer_keys(app)[0]
+        )
+
+    await wait_for(pilot, composed, timeout=60)
+    return _footer_keys(app)
+
+
+SCREENS = {"1": "compose", "2": "runs", "3": "results"}
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
 async def test_every_screen_shows_help_within_the_width(tui_env, size: tuple[int, int]) -> None:  # noqa: ANN001
     app = DstuiApp(supervise=False)
     async with app.run_test(size=size) as pilot:
-        for screen_key in ("1", "2", "3"):
+        for screen_key, screen in SCREENS.items():
             await pilot.press(screen_key)
-            texts, used = await _footer_text(app, pilot)
+            texts, used = await _footer_text(app, pilot, screen)
             helps = [t for t in texts if t.startswith("? Help")]
             assert helps, (screen_key, texts)
             assert used <= size[0], (screen_key, texts)
@@ -68,8 +87,8 @@ async def test_a_wider_terminal_brings_the_keys_back(tui_env) -> None:  # noqa: 
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
-        narrow, _ = await _footer_text(app, pilot)
+        narrow, _ = await _footer_text(app, pilot, "results")
         await pilot.resize_terminal(200, 36)
-        await pilot.pause()
-        wide, used = await _footer_text(app, pilot)
+        await wait_for(pilot, lambda: len(_footer_keys(app)[0]) > len(narrow), timeout=60)
+        wide, used = await _footer_text(app, pilot, "results")
     assert len(wide) > len(narrow) and "? Help" in wide and used <= 200

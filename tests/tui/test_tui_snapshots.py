@@ -15,9 +15,19 @@ from dstui.tui.widgets.charts import MetricPlot
 
 
 async def compose_checked(pilot) -> None:  # noqa: ANN001
-    """Open Compose and wait for its DeepSpeed check and memory forecast (they start after a pause in typing)."""
+    """Open Compose and wait for its DeepSpeed check and memory forecast (they start after a pause in typing).
+
+    Waited for by what the screen shows (the check's line is no longer 'pending'), not by a pause:
+    under load 10-16 the check's timer had not fired after 1 s, so no worker was there to wait for
+    and the snapshot caught 'DeepSpeed check: pending…' (issue 39)."""
+    from textual.widgets import Static
+
+    from dstui.tui.screens.compose import ComposeScreen
+
     await pilot.press("1")
-    await pilot.pause(1.0)
+    assert await wait_for(pilot, lambda: isinstance(pilot.app.screen, ComposeScreen), timeout=60)
+    dsv = pilot.app.screen.query_one("#dsvalid", Static)
+    assert await wait_for(pilot, lambda: str(dsv.render()).strip() and "pending" not in str(dsv.render()), timeout=120)
     await pilot.app.workers.wait_for_complete()
     await pilot.pause(0.3)
 
