@@ -203,6 +203,25 @@ def compile_cache_counts() -> dict[str, int]:
     return out
 
 
+def compile_graph_counts() -> dict[str, int]:
+    """What torch.compile compiled in this process so far: frames, graphs, graph breaks, captured ops.
+
+    A recompile adds a frame and a graph, a graph break a graph and a break: two runs that
+    compiled the same thing have the same four counts (the sp-check's capture must not
+    change them, runners/sp_probe.py). Nothing when nothing was compiled.
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None or not utils.counters["frames"].get("total"):
+        return {}
+    c = utils.counters
+    return {
+        "dynamo_frames": int(c["frames"].get("total", 0)),
+        "dynamo_graphs": int(c["stats"].get("unique_graphs", 0)),
+        "dynamo_graph_breaks": int(sum(c["graph_break"].values())),
+        "dynamo_ops": int(c["stats"].get("calls_captured", 0)),
+    }
+
+
 def seed_all(seed: int) -> None:
     """Seed Python's, NumPy's and torch's generators (every accelerator's) as transformers' set_seed does.
 

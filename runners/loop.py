@@ -113,7 +113,8 @@ def train(
 ) -> list[float]:
     """Run ``args.steps`` optimizer steps; return the logged losses. ``writer`` None = a silent check run.
 
-    A ``probe`` (the sp-check's) captures tensors in step 1 and is stopped after it.
+    A ``probe`` (the sp-check's) captures step 1's tensors in an eager forward before the first step
+    (runners/sp_probe.capture), outside what is compiled and timed.
     """
     tr = Trainer(args, ds_config, use_sp=use_sp, clock=clock, probe=probe)
     rank0 = tr.rank == 0
@@ -129,8 +130,6 @@ def train(
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
         times.append(dt)
-        if probe is not None:
-            probe.stop()
         if clock is not None and step == 1:
             clock.mark("first_step_done")
         if step % args.log_interval and step != args.steps:
@@ -162,6 +161,7 @@ def train(
         if stopped_at is not None:
             summary["stopped_at"] = stopped_at  # a stop request ended it before args.steps
         summary.update(common.compile_cache_counts())
+        summary.update(common.compile_graph_counts())  # the SP run's own: the sp-check's runs come later
         writer.write(SUMMARY, **summary)
     destroy = getattr(tr.engine, "destroy", None)
     if destroy is not None:  # frees ZeRO hooks/buffers before a second engine (--sp-check)

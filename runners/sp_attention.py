@@ -3,8 +3,9 @@
 The bundled models run with ``attn_implementation="sdpa"`` (runners/placement.py), so
 ``ALL_ATTENTION_FUNCTIONS["sdpa"]`` is the one place a sequence-parallel mode plugs in.
 What sits there is a *slot*: a fixed function that calls whatever the slot holds now.
-torch.compile traces through the slot and guards on what it holds, so a probe can be
-swapped out after step 1 (runners/sp_probe.py) and the compiled graph follows.
+The sp-check's probe (runners/sp_probe.py) fills a slot with a capturing version for one
+eager forward before training, then puts the plain function back before anything is
+compiled: with and without the check, torch.compile traces the same slot holding the same function.
 """
 
 from __future__ import annotations
@@ -79,12 +80,13 @@ def probed(
     return attend
 
 
-def reference(probe: sp_probe.Probe | None) -> None:
-    """Plain SDPA for a no-SP run; with a probe, its Q/K/V and output are captured at step 1."""
+def reference(probe: sp_probe.Probe) -> None:
+    """Plain SDPA behind a slot for the sp-check's no-SP runs, probed until ``probe.stop()``.
+
+    The slot stays after the probe stops, as Ulysses' slots do: what is compiled later
+    traces through the same function whether the capture ran or not.
+    """
     sdpa = plain()
-    if probe is None:
-        put(sdpa)
-        return
     whole = {name: sp_probe.Place(name) for name in "qkv"}
     put(slot("reference", probed(sdpa, probe, (sp_probe.REFERENCE, whole), (sp_probe.REFERENCE, sp_probe.Place("o")))))
     probe.on_stop(lambda: fill("reference", sdpa))

@@ -4,7 +4,9 @@ Two comparisons, both must hold for a PASS:
 
 * **tensors at step 1** (runners/sp_tensors.py): Q/K/V before and after the exchange and
   the attention outputs of chosen layers (``--sp-check-layers``) against the no-SP run's
-  slices; a FAIL names the first layer and stage that differ;
+  slices; a FAIL names the first layer and stage that differ. Every run captures them in an
+  eager forward of step 1's first micro batch before its first step (runners/sp_probe.capture),
+  so what each run compiles and times is what it would be without the check;
 * **losses at every logged step** (below), within a tolerance derived per logged step from
   the measured noise (``NOISE_FACTOR`` times the largest difference between the reference
   and a second no-SP run that differs only in what may legitimately differ) and the dtype
@@ -65,20 +67,15 @@ def train_reference(
     args: argparse.Namespace, ds_config: dict[str, Any], probe: Probe | None = None
 ) -> tuple[list[float], dict[str, Any]]:
     """A no-SP run on the full micro batches each SP group saw: (logged losses, its timing and peak memory)."""
-    import ulysses
-
     clean_state()
-    tr = Trainer(args, ds_config, use_sp=False, probe=probe)
+    tr = Trainer(args, ds_config, use_sp=False, probe=probe, reference=True)
     on_gpu = not tr.dev["on_cpu"]
     if on_gpu:
         tr.accel.reset_peak_memory_stats()  # the SP engine's peak is not this run's
-    tr.batches = ulysses.reference_batches(tr.shard, args.sequence_parallel, tr.rank, tr.world)
     losses, times = [], []
     for step in range(1, args.steps + 1):
         dt, total = tr.step()
         times.append(dt)
-        if probe is not None:
-            probe.stop()
         if step % args.log_interval == 0 or step == args.steps:
             losses.append(tr.global_loss(total)[0])
     perf: dict[str, Any] = {"mode": MODE_WORDS[tr.compile_mode]}

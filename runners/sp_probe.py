@@ -1,21 +1,28 @@
 """Tensor capture for the sp-check: Q/K/V and attention outputs of chosen layers at the first forward.
 
 A :class:`Probe` is handed to the attention functions of one run (runners/ulysses.py,
-runners/ring.py, or the plain SDPA of the no-SP reference, runners/sp_attention.py). On the
-first forward of step 1, each chosen layer's tensors are copied to host memory, each with its
-:class:`Place`: where in the no-SP run's tensor of the same layer this rank's piece belongs
-(which tokens, which heads). runners/sp_tensors.py compares the pieces with the reference there.
+runners/ring.py, or the plain SDPA of the no-SP reference, runners/sp_attention.py). Each
+chosen layer's tensors are copied to host memory, each with its :class:`Place`: where in the
+no-SP run's tensor of the same layer this rank's piece belongs (which tokens, which heads).
+runners/sp_tensors.py compares the pieces with the reference there.
+
+The capture never runs inside the training that is measured (:func:`capture`): before the
+first step, on the engine just built and not compiled yet, one forward of step 1's first
+micro batch runs eagerly without gradients, with the probe on; the probe is stopped, the
+plain attention functions go back in their slots, and only then is the engine compiled and
+trained. So a run compiles and measures the same graphs with and without ``--sp-check``
+(the summary's ``dynamo_*`` counts say so): a capture inside a compiled step would add
+graph breaks, and taking it out after step 1 a recompile (DeepCompile aborted in that
+backward recompile, docs/gpu-validation/README.md section 8). The weights are the
+initial ones and the batch is step 1's, so the captured tensors are those of step 1's forward.
 
 A piece is taken once per layer, stage and part (a recompute under activation checkpointing
-repeats the forward), and :meth:`Probe.stop` ends the capture after step 1. The taking is kept
-out of torch.compile's graphs (``torch.compiler.disable``: a graph break around it); ``stop``
-also runs the callbacks that swap the plain attention back in, so that the breaks leave the
-compiled graph after step 1, at the price of one recompile at step 2 (a warm-up step).
+repeats the forward).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +79,6 @@ class Probe:
     """The pieces one run captured: ``pieces[(layer, stage, name)][part] = (host tensor, Place)``."""
 
     def __init__(self, wanted: list[int]) -> None:
-        import torch
-
         self.wanted = wanted
         self.layers: tuple[int, ...] = ()  # resolve() sets them once the model is known
         self.pieces: dict[tuple[int, str, str], dict[int, tuple[Any, Place]]] = {}
@@ -81,10 +86,8 @@ class Probe:
         self.stages: dict[str, tuple[str, str]] = {}
         self.active = True
         self._on_stop: list[Callable[[], None]] = []
-        # the graph break is where the probe is called, so it is built here (torch is loaded by now)
-        self.take = torch.compiler.disable(self._take)
 
-    def _take(self, module: Any, stage: str, name: str, tensor: Any, place: Place, part: int = 0) -> None:
+    def take(self, module: Any, stage: str, name: str, tensor: Any, place: Place, part: int = 0) -> None:
         layer = getattr(module, "layer_idx", None)
         if not self.active or layer not in self.layers:
             return
@@ -99,9 +102,30 @@ class Probe:
         self._on_stop.append(fn)
 
     def stop(self) -> None:
-        """End the capture (after step 1) and put the plain attention functions back."""
+        """End the capture and put the plain attention functions back (before the engine is compiled)."""
         if not self.active:
             return
         self.active = False
         for fn in self._on_stop:
             fn()
+
+
+def capture(
+    probe: Probe, forward: Callable[[dict[str, Any]], Any], batches: Iterator[dict[str, Any]], devices: list[int]
+) -> Iterator[dict[str, Any]]:
+    """One eager forward of the first batch without gradients, the probe on; then the probe stopped.
+
+    Returns ``batches`` with that batch still first: training sees the same data in the same
+    order. The random generators are restored afterwards, so the run draws what it would have
+    drawn without the capture (``devices``: the accelerator indices whose generators to restore, none on a
+    CPU). Every rank calls it (the forward has collectives).
+    """
+    import itertools
+
+    import torch
+
+    first = next(batches)
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        forward(dict(first))  # a copy: the loss pops what it reads (runners/ulysses.loss)
+    probe.stop()
+    return itertools.chain([first], batches)

@@ -11,8 +11,9 @@ would give, without holding it on one rank.
 The tolerance, per layer and tensor, is the larger of
 
 * ``NOISE_FACTOR`` times the measured noise: the relative difference of the no-SP
-  twin run (runners/sp_check.py: compiled the same way for the compile modes, the
-  reference repeated otherwise) from the reference at that layer and tensor;
+  twin run (runners/sp_check.py) from the reference at that layer and tensor. Every
+  capture is an eager forward before training (runners/sp_probe.capture), the twin's
+  too, so this is the noise of an eager repeat: zero where the kernels are deterministic;
 * the dtype floor ``DTYPE_FLOOR``: four machine epsilons for bf16 and fp16 (a stored
   activation is rounded once, to half an epsilon; other kernels, other blocking and a
   few layers of that add up), 1e-5 in fp32 (order of sums only).

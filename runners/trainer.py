@@ -11,7 +11,7 @@ import corpus
 import placement
 from common import RunnerError
 from phases import PhaseClock
-from sp_probe import Probe
+from sp_probe import Probe, capture
 
 from dstui.core.hardware import flops_per_token, peak_tflops
 from dstui.spec import dsconfig
@@ -48,11 +48,14 @@ class Trainer:
         use_sp: bool,
         clock: PhaseClock | None = None,
         probe: Probe | None = None,
+        reference: bool = False,
     ) -> None:
+        """``reference``: the sp-check's no-SP run, fed whole micro batches in the order the SP groups saw them."""
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
         self.args = args
+        self.reference = reference
         self.accel = get_accelerator()
         self.dev = common.device_info(self.accel)
         self.rank = deepspeed.comm.get_rank()
@@ -103,6 +106,11 @@ class Trainer:
         self.peak = peak_tflops(self.dev["gpu_name"], args.dtype)
         self.device = self.accel.current_device_name()
         self.batches = self._data()
+        if probe is not None:  # eager, before compile: the compiled graphs are those of a run without it
+            rng = [] if self.dev["on_cpu"] else [self.accel.current_device()]
+            self.batches = capture(probe, lambda b: self.loss_of(self._on_device(b)), self.batches, rng)
+        if self.compile_mode != "eager":
+            self.engine.compile()
         if clock is not None:
             clock.mark("engine_ready")  # the engine and this rank's data
 
@@ -147,8 +155,6 @@ class Trainer:
         dc_sp = self.sp > 1 and self.compile_mode == "deepcompile"
         if dc_sp and getattr(self.engine, "data_parallel_group", None) is None:
             self.engine.data_parallel_group = self.engine.seq_data_parallel_group
-        if self.compile_mode != "eager":
-            self.engine.compile()
 
     def _data(self) -> Any:
         """This rank's batch iterator. Every rank draws its own shard of the packed blocks."""
@@ -171,6 +177,10 @@ class Trainer:
             )
         blocks = corpus.pack(tokens, a.seq_length)
         self.shard = corpus.ShardedBatches(blocks, self.micro_batch, self.world, self.rank, a.seed)
+        if self.reference:
+            import ulysses
+
+            return ulysses.reference_batches(self.shard, a.sequence_parallel, self.rank, self.world)
         if self.sp > 1:
             return sp_impl(a).data(self.shard, self.accel, a)
         return iter(self.shard)
@@ -182,6 +192,13 @@ class Trainer:
             return ulysses.loss(self.engine, batch)
         return self.engine(**batch).loss
 
+    def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: v.to(self.device, non_blocking=True)
+            for k, v in batch.items()
+            if not (self.seq2seq and k == "position_ids")  # T5 has relative positions
+        }
+
     def step(self) -> tuple[float, Any]:
         """One optimizer step: (wall time after a device synchronize, summed micro-step loss tensor)."""
         import torch
@@ -189,12 +206,7 @@ class Trainer:
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for _ in range(self.grad_accum):
-            batch = {
-                k: v.to(self.device, non_blocking=True)
-                for k, v in next(self.batches).items()
-                if not (self.seq2seq and k == "position_ids")  # T5 has relative positions
-            }
-            loss = self.loss_of(batch)
+            loss = self.loss_of(self._on_device(next(self.batches)))
             self.engine.backward(loss)
             self.engine.step()
             total += loss.detach().float()  # stays on the device: no sync here

@@ -3,8 +3,12 @@
 
 Per run: mode, sp x dp, ZeRO stage, the fault injected (if any), mean step time after warm-up,
 tokens/s, peak memory per GPU, the same three of the sp-check's no-SP run (same ranks and
-sequence length, compiled the same way), the verdict, and its evidence: the tensor and loss
-margins, or the first layer and stage that differed.
+sequence length, compiled the same way), what torch.compile compiled (graphs, graph breaks,
+captured ops), the verdict, and its evidence: the tensor and loss margins, or the first layer
+and stage that differed.
+
+Below the table, each ``X-unchecked`` run (the condition ``X`` without ``sp_check``) against
+``X``: the sp-check must not change what is compiled, so the four counts must be equal.
 
     python benchmarks/gpu/sp_table.py runs/sp-gpu-YYYYmmdd-HHMMSS [--json out.json]
 """
@@ -68,6 +72,32 @@ def _evidence(s: dict) -> str:
     return f"{tensors}, {loss}"
 
 
+COUNTS = ("dynamo_frames", "dynamo_graphs", "dynamo_graph_breaks", "dynamo_ops")
+
+
+def _compiled(su: dict) -> str:
+    if not any(k in su for k in COUNTS):
+        return "-"
+    return f"{su.get('dynamo_graphs', 0)} graphs, {su.get('dynamo_graph_breaks', 0)} breaks, {su.get('dynamo_ops', 0)} ops"
+
+
+def same_graphs(loaded: list[dict]) -> list[str]:
+    """One line per ``X-unchecked-rN`` run: its compile counts against ``X-rN``'s, and whether they are equal."""
+    by_name = {r["name"]: r for r in loaded}
+    out = []
+    for name, r in by_name.items():
+        cond, _, rep = name.rpartition("-")
+        if not cond.endswith("-unchecked"):
+            continue
+        twin = by_name.get(f"{cond.removesuffix('-unchecked')}-{rep}")
+        if twin is None:
+            continue
+        a, b = ({k: x["summary"].get(k) for k in COUNTS} for x in (twin, r))
+        verdict = "same compiled graphs" if a == b and None not in a.values() else "DIFFERENT compile counts"
+        out.append(f"{twin['name']} (sp-check on) vs {name} (off): {verdict}: {a} vs {b}")
+    return out
+
+
 def row(r: dict) -> dict:
     st, s, su = r["settings"], r["status"], r["summary"]
     sp = int(st.get("sequence_parallel") or 1)
@@ -80,12 +110,13 @@ def row(r: dict) -> dict:
         "nosp": su.get("nosp_mode") or "-", "nosp_step_ms": _ms(su.get("nosp_iter_time_mean")),
         "nosp_tokens_per_s": _num(su.get("nosp_tokens_per_s_mean"), ".0f"),
         "nosp_peak_gib": _num(su.get("nosp_mem_peak_max") / GIB if su.get("nosp_mem_peak_max") else None, ".2f"),
+        "compiled": _compiled(su),
         "verdict": s.get("verdict") or su.get("verdict") or ("-" if sp == 1 else "?"), "evidence": _evidence(su) or s.get("reason") or "",
     }  # fmt: skip
 
 
 HEAD = ["run", "mode", "sp_x_dp", "zero", "fault", "state", "step_ms", "tokens_per_s", "peak_gib", "nosp",
-        "nosp_step_ms", "nosp_tokens_per_s", "nosp_peak_gib", "verdict", "evidence"]  # fmt: skip
+        "nosp_step_ms", "nosp_tokens_per_s", "nosp_peak_gib", "compiled", "verdict", "evidence"]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,12 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     a = p.parse_args(argv)
     runs = sorted((d for d in a.batch.iterdir() if (d / "status.json").is_file()), key=lambda d: d.stat().st_mtime)
-    rows = [row(load(d)) for d in runs]
+    loaded = [load(d) for d in runs]
+    rows = [row(r) for r in loaded]
     print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
     for r in rows:
         print("| " + " | ".join(str(r[k]).replace("|", "/") for k in HEAD) + " |")
+    graphs = same_graphs(loaded)
+    for line in ["", *graphs] if graphs else []:
+        print(line)
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "same_graphs": graphs}, indent=1))
     return 0
 
 

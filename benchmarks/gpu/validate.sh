@@ -21,11 +21,12 @@
 #                                      # condition twice: first compile vs a repeat from the cache
 #   benchmarks/gpu/validate.sh folders     # issue 31.3 on 1 GPU: config-only model folders (Qwen2-0.5B,
 #                                      # GPT-2 medium shapes) x ZeRO 1, 3; an empty tokenizer refused
-#   benchmarks/gpu/validate.sh sp          # issue 41 on 2 GPUs (~5.5 min): benchmarks/gpu/sp.yaml through
-#                                      # `dstui run`: no-SP, Ulysses eager/compile/DeepCompile, ring, Ulysses
-#                                      # ZeRO 2 and 3, four injected faults; the sp-check on each; then
-#                                      # benchmarks/gpu/sp_table.py's table and the report's SP section
-#   benchmarks/gpu/validate.sh sp4         # issue 41 on 4 GPUs (~3.5 min): benchmarks/gpu/sp4.yaml, sp 2 x dp 2
+#   benchmarks/gpu/validate.sh sp          # issue 41 on 2 GPUs (~7 min): benchmarks/gpu/sp.yaml through
+#                                      # `dstui run`: no-SP, Ulysses eager/compile/DeepCompile (+ DeepCompile
+#                                      # without the check), ring, Ulysses ZeRO 2 and 3, four injected faults;
+#                                      # the sp-check on each; then benchmarks/gpu/sp_table.py's table and
+#                                      # the report's SP section. ONLY="eager dc dc-unchecked" runs those alone.
+#   benchmarks/gpu/validate.sh sp4         # issue 41 on 4 GPUs (~6.5 min): benchmarks/gpu/sp4.yaml, sp 2 x dp 2
 #   benchmarks/gpu/validate.sh tune        # issue 42 on 1 GPU (~7.5 min): llama-1b, ZeRO 1-3 x micro batch
 #                                      # 1/2/4: the exhaustive grid (`dstui run` of the search's grid.yaml,
 #                                      # a home of its own), `dstui tune` over the same space, then DeepSpeed's
@@ -481,8 +482,8 @@ case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCom
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in tune) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
-# the SP specs train with torch's AdamW: only DeepCompile's op is built (sp4 has no DeepCompile run)
-case $PHASE in sp) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; sp4) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac
+# the SP specs train with torch's AdamW: only DeepCompile's op is built
+case $PHASE in sp|sp4) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; esac
 case $PHASE in matrix) SKIP_PREBUILD=${SKIP_PREBUILD:-1};; esac   # torch AdamW: no JIT op to build
 case $PHASE in gap) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 [ -n "${SKIP_PREBUILD:-}" ] || prebuild

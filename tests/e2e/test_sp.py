@@ -1,9 +1,15 @@
 """Sequence parallelism through `dstui run` on CPU: 2 gloo ranks of tiny-llama, every mode checked, faults caught.
 
-One batch (module fixture): a no-SP condition, Ulysses eager and torch.compile, ring attention,
-and three injected faults (a wrong head split after the all-to-all and over the ring, a sequence
-shard handed to the wrong rank), each through the sp-check. Then `dstui report` on the batch.
-DeepCompile is refused on this machine before anything launches.
+One batch (module fixture): a no-SP condition, Ulysses eager and torch.compile, torch.compile
+again without the sp-check, ring attention, and three injected faults (a wrong head split
+after the all-to-all and over the ring, a sequence shard handed to the wrong rank), each
+through the sp-check. Then `dstui report` on the batch. DeepCompile is refused on this
+machine before anything launches.
+
+Kept cheap (the whole module is one batch on 2 cores): tiny-llama at 64 tokens, two steps
+(two logged losses: the loss check compares a trained step, not only the initial weights),
+one step for a fault (the tensor check decides at step 1). The compiled run without the check
+repeats the checked one's graphs, which it finds in the batch's Inductor cache.
 """
 
 from __future__ import annotations
@@ -21,19 +27,21 @@ from dstui.core.rundir import RunDir
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800), pytest.mark.xdist_group("sp")]
 
 INJECT = ["--sp-rtol", "1e-5", "--sp-inject"]  # a given loss tolerance: no noise run for a run meant to fail
+FAULT = {"steps": 1, "warmup_steps": 0}
 SPEC = {
     "name": "sp-e2e",
-    "settings": {"model": "tiny-llama", "dataset": "tiny-corpus", "seq_length": 64, "micro_batch": 1, "steps": 3,
+    "settings": {"model": "tiny-llama", "dataset": "tiny-corpus", "seq_length": 64, "micro_batch": 1, "steps": 2,
                  "warmup_steps": 1, "dtype": "fp32", "gpus": 2, "zero_stage": 1, "sequence_parallel": 2,
                  "sp_check": True, "torch_adam": True, "seed": 7, "hung_after_s": 300},
     "conditions": [
         {"name": "nosp", "sequence_parallel": 1, "sp_check": False},
         {"name": "eager", "sp_mode": "eager"},
         {"name": "compile", "sp_mode": "compile"},
+        {"name": "compile-unchecked", "sp_mode": "compile", "sp_check": False},
         {"name": "ring", "sp_mode": "ring"},
-        {"name": "head-split", "sp_mode": "eager", "extra_args": [*INJECT, "head-split"]},
-        {"name": "shard-offset", "sp_mode": "eager", "extra_args": [*INJECT, "shard-offset"]},
-        {"name": "ring-head-split", "sp_mode": "ring", "extra_args": [*INJECT, "head-split"]},
+        {"name": "head-split", "sp_mode": "eager", **FAULT, "extra_args": [*INJECT, "head-split"]},
+        {"name": "shard-offset", "sp_mode": "eager", **FAULT, "extra_args": [*INJECT, "shard-offset"]},
+        {"name": "ring-head-split", "sp_mode": "ring", **FAULT, "extra_args": [*INJECT, "head-split"]},
     ],
 }  # fmt: skip
 
@@ -43,8 +51,9 @@ def batch(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     home = tmp_path_factory.mktemp("sp-home")
     (home / "mlruns").mkdir()
     shutil.copy(request.getfixturevalue("empty_db"), home / "mlruns" / "mlflow.db")
+    # the compile caches too: this batch's own (not the machine's, which other sessions write and kill)
     env = {"DSTUI_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlruns/mlflow.db",
-           "DSTUI_PRIVATE_DIR": str(home / "private")}  # fmt: skip
+           "DSTUI_PRIVATE_DIR": str(home / "private"), "DSTUI_CACHE": str(home / "cache")}  # fmt: skip
     spec = home / "sp.yaml"
     spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
     run = dstui("run", "--quiet", str(spec), env=env, timeout=1500)
@@ -53,9 +62,12 @@ def batch(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     for cond in SPEC["conditions"]:
         rd = RunDir(folder / f"{cond['name']}-r0")
         records = read_records(rd.metrics_file) if rd.metrics_file.exists() else []
-        checks = [r for r in records if r.get("type") == "summary" and r.get("check") == "sp-check"]
+        summaries = [r for r in records if r.get("type") == "summary"]
         runs[cond["name"]] = {"status": rd.status(), "log": rd.log_file.read_text(errors="replace"),
-                              "check": checks[-1] if checks else {}}  # fmt: skip
+                              "header": next((r for r in records if r.get("type") == "header"), {}),
+                              "losses": [r["loss"] for r in records if r.get("type") == "step"],
+                              "summary": next((r for r in summaries if "check" not in r), {}),
+                              "check": next((r for r in summaries if r.get("check") == "sp-check"), {})}  # fmt: skip
     report = dstui("report", "-e", "sp-e2e", "-b", folder.name, "-o", str(home / "report"), env=env, timeout=600)
     return {"run": run, "runs": runs, "report": report, "home": home, "env": env}
 
@@ -69,9 +81,33 @@ def test_each_mode_passes_the_tensor_and_the_loss_check(batch: dict, mode: str) 
     assert check["tensor_layers"] == [0, 1] and "first_difference" not in check
     assert "sp-check: tensors match at step 1" in r["log"] and "sp-check: losses match" in r["log"]
     assert check["tensor_max_rel"] is not None and check["tensor_max_rel"] < 1e-5  # fp32: rounding only
+    # the loss tolerance is derived from a measured noise run, and the SP losses sit well inside it
+    assert "tolerance derived: max(4 x measured noise" in r["log"]
+    assert check["margin"] is None or check["margin"] > 1
     # the no-SP run timed alongside, compiled the way the SP run is
     assert check["nosp_mode"] == ("torch.compile" if mode == "compile" else "eager")
     assert check["nosp_iter_time_mean"] > 0 and check["nosp_tokens_per_s_mean"] > 0
+
+
+def test_the_sp_run_records_its_shape(batch: dict) -> None:
+    header = batch["runs"]["eager"]["header"]
+    assert header["sequence_parallel"] == 2 and header["dp_world_size"] == 1
+    assert header["ds_config"]["sequence_parallel_size"] == 2
+    assert header["tokens_per_step"] == 64  # one 64-token sequence shared by the two ranks
+    assert len(batch["runs"]["eager"]["losses"]) == SPEC["settings"]["steps"]
+
+
+def test_the_check_changes_nothing_that_is_compiled_or_measured(batch: dict) -> None:
+    """The tensor capture runs before the engine is compiled: same graphs, no recompile, same losses."""
+    checked, unchecked = batch["runs"]["compile"], batch["runs"]["compile-unchecked"]
+    assert unchecked["status"].get("state") == "done", unchecked["log"][-3000:]
+    assert not unchecked["check"] and "sp-check" not in unchecked["log"]
+    counts = {k: v for k, v in checked["summary"].items() if k.startswith("dynamo_")}
+    assert set(counts) == {"dynamo_frames", "dynamo_graphs", "dynamo_graph_breaks", "dynamo_ops"}, checked["summary"]
+    assert counts == {k: v for k, v in unchecked["summary"].items() if k.startswith("dynamo_")}
+    # one graph for forward and backward: the capture added no graph break, and step 2 recompiled nothing
+    assert counts["dynamo_graphs"] == 1 and counts["dynamo_graph_breaks"] == 0 and counts["dynamo_ops"] > 0
+    assert checked["losses"] == unchecked["losses"] and len(checked["losses"]) == 2  # bit for bit (CPU, fp32)
 
 
 @pytest.mark.parametrize(
@@ -92,6 +128,8 @@ def test_an_injected_fault_fails_at_step_1_naming_layer_and_stage(batch: dict, f
     assert first["rel"] > 0.1 > first["tol"]  # order 1 against a 1e-5 floor: far outside, not marginal
     assert f"sp-check: tensors DIFFER at step 1: first at layer 0, {tensor} {stage}" in r["log"]
     assert check["reason"].startswith(f"tensors differ at step 1, first at layer 0, {tensor} {stage}")
+    # the loss check sees it too: the step-1 loss is outside the given tolerance
+    assert "sp-check: losses DIFFER" in r["log"] and check["margin"] < 1
 
 
 def test_the_batch_says_which_runs_failed(batch: dict) -> None:

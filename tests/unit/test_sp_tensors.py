@@ -72,7 +72,7 @@ def _ulysses_capture(ref: sp_probe.Probe, sp: int, *, roll_v_at: int | None = No
                     piece, _, _ = sp_tensors._select(full, place)
                     if layer == roll_v_at and (stage, name) == ("exchanged", "v"):
                         piece = piece.roll(1, dims=1)
-                    out._take(_Layer(layer), stage, name, piece, place, part=rank)
+                    out.take(_Layer(layer), stage, name, piece, place, part=rank)
     return out
 
 
@@ -112,7 +112,7 @@ def test_measured_noise_raises_the_tolerance_above_the_dtype_floor(group: None) 
     twin.resolve(2)
     for (layer, stage, name), parts in ref.pieces.items():
         t = parts[0][0]
-        twin._take(_Layer(layer), stage, name, t * (1 + 0.02), parts[0][1])  # 2% off: rel 0.02
+        twin.take(_Layer(layer), stage, name, t * (1 + 0.02), parts[0][1])  # 2% off: rel 0.02
     noise = sp_tensors.noise(ref, twin, "cpu")
     assert noise[(0, "q")] == pytest.approx(0.02, rel=1e-5)
     rows = sp_tensors.compare(_ulysses_capture(ref, 2), ref, noise, "fp32", "cpu")
@@ -201,3 +201,27 @@ def test_the_noise_run_is_compiled_as_the_sp_run_and_says_so() -> None:
         assert (what, twin.compile, twin.deepcompile) == (words, compiled, deepcompiled)
     cfg = {"compile": {"deepcompile": True}, "zero_optimization": {"stage": 1}}
     assert sp_check.eager_config(cfg) == {"zero_optimization": {"stage": 1}} and cfg["compile"]  # a copy
+
+
+def test_the_capture_runs_one_forward_without_grad_and_gives_training_the_same_batches() -> None:
+    """runners/sp_probe.capture: what training then sees (data order, random draws) is what it saw without it."""
+    p = sp_probe.Probe([0])
+    p.resolve(1)
+    stopped: list[bool] = []
+    p.on_stop(lambda: stopped.append(True))
+    batches = [{"input_ids": torch.full((1, 4), i)} for i in range(3)]
+    seen = []
+
+    def forward(batch: dict) -> None:
+        seen.append((int(batch.pop("input_ids")[0, 0]), torch.is_grad_enabled(), p.active))
+        torch.rand(5)  # a dropout's draw: it must not shift training's random numbers
+        p.take(_Layer(0), "shard", "q", torch.ones(2), sp_probe.Place("q"))
+
+    torch.manual_seed(3)
+    expected_draw = torch.rand(2)
+    torch.manual_seed(3)
+    rest = sp_probe.capture(p, forward, iter(batches), [])
+    assert torch.equal(torch.rand(2), expected_draw)
+    assert seen == [(0, False, True)] and stopped == [True] and not p.active
+    assert list(p.pieces) == [(0, "shard", "q")]
+    assert [int(b["input_ids"][0, 0]) for b in rest] == [0, 1, 2]  # the first batch still first, and whole
