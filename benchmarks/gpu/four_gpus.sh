@@ -12,7 +12,7 @@ set -u
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
 TOTAL=${DEADLINE_S:-585}
-PAIR_END=${PAIR_END:-330}   # seconds after T0 by which the two 2-GPU parts must be done
+PAIR_END=${PAIR_END:-380}   # seconds after T0 by which the two 2-GPU parts must be done
 OUT=${OUT:?OUT must be set}
 left_until() { echo $(( $1 - ($(date +%s) - T0) )); }
 say() { echo "[four_gpus $(( $(date +%s) - T0 ))s] $*"; }
@@ -27,7 +27,7 @@ say "two 2-GPU batches side by side (until ${PAIR_END}s)"
   echo "gap exited $?" >> "$OUT/gap.log" ) &
 GAP=$!
 sleep 5  # the gap batch claims its GPUs first: the other must be placed beside it, not on them
-( SKIP_PREBUILD=1 ONLY="${SP_ONLY:-eager dc dc-head-split}" DEADLINE_S=$(( $(left_until "$PAIR_END") - 100 )) \
+( SKIP_PREBUILD=1 ONLY="${SP_ONLY:-nosp dc dc-unchecked dc-head-split}" DEADLINE_S=$(( $(left_until "$PAIR_END") - 100 )) \
       bash benchmarks/gpu/validate.sh sp > "$OUT/sp.log" 2>&1
   echo "sp exited $?" >> "$OUT/sp.log"
   SKIP_PREBUILD=1 MATRIX_ONLY='*pp2*' DEADLINE_S=$(left_until "$PAIR_END") \
@@ -42,6 +42,6 @@ wait "$GAP" "$SP"
 say "pair done: $(tail -1 "$OUT/gap.log"); $(tail -1 "$OUT/sp.log"); $(tail -1 "$OUT/matrix-pp2.log")"
 
 say "sp 2 x dp 2 on four GPUs (limit $(left_until "$TOTAL")s)"
-SKIP_PREBUILD=1 DEADLINE_S=$(left_until "$TOTAL") bash benchmarks/gpu/validate.sh sp4 > "$OUT/sp4.log" 2>&1
+SKIP_PREBUILD=1 ONLY="${SP4_ONLY:-nosp eager ring dc shard-offset}" DEADLINE_S=$(left_until "$TOTAL") bash benchmarks/gpu/validate.sh sp4 > "$OUT/sp4.log" 2>&1
 say "sp4 exited $?"
 for f in gap sp matrix-pp2 sp4; do echo "=== $f"; grep -v '^\s*$' "$OUT/$f.log" | tail -25; done
