@@ -31,6 +31,7 @@ import yaml
 from helpers import REPO, dstui, mlflow_client
 from test_reliability import only_batch, wait_for
 
+from dstui.core import run_status
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import LIVE_STATES, BatchDir, RunDir
 from dstui.execute import feasibility, launch, liveness
@@ -108,8 +109,8 @@ class SetsidBackend:
         t.proc = proc
         sid = self._session_of(proc)
         (rd.path / MARKER).write_text(json.dumps({"pid": proc.pid, "sid": sid, "via": "setsid"}))
-        rd.update_status(executor=self.name, state="running", pid=proc.pid, pgid=proc.pid, started=time.time(),
-                         argv=launch.shown_command(run, argv))  # fmt: skip
+        run_status.running(rd, executor=self.name, pid=proc.pid, pgid=proc.pid, started=time.time(),
+                           argv=launch.shown_command(run, argv))  # fmt: skip
         return True
 
     @staticmethod
