@@ -77,7 +77,7 @@ def bench_direct(tmp: Path, steps: int) -> float:
 def bench_dstui(tmp: Path, steps: int) -> tuple[float, int]:
     from mlflow import MlflowClient
 
-    from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+    from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
     from dstui.execute.supervisor import Supervisor
 
     uri = store(tmp, "dstui")
@@ -88,7 +88,7 @@ def bench_dstui(tmp: Path, steps: int) -> tuple[float, int]:
     write_json_atomic(rd.spec_file, {"name": "r0", "condition": "r", "repeat": 0, "key": "k",
                                      "settings": {"kind": "train", "metrics_format": "jsonl"}})  # fmt: skip
     write_json_atomic(rd.exit_file, {"exit_code": 0, "signal": None})
-    rd.update_status(name="r0", state="done", steps_total=steps)
+    merge_status(rd, dict(name="r0", state="done", steps_total=steps))
     write_json_atomic(batch.batch_file, {"id": batch.id, "experiment": "bench", "runs": ["r0"],
                                          "tracking_uri": uri})  # fmt: skip
     sup = Supervisor(batch, tracking_uri=uri)

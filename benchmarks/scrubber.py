@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dstui.core.secrets import MASK, strip_credentials  # noqa: E402
+from dstui.core.credential_text import MASK, strip_credentials  # noqa: E402
 from dstui.core.terminal import printable  # noqa: E402
 
 OLD_URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")

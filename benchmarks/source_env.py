@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from dstui.revisions import envs as R
-from dstui.spec.models import Revision
+from dstui.spec.experiment import Revision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import deepspeed_sdists  # noqa: E402 - tests/: the sdist-as-clone helper the tests use

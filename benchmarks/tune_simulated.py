@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from dstui.analysis.forecast import forecastable_shape  # noqa: E402
 from dstui.analysis.time_fit import Observation, TimeModel  # noqa: E402
 from dstui.analysis.time_model import TERMS, gpu_hardware, terms  # noqa: E402
-from dstui.spec.models import parse_spec  # noqa: E402
+from dstui.spec.loading import parse_spec  # noqa: E402
 from dstui.tune import candidates as cands_mod  # noqa: E402
 from dstui.tune import probe_rules, search  # noqa: E402
 

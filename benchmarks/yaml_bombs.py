@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests" / "programs"))
 from yaml_bombs import specs  # noqa: E402
 
 from dstui.core.errors import SpecError  # noqa: E402
-from dstui.spec.models import load_spec  # noqa: E402
+from dstui.spec.loading import load_spec  # noqa: E402
 
 GOAL_S = 1.0
 

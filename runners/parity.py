@@ -31,13 +31,6 @@ DTYPE_ALIASES: dict[str, str] = {
     "torch.half": "fp16",
 }
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
-
-
 def canonical_dtype(text: str) -> str:
     """``torch.bfloat16`` / ``bfloat16`` / ``bf16`` -> ``bf16`` (argparse ``type=``)."""
     key = text.strip().lower()

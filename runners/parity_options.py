@@ -20,7 +20,7 @@ from parity import canonical_dtype, option_names
 from pydantic import ValidationError
 
 from dstui.spec import dsconfig, flags
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 # Keys of a model preset that only the parity runner understands (transformers ignores them).
 LAYER_SCHEDULE_KEY = "dstui_layer_schedule"

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-PATTERNS = ("standard", "second_forward", "logits_in_loss", "outside_branch", "frozen")
 Z_LOSS = 1e-4
 BRANCH_WEIGHT = 1e-3
 

@@ -34,7 +34,6 @@ TOKEN_DIM = {"q": 2, "k": 2, "v": 2, "o": 1}
 HEAD_DIM = {"q": 1, "k": 1, "v": 1, "o": 2}
 # The stages in data-flow order: the verdict names the first (layer, stage) that differs.
 STAGE_ORDER = ("shard", "exchanged", "attention", "returned")
-NAME_ORDER = ("q", "k", "v", "o")
 REFERENCE = "full"
 
 

@@ -40,11 +40,11 @@ from common import RunnerError  # noqa: E402
 from loop import train  # noqa: E402
 from phases import PhaseClock  # noqa: E402
 from train_args import build_parser, ds_config_of, settings_of  # noqa: E402
-from trainer import Trainer, compile_mode  # noqa: E402  (Trainer re-exported for benchmarks/gpu/sync_profile.py)
+from trainer import compile_mode  # noqa: E402
 
 from dstui.core.records import PHASES, SUMMARY, MetricsWriter  # noqa: E402
 
-__all__ = ["Trainer", "build_parser", "ds_config_of", "main", "settings_of"]
+__all__ = ["main"]
 
 
 def _checked(args: argparse.Namespace) -> tuple[dict[str, Any], sp_probe.Probe | None]:

@@ -18,7 +18,7 @@ import common
 from common import RunnerError
 
 from dstui.spec import dsconfig, flags
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -176,7 +176,7 @@ def last_dstui_rank_cmd(home: Path) -> list[str]:
 
 def runner_marks(metrics: Path) -> tuple[dict[str, float], list[float]]:
     """(phase marks, step losses) of dstui's runner from its metrics file; no marks if it wrote none."""
-    from dstui.core.records import read_records
+    from dstui.core.record_file import read_records
 
     marks: dict[str, float] = {}
     losses: list[float] = []

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dstui.analysis.forecast import GIB, ActivationFit, forecast, observe, settings_of
+from dstui.analysis.forecast import ActivationFit, forecast, observe, settings_of
+from dstui.analysis.forecast_model import GIB
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import sysmetrics
 

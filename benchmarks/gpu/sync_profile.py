@@ -99,15 +99,16 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
     import common
-    import train as tr_mod
+    import train_args
+    import trainer
 
     targv = [
         "--model", a.model, "--dataset", a.dataset, "--seq-length", str(a.seq_length),
         "--micro-batch", str(a.micro_batch), "--zero-stage", str(a.zero_stage), "--dtype", a.dtype,
         "--steps", str(a.warmup + 4 * a.steps + 2), "--warmup-steps", "1", "--log-interval", "1",
     ]  # fmt: skip
-    args = tr_mod.build_parser().parse_args(targv)
-    ds_config = tr_mod.ds_config_of(args, tr_mod.settings_of(args))
+    args = train_args.build_parser().parse_args(targv)
+    ds_config = train_args.ds_config_of(args, train_args.settings_of(args))
     common.isolate_op_cache()
     import deepspeed
     import torch
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu:
         accel.set_device(0)
     deepspeed.init_distributed()
-    tr = tr_mod.Trainer(args, ds_config, use_sp=False)
+    tr = trainer.Trainer(args, ds_config, use_sp=False)
 
     def runner_step() -> float:
         dt, total = tr.step()

@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from dstui.core.records import read_records  # noqa: E402
+from dstui.core.record_file import read_records  # noqa: E402
 from dstui.core.rundir import BatchDir  # noqa: E402
 from dstui.tune import probe_rules  # noqa: E402
 

@@ -33,7 +33,7 @@ from dstui.analysis.forecast_model import (
     model_states,
     step_extra,
 )
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 from dstui.tracking import metric_names
 from dstui.tracking import tags as tag_keys
 
@@ -203,7 +203,7 @@ def settings_of(params: dict[str, Any]) -> Settings | None:
     """A run's Settings rebuilt from its MLflow params (or a header's config); None if invalid."""
     from pydantic import ValidationError
 
-    from dstui.analysis.runs import parse_value
+    from dstui.analysis.rundata import parse_value
 
     def value(v: Any) -> Any:  # MLflow keeps every param as text: "2" -> 2, but "none" stays a name
         parsed = parse_value(v) if isinstance(v, str) else v

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dstui.analysis.forecast import GIB, forecast, settings_of, zero_config_of
+from dstui.analysis.forecast import forecast, settings_of, zero_config_of
+from dstui.analysis.forecast_model import GIB
 from dstui.analysis.grouping import NOT_STARTED
 from dstui.core.failures import is_oom
 from dstui.tracking import tags as tag_keys
@@ -22,7 +23,7 @@ from dstui.tracking import tags as tag_keys
 def forecast_vs_measured(runs: Sequence[Any], capacity: int | None = None) -> Any:
     """Forecast vs measured peak per condition, with the error: a pandas frame, one row per condition.
 
-    ``runs`` are :class:`dstui.analysis.runs.RunData`; the forecast is rebuilt
+    ``runs`` are :class:`dstui.analysis.rundata.RunData`; the forecast is rebuilt
     (analytic) from each run's params, so the report judges the estimate, not
     a fit on the runs it is compared with. The measured peak is the mean over
     a condition's finished GPU runs of their largest ``mem_peak``

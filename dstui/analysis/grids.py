@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dstui.analysis.rundata import FAILED_STATES, GB, RunData, parse_value
-from dstui.analysis.stats import ConditionStats, _mean
+from dstui.analysis.stats import ConditionStats, finite_mean
 
 
 def level_of(run: RunData) -> str:
@@ -73,8 +73,8 @@ def grids(runs: Sequence[RunData]) -> dict[str, dict[str, Any]]:
                 if not cell:
                     continue
                 usable = [r for r in cell if r.usable]
-                it = _mean(r.stats.get("iter_time_mean") for r in usable)
-                mem = _mean(r.stats.get("mem_peak_max") for r in usable)
+                it = finite_mean(r.stats.get("iter_time_mean") for r in usable)
+                mem = finite_mean(r.stats.get("mem_peak_max") for r in usable)
                 if usable and (it is not None or mem is not None):
                     frames["iter_time"].loc[model, mb] = round(it, 6) if it is not None else "n/a"
                     frames["mem"].loc[model, mb] = round(mem / GB, 3) if mem is not None else "n/a"

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from dstui.analysis.runs import RunData
+from dstui.analysis.rundata import RunData
 from dstui.core.phases import SEGMENTS
 
 PREFIX = "time/"

@@ -2,7 +2,7 @@
 
 Pure computation on per-run figures so that it is testable with known inputs
 and reusable by the TUI's results view; fetching from MLflow lives in
-``dstui/commands/compare.py``.
+:mod:`dstui.usecases.results`.
 
 Definitions (the command prints them too, so nobody has to guess):
 

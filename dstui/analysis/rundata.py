@@ -14,6 +14,7 @@ from typing import Any
 
 from dstui.core.errors import DstuiError
 from dstui.core.failures import is_oom
+from dstui.core.run_status import CANCELLED_BEFORE_START
 from dstui.tracking import metric_names
 from dstui.tracking import tags as tag_keys
 
@@ -26,11 +27,7 @@ FAILED_STATES = frozenset({"failed", "killed"})
 # A run that never started ran nothing: it is listed, never a repeat of its condition.
 # queued: not launched yet (a live batch); skipped: never launched (skip_predicted_oom).
 NOT_STARTED_STATES = frozenset({"queued", "skipped"})
-NOT_STARTED_REASON = "cancelled before start"  # the supervisor's and `dstui cancel`'s words
 
-# Step metrics a report reads; anything else (lr, custom keys) is still
-# fetched and exported in data.json, but these drive the figures.
-KNOWN_STEP_KEYS = ("loss", "iter_time", "tokens_per_s", "tflops_per_gpu", "mfu", "mem_alloc", "mem_peak")
 SUMMARY_PREFIX = "summary."
 SYSTEM_PREFIX = "system/"
 
@@ -90,7 +87,7 @@ class RunData:
     @property
     def started(self) -> bool:
         """The run was launched (whatever became of it): it counts as a repeat of its condition."""
-        return self.status not in NOT_STARTED_STATES and not self.reason.startswith(NOT_STARTED_REASON)
+        return self.status not in NOT_STARTED_STATES and not self.reason.startswith(CANCELLED_BEFORE_START)
 
     @property
     def batch(self) -> str:

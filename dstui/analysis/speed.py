@@ -92,10 +92,6 @@ def ratio(c: ConditionStats, base: ConditionStats, how: Basis) -> SpeedRatio:
     return SpeedRatio(iv.ratio, iv, len(mine), len(theirs))
 
 
-def unit_text(how: Basis, time_unit: str) -> str:
-    return f"{time_unit}/step" if how == "time" else "tokens/s"
-
-
 @dataclass(frozen=True)
 class FastestClaim:
     """Which timed condition is fastest, and whether the data bound that: its ratio over every other.

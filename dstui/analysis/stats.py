@@ -1,8 +1,32 @@
 """Statistics of runs and conditions: warm-up, means, spread, outliers, loss bands.
 
-Definitions are in :mod:`dstui.analysis.runs`' docstring (the report repeats
-them): statistics exclude the first ``warmup_steps`` optimizer steps; a
-condition pools the post-warm-up iterations of its usable repeats.
+Everything a report shows is computed in :mod:`dstui.analysis`, from MLflow runs laid out
+as ``docs/ARCHITECTURE.md`` describes (child runs tagged ``dstui.role=run``), so that live,
+old, imported and team-server runs are treated alike. Charts (:mod:`dstui.report.charts`) and
+markdown (:mod:`dstui.report.markdown`) only format these numbers; the tests check them
+against figures computed independently.
+
+Definitions (the report repeats them so a reader does not have to guess):
+
+* a *condition* is the runs that ran with the same settings (:mod:`~dstui.analysis.grouping`):
+  runs that never started are in none, and one spec condition run with other settings in
+  another batch (other ``steps``, another DeepSpeed) is a condition of its own;
+* a *step* is one optimizer step (``grad_accum`` micro-batches);
+* per-run statistics exclude the first ``warmup_steps`` optimizer steps
+  (param ``warmup_steps``), because the first steps include compilation,
+  allocator growth and NCCL set-up;
+* a condition's iteration time is the mean over the post-warm-up iterations
+  of all its usable repeats, its error bar the sample standard deviation
+  (n-1) of those same iterations;
+* throughput (tokens/s), TFLOP/s and MFU are total work / total time over
+  those same iterations: the harmonic mean of the per-step rates (tokens per
+  step / mean iteration time when every step does the same work), never the
+  arithmetic mean of rates, which overstates them when step times vary;
+* an iteration is an *outlier* when it takes more than ``OUTLIER_FACTOR``
+  times the median post-warm-up iteration of its run;
+* loss parity compares per-step mean losses (mean over repeats) on the steps
+  both conditions logged, warm-up included (loss is deterministic from step
+  one): PASS when the largest absolute difference is within the tolerance.
 """
 
 from __future__ import annotations
@@ -14,27 +38,24 @@ from typing import Any
 
 from dstui.analysis.identity import merged
 from dstui.analysis.rundata import FAILED_STATES, GB, OUTLIER_FACTOR, RunData, parse_value
+from dstui.core.metric_catalogue import first_counted_step, skips_warmup, warmup_count
 from dstui.tracking import tags as tag_keys
 
 
 def warmup_of(run: RunData) -> int:
     """Warm-up steps: param warmup_steps, else the summary record's, else 0."""
     for value in (run.param("warmup_steps"), run.metrics.get("summary.warmup_steps")):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            return int(value)
+        count = warmup_count(value)
+        if count is not None:
+            return count
     return 0
 
 
 def post_warmup_mask(steps: Any, warmup: int) -> Any:
-    """Steps after the first ``warmup`` optimizer steps.
-
-    Steps are counted from 1 by the runners (from 0 by some programs); with
-    ``log_interval`` > 1 the first logged step may already be past warm-up.
-    """
+    """Steps after the first ``warmup`` optimizer steps (the catalogue's rule: :func:`first_counted_step`)."""
     if len(steps) == 0:
         return steps.astype(bool)
-    base = 0 if int(steps.min()) == 0 else 1
-    return steps >= base + warmup
+    return steps >= first_counted_step(int(steps.min()), warmup)
 
 
 def tokens_per_step(run: RunData) -> float | None:
@@ -123,10 +144,13 @@ def compute_run_stats(run: RunData, *, include_overlapped: bool = False) -> dict
     st["warmup_used_all"] = False
 
     def post(key: str) -> Any:
-        """The key's values after warm-up (every value when warm-up took them all: a short run)."""
+        """The key's values after warm-up (every value when warm-up took them all: a short run), for the
+        metrics whose warm-up is a spike (:mod:`dstui.core.metric_catalogue`); every value for the others."""
         if key not in run.history:
             return None
         steps, values = run.history[key]
+        if not skips_warmup(key):
+            return values
         mask = post_warmup_mask(steps, warmup)
         if not mask.any() and len(values):
             st["warmup_used_all"] = True
@@ -299,7 +323,7 @@ class ConditionStats:
         }
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
+def finite_mean(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return sum(vals) / len(vals) if vals else None
 
@@ -344,8 +368,8 @@ def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
             cs.iter_time_mean = float(allv.mean())
             cs.iter_time_std = float(allv.std(ddof=1)) if len(allv) > 1 else 0.0
         else:
-            cs.iter_time_mean = _mean(r.stats.get("iter_time_mean") for r in usable)
-            cs.iter_time_std = _mean(r.stats.get("iter_time_std") for r in usable)
+            cs.iter_time_mean = finite_mean(r.stats.get("iter_time_mean") for r in usable)
+            cs.iter_time_std = finite_mean(r.stats.get("iter_time_std") for r in usable)
         run_means = [r.stats["iter_time_mean"] for r in usable if r.stats.get("iter_time_mean") is not None]
         if len(run_means) > 1:
             cs.iter_time_repeat_std = float(np.std(run_means, ddof=1))
@@ -353,12 +377,12 @@ def condition_stats(runs: Sequence[RunData]) -> list[ConditionStats]:
         cs.tokens_per_s_derived = any(r.stats.get("tokens_per_s_derived") for r in usable)
         cs.mfu_mean = pooled_rate((r.stats.get("mfu_mean"), r.stats.get("mfu_points")) for r in usable)
         cs.tflops_per_gpu_mean = pooled_rate((r.stats.get("tflops_per_gpu_mean"), r.stats.get("tflops_per_gpu_points")) for r in usable)
-        cs.mem_peak_max = _mean(r.stats.get("mem_peak_max") for r in usable)
-        cs.final_loss = _mean(r.stats.get("final_loss") for r in usable)
+        cs.mem_peak_max = finite_mean(r.stats.get("mem_peak_max") for r in usable)
+        cs.final_loss = finite_mean(r.stats.get("final_loss") for r in usable)
         best = [r.stats["min_loss"] for r in usable if r.stats.get("min_loss") is not None]
         cs.min_loss = min(best) if best else None
-        cs.mem_alloc_max = _mean(r.stats.get("mem_alloc_max") for r in usable)
-        cs.compile_time = _mean(r.stats.get("compile_time") for r in usable)
+        cs.mem_alloc_max = finite_mean(r.stats.get("mem_alloc_max") for r in usable)
+        cs.compile_time = finite_mean(r.stats.get("compile_time") for r in usable)
         cs.outliers = sum(len(r.stats.get("outlier_steps", [])) for r in usable)
         cs.n_overlapped = sum(1 for r in usable if r.stats.get("overlapped"))
         cs.n_timings_left_out = sum(1 for r in usable if r.stats.get("timings_left_out"))

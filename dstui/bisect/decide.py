@@ -36,10 +36,11 @@ from dataclasses import dataclass
 
 from dstui.analysis.revision_compare import Comparison, RunSample, compare, mean_curve
 from dstui.bisect.search import BAD, GOOD, SKIP
+from dstui.core.metric_catalogue import BISECT, names_in
 
 UNDECIDED = "undecided"
 VERDICT = "verdict"
-METRICS = ("iter_time", "loss", "mem_peak", VERDICT)  # and any recorded metric, see is_recorded
+METRICS = (*names_in(BISECT), VERDICT)  # and any recorded metric, see is_recorded
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
 BASE, CANDIDATE = "good", "candidate"
 

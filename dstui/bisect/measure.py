@@ -20,12 +20,16 @@ from typing import Any
 
 from dstui.bisect.releases import PYPI_PREFIX, is_release_key
 from dstui.bisect.store import CommitRecord, Store
-from dstui.core import paths
+from dstui.core import paths, run_status
 from dstui.core.errors import DstuiError
-from dstui.core.records import read_records
+from dstui.core.metric_catalogue import first_counted_step, warmup_count
+from dstui.core.record_file import read_records
+from dstui.core.run_status import RunStatus
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.revisions import envs
-from dstui.spec.models import ExperimentSpec, Revision, RunSpec, Settings
+from dstui.revisions.resolved import ResolvedRevision
+from dstui.spec.experiment import ExperimentSpec, Revision, RunSpec
+from dstui.spec.settings import Settings
 from dstui.usecases import launch, watch
 from dstui.usecases.options import LaunchOptions
 
@@ -56,29 +60,29 @@ def _check(records: list[dict[str, Any]]) -> dict[str, Any]:
 def run_sample(rd: RunDir, batch_id: str) -> dict[str, Any]:
     """One finished run as ``dstui compare`` sees it: post-warm-up mean iteration time, peak, loss curve.
 
-    Warm-up is the condition's ``warmup_steps`` counted from the first logged
-    step, the rule of :func:`dstui.analysis.runs.post_warmup_mask`. A run
+    Warm-up is the condition's ``warmup_steps``, counted as every face counts it
+    (:func:`dstui.core.metric_catalogue.first_counted_step`). A run
     whose check FAILed (a verify run exits 1) but trained every step is
     usable: its loss and times are as real as a PASSing run's.
     """
     records = read_records(rd.metrics_file)
     steps = [r for r in records if r.get("type") == "step" and "step" in r]
-    warmup = int(rd.settings().get("warmup_steps", 0))
-    first = min((int(r["step"]) for r in steps), default=1)
-    timed = [float(r["iter_time"]) for r in steps if int(r["step"]) >= first + warmup and r.get("iter_time") is not None]
+    warmup = warmup_count(rd.settings().get("warmup_steps")) or 0
+    counted = first_counted_step(min((int(r["step"]) for r in steps), default=1), warmup)
+    timed = [float(r["iter_time"]) for r in steps if int(r["step"]) >= counted and r.get("iter_time") is not None]
     if not timed:
         timed = [float(r["iter_time"]) for r in steps if r.get("iter_time") is not None]
     peaks = [float(r["mem_peak"]) for r in steps if r.get("mem_peak") is not None]
-    st = rd.status()
+    st = RunStatus.of(rd)
     check = _check(records)
-    complete = bool(steps) and st.get("steps_total") is not None and st.get("steps_done") == st.get("steps_total")
+    complete = bool(steps) and st.steps_total is not None and st.steps_done == st.steps_total
     return {
         "run": rd.name,
         "batch": batch_id,
         "state": st.get("state"),
-        "reason": st.get("reason"),
-        "mlflow_run_id": st.get("mlflow_run_id"),
-        "usable": st.get("state") == "done" or (check.get("verdict") == "FAIL" and complete),
+        "reason": st.reason,
+        "mlflow_run_id": st.mlflow_run_id,
+        "usable": st.state == run_status.DONE or (check.get("verdict") == "FAIL" and complete),
         "iter_time_mean": statistics.fmean(timed) if timed else None,
         "mem_peak": max(peaks) if peaks else None,
         "loss": {str(int(r["step"])): float(r["loss"]) for r in steps if r.get("loss") is not None},
@@ -154,7 +158,7 @@ class Measurer:
         found = [recorded_series(self.records(s), metric) for s in rec.samples if s.get("usable")]
         return [f for f in found if f]
 
-    def environment(self, rec: CommitRecord) -> envs.ResolvedRevision | None:
+    def environment(self, rec: CommitRecord) -> ResolvedRevision | None:
         """The commit's env (built once, then cached); None when it does not build (-> skip)."""
         if rec.build == "failed":
             return None

@@ -15,7 +15,6 @@ from typing import Any
 
 from dstui.bisect import report
 from dstui.bisect.decide import (
-    BAD,
     UNDECIDED,
     VERDICT,
     Decision,
@@ -26,7 +25,7 @@ from dstui.bisect.decide import (
     verdict_decision,
 )
 from dstui.bisect.measure import Measurer, recorded_fields
-from dstui.bisect.search import SKIP, Conclusion, conclude, next_index, path, tests_left
+from dstui.bisect.search import BAD, SKIP, Conclusion, conclude, next_index, path, tests_left
 from dstui.bisect.store import CommitRecord, write_progress
 from dstui.core.errors import DstuiError
 from dstui.revisions.history import Commit

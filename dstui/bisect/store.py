@@ -27,10 +27,9 @@ from typing import Any
 
 from dstui.analysis.revision_compare import RunSample
 from dstui.core.rundir import read_json, write_json_atomic
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 PROGRESS = "progress.json"
-REPORT = "report.md"
 
 
 def settings_key(settings: Settings) -> str:

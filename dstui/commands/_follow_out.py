@@ -14,8 +14,8 @@ from typing import Any
 from dstui.commands import _machine, _tables
 from dstui.commands._records import batch_record, run_record
 from dstui.core import exit_codes, startup_trace, terminal
+from dstui.core.credential_text import strip_credentials
 from dstui.core.rundir import BatchDir, RunDir
-from dstui.core.secrets import strip_credentials
 
 
 class FollowOutput:

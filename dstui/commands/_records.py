@@ -10,56 +10,57 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dstui.core import exit_codes, paths
+from dstui.core import exit_codes, paths, run_status
+from dstui.core.metric_catalogue import STATUS_KEYS
+from dstui.core.run_status import RunStatus
 from dstui.core.rundir import BatchDir, RunDir
 
 FAILED_STATES = ("failed", "killed")  # what makes an exit status 1 (skipped = predicted OOM, by choice)
-_LAST_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak")
 # what `dstui list` shows of a planned run's settings (the whole spec is in the run folder once launched)
 _PLAN_SETTINGS = ("model", "zero_stage", "offload", "offload_params", "compile", "deepcompile", "dtype",
                   "micro_batch", "seq_length", "grad_accum", "gpus", "nodes")  # fmt: skip
 
 
-def reason_of(st: dict[str, Any]) -> str | None:
+def reason_of(st: dict[str, Any] | RunStatus) -> str | None:
     """The run's reason, whole: its own, else a divergence guard's message."""
     reason = st.get("reason") or (st.get("diverged") or {}).get("message")
     return str(reason) if reason else None
 
 
-def eta_s(st: dict[str, Any], now: float | None = None) -> float | None:
+def eta_s(st: dict[str, Any] | RunStatus, now: float | None = None) -> float | None:
     """Seconds left of a running run from its progress so far; None when unknown."""
-    done, total, started = st.get("steps_done") or 0, st.get("steps_total") or 0, st.get("started")
-    if st.get("state") != "running" or not started or not done or not total:
+    s = st if isinstance(st, RunStatus) else RunStatus.from_dict(st)
+    done, total, started = s.steps_done or 0, s.steps_total or 0, s.started
+    if s.state != run_status.RUNNING or not started or not done or not total:
         return None
     return max(0.0, ((now or time.time()) - started) / done * (total - done))
 
 
 def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run as `--json` prints it (status.json's facts, named for scripts)."""
-    st = rd.status() if st is None else st
-    last = st.get("last") or {}
+    s = RunStatus.of(rd) if st is None else RunStatus.from_dict(st)
     return {
         "batch": rd.batch.id,
         "run": rd.name,
-        "state": st.get("state", "unknown"),
-        "step": st.get("steps_done") or 0,
-        "steps_total": st.get("steps_total"),
-        "reason": reason_of(st),
-        "phase": st.get("phase"),
-        "verdict": st.get("verdict"),
-        "evidence": st.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
-        "condition": st.get("condition"),
-        "revision": st.get("revision"),
-        "repeat": st.get("repeat"),
-        "attempt": st.get("attempt", 1),
-        "started": st.get("started"),
-        "ended": st.get("ended"),
-        "eta_s": eta_s(st),
-        **{k: last.get(k) for k in _LAST_KEYS},
-        "gpus": st.get("gpu_slice"),
-        "job_id": st.get("job_id"),
-        "nodes": st.get("nodes"),
-        "mlflow_run_id": st.get("mlflow_run_id"),
+        "state": s.state,
+        "step": s.steps_done or 0,
+        "steps_total": s.steps_total,
+        "reason": reason_of(s),
+        "phase": s.phase,
+        "verdict": s.verdict,
+        "evidence": s.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
+        "condition": s.condition,
+        "revision": s.revision,
+        "repeat": s.get("repeat"),
+        "attempt": s.attempt,
+        "started": s.started,
+        "ended": s.ended,
+        "eta_s": eta_s(s),
+        **{k: s.last.get(k) for k in STATUS_KEYS},
+        "gpus": s.get("gpu_slice"),
+        "job_id": s.job_id,
+        "nodes": s.get("nodes"),
+        "mlflow_run_id": s.mlflow_run_id,
         "path": str(rd.path),
     }
 

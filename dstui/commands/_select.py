@@ -19,12 +19,6 @@ from dstui.core import paths
 from dstui.core.errors import NotFound
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 
-_GLOB = set("*?[")
-
-
-def is_pattern(text: str) -> bool:
-    return bool(_GLOB & set(text))
-
 
 def _match(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)

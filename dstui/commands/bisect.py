@@ -22,7 +22,7 @@ from dstui.core.errors import DstuiError, SpecError
 
 if TYPE_CHECKING:
     from dstui.revisions.history import Commit
-    from dstui.spec.models import Settings
+    from dstui.spec.settings import Settings
 
 EPILOG = """\
 How a tested commit (or release) is judged, by --metric:

@@ -9,7 +9,7 @@ import sys
 
 from dstui.commands import _argtypes
 from dstui.core import paths
-from dstui.core.secrets import strip_credentials
+from dstui.core.credential_text import strip_credentials
 from dstui.tracking import chart_view, sqlite_store
 from dstui.tracking import client as tracking
 

@@ -19,7 +19,7 @@ the highest one of its attempt so far is a repeat too, counted and never sent (i
 stored 30 steps twice).
 
 The supervisor (:mod:`dstui.execute.ingest`, state saved in ``ingest.json``) and every
-reader of a finished file (:func:`dstui.core.records.read_records`) and the TUI's live
+reader of a finished file (:func:`dstui.core.record_file.read_records`) and the TUI's live
 series apply the same rule, so they read what MLflow holds.
 """
 

@@ -19,7 +19,6 @@ from dstui.core.errors import DstuiError, SpecError
 
 MAX_LEN = 100
 ALLOWED = "letters A-Z a-z, digits, '.', '_', '+', '=', '-'"
-_OK = re.compile(r"[A-Za-z0-9._+=-]+")
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9._+=-]")
 
 

@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dstui.core.records import PHASES, SUMMARY, read_records
+from dstui.core.record_file import read_records
+from dstui.core.records import PHASES, SUMMARY
 from dstui.core.rundir import FINAL_STATES, RunDir, read_json
 
 SEGMENTS = ("launch", "imports", "init", "compile", "steps", "teardown")

@@ -421,22 +421,3 @@ class Follower:
             self.bad(example(chunk[:EXAMPLE_CHARS].decode("utf-8", "replace"), f"line longer than {max_bytes} bytes skipped"))
         self.offset, self.skipping = to, not final
         return []
-
-
-def read_records(path: str | Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
-    """All records of a finished file (used by reports, import and tests), as MLflow has them:
-    a later attempt's repeats of steps an earlier attempt logged are left out, and so are the
-    ``attempt`` records themselves (:class:`dstui.core.attempt_steps.AttemptSteps`)."""
-    from dstui.core.attempt_steps import AttemptSteps
-
-    parse = line_parser(fmt)
-    steps = AttemptSteps()
-    out = []
-    try:  # the run's file: never through a link, lines bounded (dstui.core.run_files)
-        for raw in run_files.iter_lines(path, MAX_LINE_BYTES):
-            rec = parse(raw.decode("utf-8", "replace"))
-            if rec is not None and steps.keep(rec):
-                out.append(rec)
-    except (FileNotFoundError, run_files.NotRegular):
-        return []
-    return out

@@ -113,15 +113,6 @@ def next_data(fd: int, offset: int, size: int) -> int:
         return offset
 
 
-def read_head(path: str | os.PathLike[str], limit: int) -> bytes:
-    """At most ``limit`` bytes from the start of a regular file (:class:`NotRegular` otherwise)."""
-    fd = open_regular(path)
-    try:
-        return _read(fd, limit)
-    finally:
-        os.close(fd)
-
-
 def read_small(path: str | os.PathLike[str], limit: int) -> bytes | None:
     """The whole of a regular file of at most ``limit`` bytes, None when it is larger (nothing read then)."""
     fd = open_regular(path)

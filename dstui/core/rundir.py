@@ -76,6 +76,20 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def merge_status(rd: RunDir, fields: dict[str, Any]) -> dict[str, Any]:
+    """status.json with ``fields`` merged in, written whole (atomically); the new status.
+
+    The one writer of the file: :meth:`RunDir.update_status` for any field but the state,
+    :mod:`dstui.core.run_status`'s transitions for the state (tests/unit/test_architecture.py
+    holds every other module to those two).
+    """
+    st = rd.status()
+    st.update(fields)
+    st["updated"] = time.time()
+    write_json_atomic(rd.status_file, st)
+    return st
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path
@@ -147,11 +161,10 @@ class RunDir:
         return read_json(self.status_file, {}) or {}
 
     def update_status(self, **fields: Any) -> dict[str, Any]:
-        st = self.status()
-        st.update(fields)
-        st["updated"] = time.time()
-        write_json_atomic(self.status_file, st)
-        return st
+        """Merge fields into status.json; a state changes only through :mod:`dstui.core.run_status`."""
+        if "state" in fields:
+            raise ValueError("a run's state changes through dstui.core.run_status's transitions, not update_status")
+        return merge_status(self, fields)
 
     @property
     def state(self) -> str:

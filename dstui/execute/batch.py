@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstui.core import names, paths, startup_trace
+from dstui.core import names, paths, run_status, startup_trace
 from dstui.core.errors import DstuiError, LockHeld, SpecError
 from dstui.core.rundir import (
     FINAL_STATES,
@@ -30,8 +30,9 @@ from dstui.core.rundir import (
 from dstui.execute import backends, creation, guard_watch, launch, preflight
 from dstui.execute.batch_lock import BatchLock
 from dstui.spec import dsconfig
-from dstui.spec.loading import naming_file
-from dstui.spec.models import ExperimentSpec, RunSpec, expand, load_spec, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.experiment import ExperimentSpec, RunSpec
+from dstui.spec.loading import load_spec, naming_file, parse_spec
 
 log = logging.getLogger("dstui.execute.batch")
 
@@ -146,13 +147,12 @@ def reset_run(rd: RunDir, *, gone: str | None = None) -> None:
     kept = RunDir(keep)
     old = kept.status()
     if old.get("state") not in FINAL_STATES:
-        old = kept.update_status(state="failed", reason=gone or "ended unrecorded", ended=time.time())
+        old = dict(run_status.ended(kept, run_status.FAILED, gone or "ended unrecorded").raw)
     earlier = [*(old.get(EARLIER_ATTEMPTS) or []), earlier_attempt(rd, old)]
-    rd.update_status(
-        **{k: old.get(k) for k in ("name", "condition", "revision", "repeat", "key", "order", "steps_total")},
-        state="queued",
-        steps_done=0,
+    run_status.requeued(
+        rd,
         attempt=n + 1,
+        **{k: old.get(k) for k in ("name", "condition", "revision", "repeat", "key", "order", "steps_total")},
         **{EARLIER_ATTEMPTS: earlier},
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from dstui.core import run_status
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.execute import backends
@@ -49,4 +50,4 @@ def request_cancel(rd: RunDir) -> None:
             log.warning("%s: %s", rd.name, e)
         return
     if st.get("state") == "queued" and not is_supervised(rd.batch):  # else the supervisor sees it before launching
-        rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+        run_status.cancelled_before_start(rd)

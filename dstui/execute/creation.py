@@ -33,10 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dstui.core import names, paths
+from dstui.core import names, paths, run_status
+from dstui.core.credential_text import strip_credentials
 from dstui.core.errors import DstuiError, LockHeld
 from dstui.core.rundir import BATCH_FILE, BatchDir, RunDir, list_batches, write_json_atomic
-from dstui.core.secrets import prune_private, redact, strip_credentials
+from dstui.core.secrets import prune_private, redact
 from dstui.execute import backends, launch
 from dstui.execute.batch_lock import BatchLock, is_supervised
 
@@ -159,7 +160,7 @@ def settle(batch: BatchDir, *, locked: bool = False) -> str | None:
     for name in missing:
         rd = RunDir(batch.path / name)
         rd.path.mkdir(exist_ok=True)
-        rd.update_status(name=name, state="failed", reason=NEVER_CREATED, steps_done=0, ended=now)
+        run_status.ended(rd, run_status.FAILED, NEVER_CREATED, name=name, steps_done=0, ended=now)
     note = None
     if missing:
         spec = info.get("spec_path") or "SPEC"

@@ -146,7 +146,7 @@ class RunFollower:
         rd.update_status(header={k: rec.get(k) for k in ("device", "gpu_name", "gpu_count", "world_size", "hostname", "versions")})
         rev = rd.spec().get("revision_info") or {}
         if rev and rd.settings().get("kind") != "command":
-            from dstui.revisions.envs import ResolvedRevision, check_reported_version
+            from dstui.revisions.resolved import ResolvedRevision, check_reported_version
 
             mismatch = check_reported_version(ResolvedRevision.from_dict(rev), rec)
             if mismatch:

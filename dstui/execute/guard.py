@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-STOP_ON = ("nan", "divergence")
-
 
 @dataclass(frozen=True)
 class GuardConfig:

@@ -26,7 +26,7 @@ from dstui.core.errors import SpecError
 from dstui.core.records import STEP, Follower, parse_json_line, parse_seed_line
 from dstui.core.rundir import ACTIVE_STATES, FINAL_STATES, BatchDir, RunDir
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig
-from dstui.spec.models import ExperimentSpec, RunSpec
+from dstui.spec.experiment import ExperimentSpec, RunSpec
 from dstui.tracking import tags as tag_keys
 
 

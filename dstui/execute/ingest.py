@@ -29,6 +29,7 @@ from typing import Any
 
 from dstui.core import run_files, verdicts
 from dstui.core.attempt_steps import AttemptSteps
+from dstui.core.metric_catalogue import STATUS_KEYS
 from dstui.core.metric_names import MetricNames
 from dstui.core.records import (
     ATTEMPT,
@@ -178,7 +179,7 @@ def read_points(
                 points.extend((key, value, ts, step) for key, value in values.items())
             steps_done = step
             step_times.append(own_ts / 1000 if own_ts else time.time())
-            last = {k: values.get(k) for k in ("loss", "iter_time", "tokens_per_s", "mem_peak")}
+            last = {k: values.get(k) for k in STATUS_KEYS}
         elif rec["type"] == SUMMARY:
             ts = own_ts or stable_ts(rd, 0)
             # step 0: one value a run, drawn by MLflow as a bar

@@ -18,21 +18,19 @@ import sys
 import time
 from pathlib import Path
 
-from dstui.core import names, paths, proc_identity, secrets, shm
+from dstui.core import names, paths, proc_identity, run_status, secrets, shm
+from dstui.core.credential_text import MASK
 from dstui.core.paths import RUNNERS_DIR
 from dstui.core.rundir import PRIVATE_SPEC_FILE, RunDir, read_json, write_json_atomic
 from dstui.execute import bytecode, cwd_link, process_group
 from dstui.spec import flags
-from dstui.spec.models import RunSpec, Settings
+from dstui.spec.experiment import RunSpec
+from dstui.spec.settings import Settings
 
 # The settings a bundled runner takes (as --dash-form flags) are declared on the Settings
 # model; dstui.spec.flags turns them into its argv.
 RUNNER_SCRIPTS = {"train": RUNNERS_DIR / "train.py", "verify": RUNNERS_DIR / "compare_loss.py"}
 
-# Kept here for callers that import them from launch; the rule lives in core.secrets.
-SECRET_MARKERS = secrets.SECRET_MARKERS
-is_secret = secrets.is_secret
-redact = secrets.redact
 
 
 _HANDED_OUT: set[int] = set()
@@ -253,17 +251,8 @@ def prepare(batch_path: Path, run: RunSpec, ds_config: dict, *, revision: dict |
     secrets.keep_private(rd.path, spec if shown != spec else None)
     write_json_atomic(rd.ds_config_file, ds_config)
     if not rd.status_file.exists():
-        rd.update_status(
-            name=run.name,
-            condition=run.condition,
-            revision=run.revision,
-            repeat=run.repeat,
-            key=run.key,
-            order=run.order,
-            state="queued",
-            steps_total=run.settings.steps,
-            steps_done=0,
-        )
+        run_status.queued(rd, name=run.name, condition=run.condition, revision=run.revision, repeat=run.repeat,
+                          key=run.key, order=run.order, steps_total=run.settings.steps)  # fmt: skip
     return rd
 
 
@@ -280,7 +269,7 @@ class PrivateValuesMissing(OSError):
 
 
 def check_real_env(run: RunSpec, rd: RunDir) -> None:
-    masked = sorted(n for n, v in run.settings.env.items() if v == secrets.MASK)
+    masked = sorted(n for n, v in run.settings.env.items() if v == MASK)
     if masked:
         raise PrivateValuesMissing(
             f"the real values of env {', '.join(masked)} are gone ({rd.private_spec_file} is missing); "
@@ -352,8 +341,8 @@ def start(
             close_fds=True,
             umask=secrets.user_umask(),  # dstui's files are private; the job's are as its user wants
         )
-    rd.update_status(
-        state="running",
+    run_status.running(
+        rd,
         # the leader's start and the boot beside its number: signals reach the job, never a newcomer
         **process_group.record(proc.pid, token),
         started=time.time(),

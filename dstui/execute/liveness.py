@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from dstui.core import failures, verdicts
+from dstui.core import failures, run_status, verdicts
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import guard_watch
 from dstui.execute.ingest import Tracked
@@ -129,9 +129,9 @@ def settle(rd: RunDir, exit_info: dict) -> None:
         cancelled=rd.cancel_file.exists(),
         log_tail=lambda: rd.log_tail(16384),
     )
-    fields["ended"] = time.time()
-    rd.update_status(**fields)
-    log.info("%s ended: %s %s", rd.name, fields["state"], fields.get("reason") or "")
+    state, reason = fields.pop("state"), fields.pop("reason", None)
+    run_status.ended(rd, state, reason, **fields)
+    log.info("%s ended: %s %s", rd.name, state, reason or "")
     # killed or crashed ranks never unlink DeepSpeed's /dev/shm buffers: do it for them
     from dstui.core import shm
 

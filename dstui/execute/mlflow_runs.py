@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from dstui.core.run_status import RunStatus
 from dstui.core.rundir import RunDir, read_json
 from dstui.execute import mlflow_params
 from dstui.execute.store import StoreConnection
@@ -53,7 +54,7 @@ def earlier_attempt(rd: RunDir, old: dict[str, Any]) -> dict[str, Any]:
 
 def start_of(st: dict[str, Any]) -> float | None:
     """When an attempt's MLflow run starts: its launch; one that never started starts (and ends) where it ended."""
-    return st.get("starting") or st.get("started") or st.get("ended")
+    return RunStatus.from_dict(st).began
 
 
 class MlflowRuns(StoreConnection):
@@ -129,7 +130,7 @@ class MlflowRuns(StoreConnection):
         extra: dict[str, Any] = {tag_keys.ORDER: spec.get("order"), tag_keys.RUN_KEY: spec.get("key")}
         rev = spec.get("revision_info") or {}
         if rev:
-            from dstui.revisions.envs import ResolvedRevision
+            from dstui.revisions.resolved import ResolvedRevision
 
             extra.update(ResolvedRevision.from_dict(rev).mlflow_tags())
         run = layout.ChildRun(

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dstui.core.metric_catalogue import first_counted_step, warmup_count
 from dstui.core.rundir import FINAL_STATES, RunDir
 from dstui.execute.gpu_ledger import Ended, Holder
 from dstui.tracking import tags as tag_keys
@@ -77,7 +78,7 @@ def record(
         n = _int(host.get("samples"))
         host = {"mean": (float(host.get("mean") or 0.0) * n + load) / (n + 1), "max": max(float(host.get("max") or 0.0), load),
                 "samples": n + 1, "cores": cores}  # fmt: skip
-    warmup = _int(rd.settings().get("warmup_steps"))
+    warmup = warmup_count(rd.settings().get("warmup_steps")) or 0
     summary = summarize(beside, timeline, host, warmup=warmup, total=_int(st.get("steps_total")), steps_now=steps)
     return {BESIDE: beside, TIMELINE: timeline, HOST_LOAD: host, OVERLAP: {**summary.as_status(), "warmup": warmup}}
 
@@ -133,7 +134,7 @@ def summarize(
     for e in beside.values():
         names.setdefault(str(e.get("batch", "?")), []).append(str(e.get("run", "?")))
     steps = (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
-    timed = any(last > warmup for _, last in ranges)
+    timed = any(last >= first_counted_step(1, warmup) for _, last in ranges)  # the runners count steps from 1
     load = _load_text(host)
     if not beside:
         return Summary(False, None, "no other run beside it" + (f"; {load}" if load else ""))

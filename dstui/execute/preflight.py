@@ -22,7 +22,7 @@ from pathlib import Path
 from dstui.core import ds_answers, model_folder
 from dstui.core.errors import SpecError
 from dstui.core.paths import CONFIGS_DIR
-from dstui.spec.models import RunSpec
+from dstui.spec.experiment import RunSpec
 
 MODELS_DIR = CONFIGS_DIR / "models"
 HUB_TIMEOUT_S = 5.0

@@ -24,10 +24,10 @@ from dstui.core.rundir import BatchDir
 from dstui.execute import guard_watch, mlflow_params
 from dstui.execute.ingest import Point, Tracked
 from dstui.execute.mlflow_runs import MlflowRuns, refused
-from dstui.execute.store import forget_sqlite_store, resolve_uri, sqlite_path  # noqa: F401 - re-exported
 from dstui.tracking import client as tracking
 from dstui.tracking import layout
 from dstui.tracking import tags as tag_keys
+from dstui.tracking.sqlite_store import sqlite_path  # noqa: F401 - re-exported
 
 log = logging.getLogger("dstui.execute.supervisor")
 

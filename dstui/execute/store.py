@@ -17,8 +17,8 @@ import os
 import time
 from typing import Any
 
+from dstui.core.credential_text import strip_credentials
 from dstui.core.rundir import BatchDir
-from dstui.core.secrets import strip_credentials
 from dstui.tracking import client as tracking
 from dstui.tracking import sqlite_store
 from dstui.tracking.sqlite_store import StoreBroken, sqlite_path  # noqa: F401 - sqlite_path re-exported (sink)
@@ -140,7 +140,7 @@ def _file_id(uri: str | None) -> tuple[int, int] | None:
 def forget_sqlite_store(uri: str | None) -> None:
     """Drop MLflow's cached engine for a store (it would go on writing to a deleted file)."""
     sqlite_store.forget(uri)
-    tracking._WAL_DONE.discard(uri or "")
+    tracking.forget_wal(uri)
 
 
 def resolve_uri(recorded: str | None) -> str | None:

@@ -30,16 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dstui.core import secrets, startup_trace
+from dstui.core import run_status, secrets, startup_trace
 from dstui.core.errors import LockHeld
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import backends, creation, live_phase
 from dstui.execute.batch_lock import BatchLock
-from dstui.execute.control import (  # noqa: F401 - the supervisor's public face
-    is_supervised,
-    request_cancel,
-    spawn,
-)
 from dstui.execute.follow import RunFollower
 from dstui.execute.injob import standby
 from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
@@ -181,7 +176,7 @@ class Supervisor:
         f = self.follower
         queued = [rd for rd in runs if rd.state == "queued" and not f.live(rd.status())]
         for rd in [rd for rd in queued if rd.cancel_file.exists()]:
-            rd.update_status(state="killed", reason="cancelled before start", ended=time.time())
+            run_status.cancelled_before_start(rd)
             queued.remove(rd)
         if queued:
             active = [r for r in runs if f.live(r.status())]

@@ -1,6 +1,6 @@
 """PNG charts for reports (matplotlib, Agg backend, imported on first use).
 
-Each function takes numbers computed in :mod:`dstui.analysis.runs` and writes one
+Each function takes numbers computed in :mod:`dstui.analysis.stats` and writes one
 file. Choices made so that charts stay legible with many conditions and long
 labels: horizontal bars (labels read left to right, never rotated), value
 labels at the bar ends, legends outside the plotting area, units in every axis
@@ -22,7 +22,7 @@ MAX_POINTS = 2000
 MAX_LABEL = 48
 
 
-def _plt() -> Any:
+def agg_pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -34,7 +34,7 @@ def _plt() -> Any:
 def save(fig: Any, path: Path) -> Path:
     """Write the figure as PNG and free it (every chart ends here)."""
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
+    agg_pyplot().close(fig)
     return path
 
 
@@ -132,7 +132,7 @@ def loss_figure(
     """
     import numpy as np
 
-    plt = _plt()
+    plt = agg_pyplot()
     base = next((s for s in series if s[0] == baseline), None) if baseline else None
     diffed = [s for s in series if s[0] != baseline and (comparable is None or s[0] in comparable)]
     with_diff = base is not None and bool(diffed)
@@ -223,7 +223,7 @@ def hbars_figure(
     value_fmt: Any = fmt_num,
 ) -> Any:
     """The horizontal bar chart as a matplotlib Figure (see :func:`hbars`)."""
-    plt = _plt()
+    plt = agg_pyplot()
     n = len(labels)
     fig, ax = plt.subplots(figsize=(10, max(2.2, 0.45 * n + 1.3)))
     ys = list(range(n))[::-1]
@@ -311,7 +311,7 @@ def tradeoff_figure(
     instead of at opposite corners; a time axis never starts below zero.
     Conditions whose markers coincide share one label ("z1, z2").
     """
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     xspan = max((p[1] for p in points), default=1.0) * 1.3 or 1.0
     yspan = max((p[2] for p in points), default=1.0) * 1.15 or 1.0
@@ -371,7 +371,7 @@ def iter_time_figure(
     import matplotlib.ticker as mticker
     import numpy as np
 
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(10, 5))
     cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
     marked = False

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dstui.report.charts import _plt, log_span, save, short_label
+from dstui.report.charts import agg_pyplot, log_span, save, short_label
 
 
 def ratio_intervals(rows: Sequence[tuple[str, float, float | None, float | None, str]], path: Path) -> Path:
@@ -26,7 +26,7 @@ def ratio_intervals(rows: Sequence[tuple[str, float, float | None, float | None,
 
 def ratio_figure(rows: Sequence[tuple[str, float, float | None, float | None, str]]) -> Any:
     """The ratio chart as a matplotlib Figure: the axis holds 1.0 (no change) and never goes below 0."""
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * len(rows)))
     ys = list(range(len(rows)))[::-1]
     for y, (_label, ratio, lo, hi, note) in zip(ys, rows, strict=True):
@@ -84,7 +84,7 @@ def step_differences_figure(
     """The per-step differences chart as a matplotlib Figure (see :func:`step_differences`)."""
     import numpy as np
 
-    plt = _plt()
+    plt = agg_pyplot()
     keys = [(k, t) for k, t in _DIFF_KEYS if any(k in h for _, h, _ in series)]
     fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.6 * len(keys) + 0.8), sharex=True, squeeze=False)
     cmap = plt.get_cmap("tab10")

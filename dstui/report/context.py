@@ -18,7 +18,6 @@ from dstui.analysis import phases, speed
 from dstui.analysis.checks import CheckResult, check_of, sp_check_runs
 from dstui.analysis.forecast_check import forecast_vs_measured
 from dstui.analysis.grids import grids, wants_grid
-from dstui.analysis.parity import FP32_TOLERANCE
 from dstui.analysis.results import Results
 from dstui.analysis.sequence_parallel import SpRow, sp_rows
 from dstui.analysis.stats import ConditionStats
@@ -27,8 +26,6 @@ from dstui.analysis.tuning import from_parents as tuning_of
 from dstui.report import charts
 from dstui.tracking import layout
 from dstui.tracking import tags as tag_keys
-
-DEFAULT_TOLERANCE = FP32_TOLERANCE
 
 
 @dataclass

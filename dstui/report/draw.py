@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dstui.analysis import runs as an
 from dstui.analysis import speed
+from dstui.analysis.grids import pareto
+from dstui.analysis.stats import loss_band
 from dstui.report import charts, charts_checks, charts_tuning, phases_chart
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import marker
@@ -16,7 +17,7 @@ def draw(ctx: ReportContext, out: Path) -> None:
     markers = [marker(c) for c in ctx.train]
     bands = []
     for c in ctx.train:
-        band = an.loss_band(c)
+        band = loss_band(c)
         if band is not None:
             bands.append((c.label, *band))
     if bands:
@@ -63,7 +64,7 @@ def draw(ctx: ReportContext, out: Path) -> None:
         if v is not None and c.mem_peak_gb is not None:
             pts.append((c.label, v if tokens else v * ctx.scale, c.mem_peak_gb))
     if len(pts) >= 2:
-        front = [c.label for c in an.pareto(ctx.train, ctx.speed_basis)]
+        front = [c.label for c in pareto(ctx.train, ctx.speed_basis)]
         ctx.images["tradeoff"] = charts.tradeoff(
             pts, front, out / "tradeoff.png", higher_is_faster=tokens,
             time_label="throughput (tokens/s, all ranks; higher is faster)" if tokens

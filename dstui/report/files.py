@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dstui.analysis import runs as an
-from dstui.analysis.runs import GB, ConditionStats, Parity, RunData
-from dstui.core.secrets import strip_credentials
+from dstui.analysis.parity import Parity
+from dstui.analysis.rundata import GB, OUTLIER_FACTOR, RunData
+from dstui.analysis.stats import ConditionStats
+from dstui.core.credential_text import strip_credentials
 
 if TYPE_CHECKING:  # pragma: no cover
     from dstui.report.context import ReportContext
@@ -136,7 +137,7 @@ def write_json(path: Path, ctx: ReportContext) -> None:
             "iteration": "one optimizer step (grad_accum micro-batches)",
             "warmup": "first warmup_steps optimizer steps of each run excluded from statistics",
             "iter_time_std": "sample standard deviation (n-1) over pooled post-warm-up iterations",
-            "outlier": f"post-warm-up iteration > {an.OUTLIER_FACTOR:g} x run median",
+            "outlier": f"post-warm-up iteration > {OUTLIER_FACTOR:g} x run median",
             "parity": "max over common steps of |mean loss - baseline mean loss| <= tolerance",
             "memory_unit": "bytes in histories and stats; GiB = 2^30 bytes in tables (columns *_gb are GiB)",
         },

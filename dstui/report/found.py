@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dstui.analysis import runs as an
+from dstui.analysis import fetch
 from dstui.analysis.rundata import ReportError, RunData
 from dstui.core.errors import NotFound
 from dstui.tracking import client as tracking
@@ -34,9 +34,9 @@ def fetch_runs(
     if client.get_experiment_by_name(experiment) is None:
         raise NothingFound(f"no MLflow experiment named '{experiment}'")
     if batch and not run_ids and tracking.literal(batch) is None:
-        return an.fetch_runs(client, experiment, batch=batch, run_ids=run_ids)
+        return fetch.fetch_runs(client, experiment, batch=batch, run_ids=run_ids)
     try:
-        return an.fetch_runs(client, experiment, batch=batch, run_ids=run_ids)
+        return fetch.fetch_runs(client, experiment, batch=batch, run_ids=run_ids)
     except NotFound:
         raise
     except ReportError as e:  # what is left: no such runs, no such run id

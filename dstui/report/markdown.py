@@ -30,7 +30,7 @@ from dstui.analysis.rundata import Progress, RunData
 from dstui.core.errors import DstuiError
 from dstui.report import files as report_files
 from dstui.report import mdformat
-from dstui.report.context import DEFAULT_TOLERANCE, ReportContext
+from dstui.report.context import ReportContext
 from dstui.report.draw import draw
 from dstui.report.sections import (
     checks,
@@ -143,7 +143,7 @@ def render(ctx: ReportContext) -> str:
     return mdformat.neutralize("\n".join(p for p in parts if p).rstrip() + "\n")
 
 
-__all__ = ["DEFAULT_TOLERANCE", "check_folder", "ds_config_of", "render", "write_report"]
+__all__ = ["check_folder", "render", "write_report"]
 
 
 def _commands(runs: Sequence[RunData]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from dstui.core.formatting import fmt_sig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dstui.analysis.runs import ConditionStats
+    from dstui.analysis.stats import ConditionStats
     from dstui.report.context import ReportContext
 
 # params that name a run rather than set it up: never "settings that differ"

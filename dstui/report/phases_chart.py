@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.phases import SEGMENTS
-from dstui.report.charts import _plt, save, short_label
+from dstui.report.charts import agg_pyplot, save, short_label
 
 COLORS = {
     "launch": "#8c8c8c",
@@ -29,7 +29,7 @@ def phase_bars(table: Any, path: Path, *, title: str = "Where the wall time went
 
 def phase_figure(table: Any, *, title: str = "Where the wall time went") -> Any:
     """The stacked bars as a matplotlib Figure; the time axis starts at zero (bars are durations)."""
-    plt = _plt()
+    plt = agg_pyplot()
     labels = [str(x) for x in table.index]
     n = len(labels)
     fig, ax = plt.subplots(figsize=(10, max(2.2, 0.45 * n + 1.5)))

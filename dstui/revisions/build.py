@@ -26,13 +26,13 @@ from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions import source_env
 from dstui.revisions.plan import (
     BaseEnv,
-    _bad,
-    _nearby,
-    _pip_env,
-    _Plan,
-    _same_version,
-    _tree_files,
-    _worktree_files,
+    EnvPlan,
+    nearby,
+    pip_env,
+    revision_error,
+    same_version,
+    tree_files,
+    worktree_files,
 )
 from dstui.revisions.resolved import (
     DIFF_NAME,
@@ -44,7 +44,7 @@ from dstui.revisions.resolved import (
     ResolvedRevision,
     RevisionBuildError,
 )
-from dstui.spec.models import Revision
+from dstui.spec.experiment import Revision
 
 _PIP_TIMEOUT = 3600
 
@@ -52,7 +52,7 @@ _PIP_TIMEOUT = 3600
 # -- building and reusing envs --------------------------------------------------------
 
 
-def _sibling(env_dir: Path, suffix: str) -> Path:
+def sibling_dir(env_dir: Path, suffix: str) -> Path:
     """``<key><suffix>`` beside the env (not with_suffix: keys like pypi-0.18.0-... contain dots)."""
     return env_dir.parent / (env_dir.name + suffix)
 
@@ -84,7 +84,7 @@ def _installed_version(env_dir: Path) -> str | None:
     return None
 
 
-def _usable(plan: _Plan) -> bool:
+def usable_env(plan: EnvPlan) -> bool:
     """A cached env is reused only if its marker, interpreter and deepspeed agree."""
     assert plan.env_dir is not None
     marker = _read_marker(plan.env_dir)
@@ -96,7 +96,7 @@ def _usable(plan: _Plan) -> bool:
     )
 
 
-def decide_install(plan: _Plan, root: Path, base: BaseEnv) -> None:
+def decide_install(plan: EnvPlan, root: Path, base: BaseEnv) -> None:
     """Source-on-path or pip build (``plan.choice``); a source env gets its own key (``src-...``).
 
     A cached env of this commit is reused whichever way it was built (auto):
@@ -109,19 +109,19 @@ def decide_install(plan: _Plan, root: Path, base: BaseEnv) -> None:
         plan.key = "git-" + plan.key.removeprefix("src-")
         plan.env_dir = root / plan.key
     wanted = source_env.requested_install(plan)
-    src = _Plan(plan.rev, plan.kind, plan.requested, key="src-" + plan.key.removeprefix("git-"), sha=plan.sha)
+    src = EnvPlan(plan.rev, plan.kind, plan.requested, key="src-" + plan.key.removeprefix("git-"), sha=plan.sha)
     src.env_dir = root / src.key
-    if plan.kind == "git" and wanted != "pip" and not (wanted == "auto" and _usable(plan)) and _usable(src):
+    if plan.kind == "git" and wanted != "pip" and not (wanted == "auto" and usable_env(plan)) and usable_env(src):
         marker = _read_marker(src.env_dir) or {}
         reason = str((marker.get("install") or {}).get("reason") or "cached")
         plan.choice = source_env.InstallChoice("source", reason, (marker.get("install") or {}).get("reference"))
     else:
-        plan.choice = source_env.choose(plan, root, base, pip_env_cached=_usable(plan))
+        plan.choice = source_env.choose(plan, root, base, pip_env_cached=usable_env(plan))
     if plan.choice.method == "source":
         plan.key, plan.env_dir = src.key, src.env_dir
 
 
-def _materialise(plan: _Plan, base: BaseEnv, progress: Progress) -> ResolvedRevision:
+def materialise(plan: EnvPlan, base: BaseEnv, progress: Progress) -> ResolvedRevision:
     if plan.kind == "installed":
         return _resolve_installed(plan.rev, base)
     assert plan.env_dir is not None
@@ -133,10 +133,10 @@ def _materialise(plan: _Plan, base: BaseEnv, progress: Progress) -> ResolvedRevi
         progress(f"revision '{plan.name}' ({plan.kind} {plan.requested}): {msg} [{time.monotonic() - t0:.1f}s]")
 
     built = False
-    if not _usable(plan):
-        with _locked(_sibling(env_dir, ".lock"), say):
+    if not usable_env(plan):
+        with _locked(sibling_dir(env_dir, ".lock"), say):
             # Another process may have finished the build while we waited.
-            if not _usable(plan):
+            if not usable_env(plan):
                 try:
                     _build(plan, base, say)
                 except RevisionBuildError as e:
@@ -144,7 +144,7 @@ def _materialise(plan: _Plan, base: BaseEnv, progress: Progress) -> ResolvedRevi
                         raise
                     # auto: a source env that could not be made falls back to the pip build, which says why it fails
                     say(f"source-on-path environment failed, falling back to a pip build: {str(e).splitlines()[0]}")
-                    return _materialise(_as_pip(plan, f"source-on-path build failed: {str(e).splitlines()[0]}"), base, progress)
+                    return materialise(_as_pip(plan, f"source-on-path build failed: {str(e).splitlines()[0]}"), base, progress)
                 built = True
     marker = _read_marker(env_dir) or {}
     install = marker.get("install") or {"method": "pip", "reason": "built before dstui recorded how"}
@@ -163,7 +163,7 @@ def _materialise(plan: _Plan, base: BaseEnv, progress: Progress) -> ResolvedRevi
     )
 
 
-def _as_pip(plan: _Plan, reason: str) -> _Plan:
+def _as_pip(plan: EnvPlan, reason: str) -> EnvPlan:
     assert plan.env_dir is not None
     key = "git-" + plan.key.removeprefix("src-")
     return replace(
@@ -177,7 +177,7 @@ def _resolve_installed(rev: Revision, base: BaseEnv) -> ResolvedRevision:
     try:
         dist = metadata.distribution("deepspeed")
     except metadata.PackageNotFoundError:
-        raise _bad(rev, "installed", f"DeepSpeed is not installed in this environment ({base.python})") from None
+        raise revision_error(rev, "installed", f"DeepSpeed is not installed in this environment ({base.python})") from None
     version = dist.version
     info = dist.locate_file("deepspeed/git_version_info_installed.py")
     with contextlib.suppress(OSError):
@@ -206,10 +206,10 @@ def _locked(lock_path: Path, say: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build(plan: _Plan, base: BaseEnv, say: Callable[[str], None]) -> None:
+def _build(plan: EnvPlan, base: BaseEnv, say: Callable[[str], None]) -> None:
     assert plan.env_dir is not None
     env_dir = plan.env_dir
-    log_path = _sibling(env_dir, ".build.log")
+    log_path = sibling_dir(env_dir, ".build.log")
     if env_dir.exists():
         say("removing an unfinished environment")
         shutil.rmtree(env_dir)
@@ -276,7 +276,7 @@ def _build(plan: _Plan, base: BaseEnv, say: Callable[[str], None]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _prepare_source(plan: _Plan, staging: Path, log: Any, say: Callable[[str], None]) -> str:
+def _prepare_source(plan: EnvPlan, staging: Path, log: Any, say: Callable[[str], None]) -> str:
     """What pip installs: a requirement (pypi) or a folder holding the tree to build."""
     if plan.kind == "pypi":
         return f"deepspeed=={plan.requested}"
@@ -292,7 +292,7 @@ def _prepare_source(plan: _Plan, staging: Path, log: Any, say: Callable[[str], N
             _overlay_worktree(plan.source, src)
     else:
         say(f"copying {plan.source}")
-        for f in _tree_files(plan.source):
+        for f in tree_files(plan.source):
             dest = src / f.relative_to(plan.source)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest, follow_symlinks=False)
@@ -301,7 +301,7 @@ def _prepare_source(plan: _Plan, staging: Path, log: Any, say: Callable[[str], N
 
 def _overlay_worktree(tree: Path, dest: Path) -> None:
     """Make ``dest`` (a checkout of HEAD) look like the user's working tree now."""
-    changed, untracked = _worktree_files(tree)
+    changed, untracked = worktree_files(tree)
     for rel in changed + untracked:
         s, d = tree / rel, dest / rel
         if s.is_symlink() or s.is_file():
@@ -329,7 +329,7 @@ _VERIFY = (
 )
 
 
-def _verify(plan: _Plan, env_dir: Path, log: Any) -> str:
+def _verify(plan: EnvPlan, env_dir: Path, log: Any) -> str:
     """Import deepspeed once in the new env; its reported version becomes the expected one."""
     proc = _run_logged([str(_env_python(env_dir)), "-c", _VERIFY], log, cwd=env_dir, capture=True)
     line = next((ln for ln in reversed(proc.splitlines()) if ln.startswith("DSTUI-VERIFY ")), None)
@@ -343,7 +343,7 @@ def _verify(plan: _Plan, env_dir: Path, log: Any) -> str:
     version = str(info["version"])
     if _installed_version(env_dir) != version:
         raise DstuiError(f"revision '{plan.name}': installed metadata disagrees with deepspeed.__version__ {version}")
-    if plan.kind == "pypi" and not _same_version(version.split("+")[0], plan.requested):
+    if plan.kind == "pypi" and not same_version(version.split("+")[0], plan.requested):
         raise DstuiError(f"revision '{plan.name}': asked for DeepSpeed {plan.requested}, pip installed {version}")
     return version
 
@@ -365,7 +365,7 @@ def _run_logged(
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=_pip_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd, cwd=cwd, env=pip_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, errors="replace", start_new_session=True,
     )
     out: list[str] = []
@@ -386,7 +386,7 @@ def _run_logged(
     return "".join(out)
 
 
-def _build_error(plan: _Plan, log_path: Path, what: str) -> DstuiError:
+def _build_error(plan: EnvPlan, log_path: Path, what: str) -> DstuiError:
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
@@ -395,7 +395,7 @@ def _build_error(plan: _Plan, log_path: Path, what: str) -> DstuiError:
     if plan.kind == "pypi" and "No matching distribution found" in text:
         versions = re.search(r"\(from versions: ([^)]*)\)", text)
         avail = [v.strip() for v in versions.group(1).split(",")][::-1] if versions else []
-        return _bad(plan.rev, "pypi", f"pip found no DeepSpeed '{plan.requested}'{_nearby(plan.requested, avail)}")
+        return revision_error(plan.rev, "pypi", f"pip found no DeepSpeed '{plan.requested}'{nearby(plan.requested, avail)}")
     errs = [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]
     summary = f": {errs[-1]}" if errs else ""
     tail = "\n".join("    " + ln for ln in lines[-LOG_TAIL_LINES:])

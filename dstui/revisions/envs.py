@@ -44,29 +44,17 @@ from pathlib import Path
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
-from dstui.revisions.build import _materialise, _sibling, _usable, decide_install
-from dstui.revisions.plan import BaseEnv, _check_pypi_versions, _Plan, _plan
+from dstui.revisions.build import decide_install, materialise, usable_env
+from dstui.revisions.plan import BaseEnv, EnvPlan, check_pypi_versions, plan_env
 from dstui.revisions.resolved import (
-    DIFF_NAME,
-    ENV_FORMAT,
-    MARKER,
-    PTH_NAME,
     Progress,
     ResolvedRevision,
-    RevisionBuildError,
-    check_reported_version,
-    python_for,
-    run_env,
 )
 from dstui.revisions.source_env import InstallChoice
+from dstui.spec.experiment import Revision
 from dstui.spec.loading import check_revision_names
-from dstui.spec.models import Revision
 
-__all__ = [
-    "DIFF_NAME", "ENV_FORMAT", "MARKER", "PTH_NAME", "Progress", "ResolvedRevision", "RevisionBuildError",
-    "InstallChoice", "check_reported_version", "install_choice", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
-    "BaseEnv", "_plan", "_sibling",
-]
+__all__ = ["install_choice", "is_cached", "resolve", "resolve_all"]
 
 
 def resolve(
@@ -88,11 +76,11 @@ def resolve_all(
     check_revision_names(revs)
     root = (cache_dir or paths.cache_dir()) / "envs"
     base = BaseEnv.current()
-    plans: list[_Plan] = []
+    plans: list[EnvPlan] = []
     errors: list[DstuiError] = []
     for rev in revs:
         try:
-            plan = _plan(rev, root, base)
+            plan = plan_env(rev, root, base)
             decide_install(plan, root, base)
             plans.append(plan)
         except DstuiError as e:
@@ -104,22 +92,22 @@ def resolve_all(
             f"{len(errors)} revisions are invalid:\n" + "\n".join(f"  - {e}" for e in errors),
             field="revisions",
         )
-    if any(p.kind != "installed" and not _usable(p) for p in plans):
+    if any(p.kind != "installed" and not usable_env(p) for p in plans):
         base.require_pip()
-    _check_pypi_versions([p for p in plans if p.kind == "pypi" and not _usable(p)], base)
+    check_pypi_versions([p for p in plans if p.kind == "pypi" and not usable_env(p)], base)
     out = {}
     for p in plans:
-        if p.kind == "git" and not _usable(p):
+        if p.kind == "git" and not usable_env(p):
             # an env built just before (an earlier revision of this spec) may now be the reference
             decide_install(p, root, base)
-        out[p.name] = _materialise(p, base, progress)
+        out[p.name] = materialise(p, base, progress)
     return out
 
 
 def install_choice(rev: Revision, *, cache_dir: Path | None = None) -> InstallChoice | None:
     """How resolving ``rev`` now would get its env (source on path or pip) and why; None for ``installed``."""
     root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
-    plan = _plan(rev, root, base)
+    plan = plan_env(rev, root, base)
     decide_install(plan, root, base)
     return plan.choice
 
@@ -129,6 +117,6 @@ def is_cached(rev: Revision, *, cache_dir: Path | None = None) -> bool:
     if rev.installed:
         return True
     root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
-    plan = _plan(rev, root, base)
+    plan = plan_env(rev, root, base)
     decide_install(plan, root, base)
-    return _usable(plan)
+    return usable_env(plan)

@@ -22,7 +22,7 @@ from typing import Any
 
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions.resolved import ENV_FORMAT
-from dstui.spec.models import Revision
+from dstui.spec.experiment import Revision
 
 _GIT_TIMEOUT = 120
 # pip settings that would send the install somewhere other than the new env.
@@ -81,7 +81,7 @@ class BaseEnv:
 
 
 @dataclass
-class _Plan:
+class EnvPlan:
     rev: Revision
     kind: str
     requested: str
@@ -98,14 +98,14 @@ class _Plan:
         return self.rev.name
 
 
-def _plan(rev: Revision, root: Path, base: BaseEnv) -> _Plan:
+def plan_env(rev: Revision, root: Path, base: BaseEnv) -> EnvPlan:
     if rev.installed:
-        return _Plan(rev, "installed", "installed")
+        return EnvPlan(rev, "installed", "installed")
     if rev.pypi is not None:
         version = rev.pypi.strip().removeprefix("==").removeprefix("v")
         if not re.fullmatch(r"\d+(\.\d+)*([a-zA-Z0-9.+!-]*)", version):
-            raise _bad(rev, "pypi", f"'{rev.pypi}' is not a version number (e.g. '0.18.0')")
-        plan = _Plan(rev, "pypi", version, key=f"pypi-{version}-{base.fingerprint}")
+            raise revision_error(rev, "pypi", f"'{rev.pypi}' is not a version number (e.g. '0.18.0')")
+        plan = EnvPlan(rev, "pypi", version, key=f"pypi-{version}-{base.fingerprint}")
     elif rev.git is not None:
         plan = _plan_git(rev, base)
     else:
@@ -114,16 +114,16 @@ def _plan(rev: Revision, root: Path, base: BaseEnv) -> _Plan:
     return plan
 
 
-def _bad(rev: Revision, field: str, message: str) -> SpecError:
+def revision_error(rev: Revision, field: str, message: str) -> SpecError:
     return SpecError(f"revision '{rev.name}': {message}", field=f"revisions.{rev.name}.{field}")
 
 
-def _plan_git(rev: Revision, base: BaseEnv) -> _Plan:
+def _plan_git(rev: Revision, base: BaseEnv) -> EnvPlan:
     repo = Path(rev.git or "").expanduser().resolve()
     if not repo.is_dir():
-        raise _bad(rev, "git", f"no such folder {repo}")
+        raise revision_error(rev, "git", f"no such folder {repo}")
     if run_git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
-        raise _bad(rev, "git", f"{repo} is not a git repository")
+        raise revision_error(rev, "git", f"{repo} is not a git repository")
     ref = rev.ref or ""
     out = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
     if out.returncode != 0 or not out.stdout.strip():
@@ -132,23 +132,23 @@ def _plan_git(rev: Revision, base: BaseEnv) -> _Plan:
             "--format=%(refname:short)", "refs/heads", "refs/tags", check=False,
         ).stdout.split()
         hint = f" (recent branches/tags: {', '.join(known)})" if known else ""
-        raise _bad(rev, "ref", f"unknown git ref '{ref}' in {repo}{hint}")
+        raise revision_error(rev, "ref", f"unknown git ref '{ref}' in {repo}{hint}")
     sha = out.stdout.strip()
     for needed in ("setup.py", "deepspeed/__init__.py"):
         if run_git(repo, "cat-file", "-e", f"{sha}:{needed}", check=False).returncode != 0:
-            raise _bad(rev, "ref", f"'{ref}' ({sha[:12]}) in {repo} is not a DeepSpeed tree (no {needed})")
-    return _Plan(
+            raise revision_error(rev, "ref", f"'{ref}' ({sha[:12]}) in {repo} is not a DeepSpeed tree (no {needed})")
+    return EnvPlan(
         rev, "git", ref, key=f"git-{sha[:16]}-{base.fingerprint}", sha=sha, source=repo, recipe=recipe(repo, sha)
     )
 
 
-def _plan_path(rev: Revision, base: BaseEnv) -> _Plan:
+def _plan_path(rev: Revision, base: BaseEnv) -> EnvPlan:
     tree = Path(rev.path or "").expanduser().resolve()
     if not tree.is_dir():
-        raise _bad(rev, "path", f"no such folder {tree}")
+        raise revision_error(rev, "path", f"no such folder {tree}")
     missing = [n for n in ("setup.py", "deepspeed/__init__.py") if not (tree / n).is_file()]
     if missing:
-        raise _bad(rev, "path", f"{tree} is not a DeepSpeed tree (no {' or '.join(missing)})")
+        raise revision_error(rev, "path", f"{tree} is not a DeepSpeed tree (no {' or '.join(missing)})")
     top = run_git(tree, "rev-parse", "--show-toplevel", check=False)
     if top.returncode == 0 and Path(top.stdout.strip()).resolve() == tree:
         head = run_git(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
@@ -157,9 +157,9 @@ def _plan_path(rev: Revision, base: BaseEnv) -> _Plan:
             diff = _worktree_diff(tree)
             dhash = hashlib.sha256(diff).hexdigest()[:12] if diff else "clean"
             key = f"path-{sha[:16]}-{dhash}-{base.fingerprint}"
-            return _Plan(rev, "path", str(tree), key=key, sha=sha, source=tree, diff=diff)
+            return EnvPlan(rev, "path", str(tree), key=key, sha=sha, source=tree, diff=diff)
     # Not a git work tree (an unpacked sdist, a copy): key on the content itself.
-    return _Plan(rev, "path", str(tree), key=f"tree-{_tree_hash(tree)[:16]}-{base.fingerprint}", source=tree)
+    return EnvPlan(rev, "path", str(tree), key=f"tree-{_tree_hash(tree)[:16]}-{base.fingerprint}", source=tree)
 
 
 def recipe(repo: Path, sha: str) -> dict[str, str]:
@@ -191,7 +191,7 @@ def run_git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedP
     return proc
 
 
-def _worktree_files(tree: Path) -> tuple[list[str], list[str]]:
+def worktree_files(tree: Path) -> tuple[list[str], list[str]]:
     """Tracked files that differ from HEAD, and untracked files that are not ignored."""
     changed = run_git(tree, "diff", "HEAD", "--name-only", "--no-renames", "-z").stdout.split("\0")
     untracked = run_git(tree, "ls-files", "--others", "--exclude-standard", "-z").stdout.split("\0")
@@ -211,7 +211,7 @@ def _worktree_diff(tree: Path) -> bytes:
             capture_output=True, env=env, timeout=_GIT_TIMEOUT, check=True,
         ).stdout
     ]
-    for rel in sorted(_worktree_files(tree)[1]):
+    for rel in sorted(worktree_files(tree)[1]):
         parts.append(
             subprocess.run(
                 ["git", "-C", str(tree), "diff", "--no-index", "--binary", "--no-color", "--", "/dev/null", rel],
@@ -221,7 +221,7 @@ def _worktree_diff(tree: Path) -> bytes:
     return b"".join(parts)
 
 
-def _tree_files(tree: Path) -> Iterator[Path]:
+def tree_files(tree: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(tree):
         dirnames[:] = sorted(d for d in dirnames if d not in _TREE_SKIP and not d.endswith(".egg-info"))
         for f in sorted(filenames):
@@ -231,7 +231,7 @@ def _tree_files(tree: Path) -> Iterator[Path]:
 
 def _tree_hash(tree: Path) -> str:
     h = hashlib.sha256()
-    for f in _tree_files(tree):
+    for f in tree_files(tree):
         h.update(str(f.relative_to(tree)).encode() + b"\0")
         with contextlib.suppress(OSError):
             h.update(f.read_bytes())
@@ -241,7 +241,7 @@ def _tree_hash(tree: Path) -> str:
 # -- PyPI ------------------------------------------------------------------------------
 
 
-def _check_pypi_versions(plans: list[_Plan], base: BaseEnv) -> None:
+def check_pypi_versions(plans: list[EnvPlan], base: BaseEnv) -> None:
     """Fail fast on a PyPI version that does not exist (one ``pip index`` call).
 
     If the index cannot be queried (offline, a pip without ``index``) the
@@ -253,15 +253,15 @@ def _check_pypi_versions(plans: list[_Plan], base: BaseEnv) -> None:
     if available is None:
         return
     for p in plans:
-        if p.requested not in available and not any(_same_version(p.requested, v) for v in available):
-            raise _bad(p.rev, "pypi", f"PyPI has no DeepSpeed release '{p.requested}'{_nearby(p.requested, available)}")
+        if p.requested not in available and not any(same_version(p.requested, v) for v in available):
+            raise revision_error(p.rev, "pypi", f"PyPI has no DeepSpeed release '{p.requested}'{nearby(p.requested, available)}")
 
 
 def pypi_versions(base: BaseEnv) -> list[str] | None:
     try:
         proc = subprocess.run(
             [base.python, "-m", "pip", "index", "versions", "deepspeed", "--disable-pip-version-check"],
-            capture_output=True, text=True, timeout=120, check=False, env=_pip_env(),
+            capture_output=True, text=True, timeout=120, check=False, env=pip_env(),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -271,7 +271,7 @@ def pypi_versions(base: BaseEnv) -> list[str] | None:
     return [v.strip() for v in m.group(1).split(",") if v.strip()]
 
 
-def _same_version(a: str, b: str) -> bool:
+def same_version(a: str, b: str) -> bool:
     """'0.18' == '0.18.0' as pip sees it (trailing zeros do not matter)."""
     def norm(v: str) -> str:
         parts = v.split(".")
@@ -281,13 +281,13 @@ def _same_version(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
-def _nearby(version: str, available: list[str]) -> str:
+def nearby(version: str, available: list[str]) -> str:
     prefix = version.rsplit(".", 1)[0]
     close = [v for v in available if v.startswith(prefix + ".")][:6] or available[:6]
     return f" (available include: {', '.join(close)})" if close else ""
 
 
-def _pip_env() -> dict[str, str]:
+def pip_env() -> dict[str, str]:
     # PYTHONDONTWRITEBYTECODE dropped: the import check then leaves bytecode in a source-on-path env, as pip does
     env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROP and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     env.update(DS_BUILD_OPS="0", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")

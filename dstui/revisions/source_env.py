@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dstui.core.errors import DstuiError
-from dstui.revisions.plan import RECIPE_PATHS, BaseEnv, _bad, _Plan
+from dstui.revisions.plan import RECIPE_PATHS, BaseEnv, EnvPlan, revision_error
 from dstui.revisions.resolved import MARKER
 
 #: ``pip`` forces pip builds for every git revision (e.g. for one `dstui bisect`), ``source`` asks for source envs.
@@ -59,7 +59,7 @@ class InstallChoice:
         return {"method": self.method, "reason": self.reason, "reference": self.reference}
 
 
-def requested_install(plan: _Plan) -> str:
+def requested_install(plan: EnvPlan) -> str:
     """'auto', 'pip' or 'source': the spec's field, overridden by DSTUI_REVISION_INSTALL when that is set."""
     env = os.environ.get(OVERRIDE_ENV, "").strip().lower()
     if env and env not in ("auto", "pip", "source"):
@@ -67,7 +67,7 @@ def requested_install(plan: _Plan) -> str:
     return env or plan.rev.install
 
 
-def choose(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
+def choose(plan: EnvPlan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
     """Source-on-path when it is known to equal a pip build of this commit, else pip (with the reason)."""
     wanted = requested_install(plan)
     by = f"{OVERRIDE_ENV}={wanted}" if os.environ.get(OVERRIDE_ENV) else f"install: {wanted}"
@@ -75,11 +75,11 @@ def choose(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> I
         return InstallChoice("pip", f"pip build asked for ({by})")
     choice = _eligible(plan, root, base, pip_env_cached=pip_env_cached and wanted == "auto")
     if wanted == "source" and choice.method != "source":
-        raise _bad(plan.rev, "install", f"cannot use a source-on-path environment ({by}): {choice.reason}")
+        raise revision_error(plan.rev, "install", f"cannot use a source-on-path environment ({by}): {choice.reason}")
     return choice
 
 
-def _eligible(plan: _Plan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
+def _eligible(plan: EnvPlan, root: Path, base: BaseEnv, *, pip_env_cached: bool) -> InstallChoice:
     if plan.kind != "git" or plan.sha is None or plan.source is None:
         return InstallChoice("pip", f"a {plan.kind} revision is pip-built (only git commits are placed on the path)")
     # DS_BUILD_<OP>=1 (or DS_BUILD_OPS=1) prebuilds ops at install, DS_BUILD_STRING changes the version; =0 is the default
@@ -188,7 +188,7 @@ def _replace_line(text: str, name: str, value: str) -> str:
 
 
 def build(
-    plan: _Plan, choice: InstallChoice, env_dir: Path, run: Callable[..., str], say: Callable[[str], None]
+    plan: EnvPlan, choice: InstallChoice, env_dir: Path, run: Callable[..., str], say: Callable[[str], None]
 ) -> None:
     """Fill the (fresh, linked) venv ``env_dir`` with the commit's source; ``run`` runs a logged command."""
     assert plan.sha and plan.source and choice.reference
@@ -241,7 +241,7 @@ def _install_scripts(reference: Path, src: Path, env_dir: Path) -> None:
         out.chmod(0o755)
 
 
-def probe(plan: _Plan, env_dir: Path) -> None:
+def probe(plan: EnvPlan, env_dir: Path) -> None:
     """After the import check: the env's deepspeed is the commit's source, not a copy of another."""
     sp = _site_packages(env_dir)
     if (sp / "deepspeed").resolve() != (env_dir / "src" / "deepspeed").resolve():

@@ -18,7 +18,8 @@ from dstui.core import ds_answers
 from dstui.core.errors import SpecError
 from dstui.core.paths import CONFIGS_DIR
 from dstui.spec import messages
-from dstui.spec.models import RunSpec, Settings
+from dstui.spec.experiment import RunSpec
+from dstui.spec.settings import Settings
 
 TEMPLATES_DIR = CONFIGS_DIR / "deepspeed"
 

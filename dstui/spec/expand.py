@@ -20,7 +20,6 @@ from dstui.core import executors, names
 from dstui.core.errors import SpecError
 from dstui.spec import capabilities, messages, ulysses_rules
 from dstui.spec.experiment import ExperimentSpec, RunSpec
-from dstui.spec.loading import load_spec, raise_validation
 from dstui.spec.settings import SETTING_NAMES, Settings
 
 # -- readable names ---------------------------------------------------------
@@ -188,7 +187,7 @@ def _settings(values: dict[str, Any], *, file: str | None, condition: str, execu
     try:
         s = Settings.model_validate(values)
     except ValidationError as e:
-        raise_validation(e, file=file, condition=condition, model=Settings)
+        messages.raise_validation(e, file=file, condition=condition, model=Settings)
         raise AssertionError("unreachable") from None
     refused = ulysses_rules.refusal(s)
     if refused is not None:
@@ -281,8 +280,3 @@ def _check_run_names(runs: list[RunSpec], *, file: str | None) -> None:
                 condition=r.condition,
             )
         first[r.name] = r
-
-
-def expand_file(path: str | Path) -> tuple[ExperimentSpec, list[RunSpec]]:
-    spec = load_spec(path)
-    return spec, expand(spec, file=str(path))

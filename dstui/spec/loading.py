@@ -14,26 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from dstui.core.errors import SpecError
-from dstui.spec import bounded_yaml, messages
-from dstui.spec.experiment import ExperimentSpec, Revision
+from dstui.spec import bounded_yaml, expand, messages
+from dstui.spec.experiment import ExperimentSpec, Revision, RunSpec
 from dstui.spec.settings import SETTING_NAMES
-
-
-def _field_of(err: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in err.get("loc", ())) or "(spec)"
-
-
-def raise_validation(
-    e: ValidationError, *, file: str | None, condition: str | None, model: type[BaseModel] | None = None
-) -> None:
-    """The first pydantic error as one SpecError; ``model`` (where ``loc`` starts) lets a typo get its suggestion."""
-    first = e.errors()[0]
-    field = _field_of(first)
-    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    raise SpecError(messages.error_message(first, model=model) + more, file=file, condition=condition, field=field) from None
 
 
 def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
@@ -48,7 +34,7 @@ def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as e:
-        raise_validation(e, file=file, condition=None, model=ExperimentSpec)
+        messages.raise_validation(e, file=file, condition=None, model=ExperimentSpec)
     for part in ("settings", "axes"):
         for key in getattr(spec, part):
             if key not in SETTING_NAMES:
@@ -58,8 +44,6 @@ def parse_spec(data: Any, *, file: str | None = None) -> ExperimentSpec:
             raise SpecError("an axis needs at least one value", file=file, field=f"axes.{axis}")
     _check_exclusion_keys(spec, file=file)
     check_revision_names(spec.revisions, file=file)
-    from dstui.spec import expand  # expansion reads specs through this module
-
     expand.check_names(spec, file=file)  # also each explicit condition's keys
     return spec
 
@@ -422,3 +406,9 @@ class SpecDraft:
     data: dict[str, Any]
     text: str  # the file's text with the edits (comments kept where there was a file)
     origin: Path | None  # the file it was opened from, if any
+
+
+def expand_file(path: str | Path) -> tuple[ExperimentSpec, list[RunSpec]]:
+    """A spec file read, checked and expanded into its runs."""
+    spec = load_spec(path)
+    return spec, expand.expand(spec, file=str(path))

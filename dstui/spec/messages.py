@@ -15,7 +15,9 @@ import types
 from collections.abc import Iterable
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from dstui.core.errors import SpecError
 
 
 def nearest(word: str, valid: Iterable[str]) -> list[str]:
@@ -97,10 +99,23 @@ def error_message(err: dict[str, Any], *, model: type[BaseModel] | None = None) 
     if kind == "extra_forbidden" and loc:
         parent = model_at(model, loc[:-1])
         if parent is not None:
-            from dstui.spec.settings import Settings
-
-            what = "setting" if parent is Settings else "key"
+            # a model whose keys a person calls settings says so (Settings): no import of it here
+            what = getattr(parent, "KEY_WORD", "key")
             return unknown(what, loc[-1], keys_of(parent))
     if kind in ("literal_error", "enum") and "expected" in (err.get("ctx") or {}):
         return one_of(_choices(str(err["ctx"]["expected"])), err.get("input"))
     return re.sub(r"^(Value|Assertion) error, ", "", str(err.get("msg", "invalid")))
+
+
+def field_of(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ())) or "(spec)"
+
+
+def raise_validation(
+    e: ValidationError, *, file: str | None, condition: str | None, model: type[BaseModel] | None = None
+) -> None:
+    """The first pydantic error as one SpecError; ``model`` (where ``loc`` starts) lets a typo get its suggestion."""
+    first = e.errors()[0]
+    field = field_of(first)
+    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    raise SpecError(error_message(first, model=model) + more, file=file, condition=condition, field=field) from None

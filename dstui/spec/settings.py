@@ -9,7 +9,7 @@ from that, so a new setting is declared here once.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,6 +68,8 @@ class Launcher(StrictModel):
 
 class Settings(StrictModel):
     """Everything that defines one condition. Axes and conditions override these."""
+
+    KEY_WORD: ClassVar[str] = "setting"  # what an error calls an unknown key (dstui.spec.messages)
 
     kind: Kind = Field("train", description="train: runners/train.py; verify: compare_loss.py; command: your argv.")
     model: str = Field("tiny-llama", description="Preset in configs/models/ (random-initialised from its config), a hub id or a local path.", json_schema_extra=BOTH)

@@ -28,8 +28,10 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from dstui.core.metric_catalogue import MLFLOW_VIEW, names_in
 from dstui.tracking import client as tracking
 from dstui.tracking import tags as tag_keys
+from dstui.tracking.metric_names import mlflow_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -41,7 +43,7 @@ RUNS_FILTER = tag_keys.RUN_FILTER
 RUNS_SHOWN = "FIRST_20_RUNS"  # MLflow's choices are 10, 20 or all
 
 # (section, [(metric as MLflow names it, chart type, log axis)])
-TRAINING = ["loss", "iter_time", "tokens_per_s", "mem_peak_gib", "mem_alloc_gib", "lr", "grad_norm", "tflops_per_gpu", "mfu"]
+TRAINING = [mlflow_key(name) for name in names_in(MLFLOW_VIEW)]  # mem_* as GiB under *_gib
 LOG_AXIS = {"lr"}
 SUMMARY = ["summary.iter_time_mean", "summary.tokens_per_s_mean", "summary.mem_peak_max_gib", "summary.final_loss",
            "summary.iter_time_std", "summary.tflops_per_gpu_mean", "summary.mfu_mean", "summary.compile_time",

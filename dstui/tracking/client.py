@@ -60,6 +60,11 @@ def client(uri: str | None = None) -> MlflowClient:
 _WAL_DONE: set[str] = set()
 
 
+def forget_wal(uri: str | None) -> None:
+    """Forget that a store was put in WAL mode: a store deleted and made again at its path is a new file."""
+    _WAL_DONE.discard(uri or "")
+
+
 def use_wal(uri: str) -> bool:
     """Put a local SQLite store in write-ahead-log mode (once; the mode is kept in the file).
 

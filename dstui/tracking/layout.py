@@ -208,12 +208,6 @@ def log_points(c: MlflowClient, run_id: str, points: Iterable[metric_names.Point
     return tracking.log_metrics(c, run_id, metric_names.points_to_mlflow(points))
 
 
-def run_color(index: int) -> str:
-    """The colour of a batch's ``index``-th condition: MLflow's own pick (a hash of the run id) gave
-    two of four conditions the same pink, so one's spike could not be told from the other."""
-    return PALETTE[index % len(PALETTE)]
-
-
 def batch_description_lead(batch_id: str) -> str:
     """How dstui's own part of a batch run's description begins (after the spec's description), so that
     the report can take the spec's description back out of it (dstui.execute.mlflow_runs.batch_note)."""

@@ -63,7 +63,7 @@ def stage_file(src: Path, dst: Path) -> str | None:
             return f"{src.name} is {size} bytes, over the {ARTIFACT_MAX_BYTES >> 20} MiB artifact limit: not uploaded"
         data = _bounded(fh, size)
     if text:
-        from dstui.core.secrets import strip_credentials
+        from dstui.core.credential_text import strip_credentials
 
         dst.write_text(strip_credentials(data.decode("utf-8", "replace")))
     else:

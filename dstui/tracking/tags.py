@@ -58,7 +58,6 @@ OVERLAP = "dstui.overlap"  # what ran beside it, at which of its steps, and the 
 HOSTNAME = "dstui.hostname"
 DEVICE = "dstui.device"
 GPU_NAME = "dstui.gpu_name"
-GPU_COUNT = "dstui.gpu_count"
 TOKENS_PER_STEP = "dstui.tokens_per_step"
 DEEPSPEED_GIT_SHA = "dstui.deepspeed_git_sha"
 

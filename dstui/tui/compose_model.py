@@ -22,7 +22,8 @@ from typing import Any, Literal
 import yaml
 
 from dstui.core.paths import CONFIGS_DIR
-from dstui.spec.models import RunSpec, Settings
+from dstui.spec.experiment import RunSpec
+from dstui.spec.settings import Settings
 
 # (field, label, kind, choices) in form order. kind: "choice" (toggles), "list" (comma list)
 CHOICES: dict[str, list[Any]] = {
@@ -296,7 +297,7 @@ def make_revision(name: str, kind: str, value: str, ref: str = "", install: str 
     """
     from pydantic import ValidationError
 
-    from dstui.spec.models import Revision
+    from dstui.spec.experiment import Revision
 
     name, kind, value, ref = name.strip(), kind.strip().lower(), value.strip(), ref.strip()
     install = install.strip().lower() or REVISION_INSTALLS[0]

@@ -17,7 +17,7 @@ import yaml
 from dstui.core.errors import SpecError
 from dstui.spec import bounded_yaml
 from dstui.spec.bounded_yaml import SpecLimit
-from dstui.spec.models import SETTING_NAMES, Settings
+from dstui.spec.settings import SETTING_NAMES, Settings
 from dstui.tui import compose_model as cm
 
 MAX_TEXT = 64 * 1024  # a text longer than this is refused, not parsed

@@ -13,9 +13,11 @@ from typing import Any
 from rich.text import Text
 
 from dstui.core.formatting import fmt_bytes, fmt_num
+from dstui.core.metric_catalogue import BY_NAME, TIME, skips_warmup
 from dstui.core.phases import from_status, live_text
+from dstui.tui.chart_view import Curve, Drawn
 from dstui.tui.series import RunSeries
-from dstui.tui.widgets.charts import Curve, Drawn, MetricPlot, color
+from dstui.tui.widgets.charts import MetricPlot, color
 from dstui.tui.widgets.time_bar import stacked_bar
 
 SYSTEM_VIEWS = {
@@ -45,7 +47,7 @@ def draw_steps(plot: MetricPlot, series: Sequence[RunSeries], key: str, label: s
     """Loss or iteration time per step: raw (dimmed when smoothing) plus the EMA."""
     curves: list[Curve] = []
     top = 0.0
-    skip = key != "loss"  # the warm-up's loss is real; its iteration times are compile spikes
+    skip = skips_warmup(key)  # the warm-up's loss is real; its iteration times are compile spikes
     for i, s in enumerate(series):
         raw = s.steps[key]
         if smooth:
@@ -57,7 +59,7 @@ def draw_steps(plot: MetricPlot, series: Sequence[RunSeries], key: str, label: s
     if not any(len(c.x) for c in curves):
         plot.set_empty("waiting for data")
         return
-    scale, unit = (1.0, "") if key == "loss" else time_scale(top)
+    scale, unit = time_scale(top) if BY_NAME[key].scale == TIME else (1.0, "")
     plot.set_curves(curves, scale=scale, unit=unit, title=label + (" (EMA)" if smooth else ""))
 
 
@@ -67,11 +69,11 @@ def draw_memory(plot: MetricPlot, series: Sequence[RunSeries], mem_key: str) -> 
     top = 0.0
     for i, s in enumerate(series):
         buf = s.steps[mem_key]
-        curves.append(Curve(s.name, i, buf.x, buf.y, warmup=s.warmup, range_skips_warmup=False))
+        curves.append(Curve(s.name, i, buf.x, buf.y, warmup=s.warmup, range_skips_warmup=skips_warmup(mem_key)))
         if len(buf):
             top = max(top, max(buf.y))
     scale, unit = byte_scale(top)
-    title = "peak memory" if mem_key == "mem_peak" else "allocated memory"
+    title = BY_NAME[mem_key].title
     plot.title = title
     if not any(len(c.x) for c in curves):
         plot.set_empty("waiting for data")

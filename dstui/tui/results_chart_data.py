@@ -5,7 +5,7 @@ repeats); runs picked from two batches of the same condition stay two groups,
 so a before/after comparison shows two curves. Per step, the group's line is
 the mean over the repeats that logged that step and its band the min and max
 (drawn dimmed), as the report's loss band does. Histories come from
-:func:`dstui.analysis.runs.fetch_histories` (the results screen loaded them).
+:func:`dstui.analysis.fetch.fetch_histories` (the results screen loaded them).
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstui.core.metric_catalogue import RESULTS, shown_in, skips_warmup
 from dstui.tui.chart_view import Curve
 
 # (history key, chart title); the order of the chart pages
-METRICS = (
-    ("loss", "loss"),
-    ("iter_time", "iteration time"),
-    ("mem_peak", "peak memory"),
-    ("tokens_per_s", "tokens/s"),
-)
+METRICS = tuple((m.name, m.title) for m in shown_in(RESULTS))
 
 
 @dataclass
@@ -104,7 +100,7 @@ def curves_for(groups: Sequence[Group], key: str) -> list[Curve]:
         b = band(g.runs, key)
         if b is None:
             continue
-        skip = key in ("iter_time", "tokens_per_s")  # warm-up timings are compile spikes; its loss and memory are real
+        skip = skips_warmup(key)  # warm-up timings are compile spikes; its loss and memory are real
         if b.n > 1:
             out.append(Curve(g.name, i, b.steps, b.low, raw=True, warmup=g.warmup, range_skips_warmup=skip))
             out.append(Curve(g.name, i, b.steps, b.high, raw=True, warmup=g.warmup, range_skips_warmup=skip))

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstui.core.attempt_steps import AttemptSteps
+from dstui.core.metric_catalogue import LIVE, names_in, shown_in, warmup_count
 from dstui.core.records import STEP, SUMMARY, Follower, line_parser
 from dstui.core.rundir import RunDir
 
-STEP_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak", "mem_alloc")
+STEP_KEYS = names_in(LIVE)
 SYSTEM_KEYS = ("cpu", "rss", "gpu_util", "gpu_mem", "gpu_power")
-SMOOTHED = ("loss", "iter_time")
+SMOOTHED = tuple(m.name for m in shown_in(LIVE) if m.smoothed)
 EMA_ALPHA = 0.1
 
 
@@ -102,7 +103,7 @@ class RunSeries:
     system_last: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     t0: float | None = None
-    warmup: float = 1.0  # the run's warmup_steps: left out of the charts' y-range (or hidden)
+    warmup: float = 0.0  # the run's warmup_steps: left out of the charts' y-range (or hidden)
     _metrics: Follower | None = None
     _sys: Follower | None = None
 
@@ -111,9 +112,7 @@ class RunSeries:
             settings = self.rd.settings()
             fmt = settings.get("metrics_format", "jsonl")
             self.fmt = fmt
-            w = settings.get("warmup_steps")
-            if isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0:
-                self.warmup = float(w)
+            self.warmup = float(warmup_count(settings.get("warmup_steps")) or 0)
             source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
             self._metrics = Follower(source)
             self._attempts = AttemptSteps()

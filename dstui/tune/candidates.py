@@ -30,8 +30,6 @@ from dstui.spec.tune_block import TuneOptions
 OFFLOAD = {"none": {"offload": "none", "offload_params": "none"},
            "optimizer": {"offload": "cpu", "offload_params": "none"},
            "params": {"offload": "cpu", "offload_params": "cpu"}}  # fmt: skip
-CHOICE_KEYS = ("zero_stage", "offload", "offload_params", "micro_batch", "grad_accum", "activation_checkpointing",
-               "deepcompile", "sequence_parallel")  # fmt: skip
 
 
 @dataclass
@@ -56,7 +54,7 @@ def base_settings(spec: ExperimentSpec, *, file: str | None = None) -> Settings:
     try:
         return Settings.model_validate(spec.settings)
     except ValidationError as e:
-        from dstui.spec.loading import raise_validation
+        from dstui.spec.messages import raise_validation
 
         raise_validation(e, file=file, condition=None, model=Settings)
         raise  # unreachable: raise_validation raises

@@ -26,14 +26,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from dstui.core import paths
+from dstui.core import paths, run_status
 from dstui.core.errors import DstuiError
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
+from dstui.core.run_status import RunStatus
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir
 from dstui.execute import batch as batch_mod
-from dstui.execute import supervisor
+from dstui.execute import control
+from dstui.execute.batch_lock import is_supervised
 from dstui.usecases.takeover import Takeover
 
 BOX_GRACE_S = 10.0  # past its time box + this, the tuner cancels a probe the supervisor has not stopped
@@ -102,12 +103,12 @@ class ProbeLauncher:
         else:
             self._wait_unsupervised(self.batch(batch_id))
             b, _ = batch_mod.resume(plan, runs_root=self.runs_root, parallel=1, partial=True, batch_ref=batch_id)
-        supervisor.spawn(b)
+        control.spawn(b)
         return b.id
 
     def _wait_unsupervised(self, b: BatchDir) -> None:
         deadline = time.monotonic() + UNSUPERVISED_WAIT_S
-        while supervisor.is_supervised(b):
+        while is_supervised(b):
             if time.monotonic() > deadline:
                 raise DstuiError(f"batch {b.id} is still supervised after {UNSUPERVISED_WAIT_S:.0f} s; see {b.log_file}")
             time.sleep(self.poll_s)
@@ -126,8 +127,8 @@ class ProbeLauncher:
         out = ProbeRun(state="queued")
         seen = -1
         while True:
-            st = rd.status()
-            out.state, out.reason, out.started = st.get("state", "queued"), st.get("reason"), st.get("started")
+            st = RunStatus.of(rd)
+            out.state, out.reason, out.started = st.get("state", "queued"), st.reason, st.started
             out.times, out.tokens_per_s, out.mem_peak = _step_series(rd)
             if len(out.times) != seen:
                 seen = len(out.times)
@@ -139,26 +140,25 @@ class ProbeLauncher:
             self.takeover.look_one(b)  # taken over by the one rule if its supervisor died
             time.sleep(self.poll_s)
         self._wait_finalized(b)
-        st = rd.status()
-        out.ended, out.mlflow_run_id = st.get("ended"), st.get("mlflow_run_id")
+        st = RunStatus.of(rd)
+        out.ended, out.mlflow_run_id = st.ended, st.mlflow_run_id
         out.times, out.tokens_per_s, out.mem_peak = _step_series(rd)
         return out
 
-    def _steer(self, rd: RunDir, st: dict[str, Any], out: ProbeRun, box_s: float, enough: Callable[[list[float]], str | None]) -> None:
+    def _steer(self, rd: RunDir, st: RunStatus, out: ProbeRun, box_s: float, enough: Callable[[list[float]], str | None]) -> None:
         """Ask for a stop once measured; cancel past the box should the supervisor not have."""
-        if out.stop_asked is None and st.get("state") == "running":
+        if out.stop_asked is None and st.state == run_status.RUNNING:
             why = enough(out.times)
             if why:
                 out.stop_asked = why
                 rd.stop_file.write_text(why)
-        started = st.get("started")
-        if started and not out.cancelled_at_box and time.time() - float(started) > box_s + BOX_GRACE_S:
+        if st.started and not out.cancelled_at_box and time.time() - st.started > box_s + BOX_GRACE_S:
             out.cancelled_at_box = True
-            supervisor.request_cancel(rd)
+            control.request_cancel(rd)
 
     def _wait_finalized(self, b: BatchDir) -> None:
         deadline = time.monotonic() + FINALIZE_WAIT_S
-        while not b.info().get("finalized") and supervisor.is_supervised(b) and time.monotonic() < deadline:
+        while not b.info().get("finalized") and is_supervised(b) and time.monotonic() < deadline:
             time.sleep(self.poll_s)
 
     def parent_run_id(self, batch_id: str) -> str | None:

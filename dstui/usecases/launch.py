@@ -22,14 +22,13 @@ forecast without history and could not resume. Now there is one way:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstui.analysis import forecast
-from dstui.core import paths, startup_trace
+from dstui.core import paths, run_status, startup_trace
 from dstui.core.errors import DstuiError
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.execute import backends, batch, control, core_share, feasibility, launch, sysmetrics
@@ -232,7 +231,7 @@ def skip_predicted_oom(b: BatchDir, prepared: Prepared) -> dict[str, str]:
         rd = RunDir(b.path / name)
         reason = forecast.oom_reason(fc, prepared.capacity)
         if reason and rd.state == "queued":
-            rd.update_status(state="skipped", reason=reason, ended=time.time())
+            run_status.skipped(rd, reason)
             skipped[name] = reason
     return skipped
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dstui.core.rundir import BatchDir
 from dstui.execute import control, creation
+from dstui.execute.batch_lock import is_supervised
 
 CONFIRM_S = 1.0  # a missing supervisor is looked for again this much later: it may be starting
 MAX_RESTARTS = 3  # per watcher and batch: a supervisor that keeps dying is reported, not restarted forever
@@ -48,12 +49,12 @@ GAVE_UP = "supervisor keeps stopping"
 
 def supervised(b: BatchDir) -> bool:
     """Whether a live supervisor holds the batch's lock."""
-    return control.is_supervised(b)
+    return is_supervised(b)
 
 
 def needs_supervisor(b: BatchDir, *, settle: bool = True) -> bool:
     """An unfinished batch that no live supervisor holds (``settle``: a cut-short creation is finished first)."""
-    if control.is_supervised(b):
+    if is_supervised(b):
         return False
     if settle:
         creation.settle(b)

@@ -30,7 +30,8 @@ from test_reliability import (  # noqa: F401
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, RunDir, list_batches
 from dstui.execute import creation
-from dstui.execute.control import is_supervised, request_cancel
+from dstui.execute.batch_lock import is_supervised
+from dstui.execute.control import request_cancel
 from dstui.execute.process_group import group_alive
 from dstui.tracking import tags as tag_keys
 

@@ -7,7 +7,7 @@ import json
 from helpers import dstui, mlflow_client
 
 from dstui.analysis import forecast as fc
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 OOM_SPEC = """
 name: oom-demo

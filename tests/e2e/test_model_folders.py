@@ -14,7 +14,7 @@ from pathlib import Path
 from helpers import dstui
 from model_folders import EMPTY_BPE, GPT2, QWEN2, config_only, with_tokenizer
 
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
 from dstui.core.rundir import list_batches
 
 SPEC = """

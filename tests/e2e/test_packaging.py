@@ -31,7 +31,7 @@ def test_wheel_ships_runners_and_configs_and_finds_them(tmp_path: Path) -> None:
     # The unpacked wheel comes first on the path, so it is what `dstui` resolves to here.
     probe = subprocess.run(
         [sys.executable, "-c",
-         "from dstui.core import paths; from dstui.execute import launch; from dstui.spec.models import expand_file;"
+         "from dstui.core import paths; from dstui.execute import launch; from dstui.spec.loading import expand_file;"
          "print(paths.RUNNERS_DIR); print(paths.CONFIGS_DIR);"
          "print(all(p.is_file() for p in launch.RUNNER_SCRIPTS.values()));"
          "print(len(expand_file(paths.CONFIGS_DIR / 'experiments' / 'smoke.yaml')[1]))"],

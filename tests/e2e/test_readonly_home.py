@@ -28,7 +28,7 @@ import yaml
 from helpers import dstui
 
 from dstui.core.rundir import list_batches
-from dstui.execute import control
+from dstui.execute.batch_lock import is_supervised
 
 UNSHARE = shutil.which("unshare")
 
@@ -78,7 +78,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # its supervisor finishes with the store (its last checkpoint of the WAL) before the home is looked at
     supervisors = [p for p in psutil.process_iter(["cmdline"]) if str(b.path) in (p.info["cmdline"] or [])]
     psutil.wait_procs(supervisors, timeout=120)
-    assert not control.is_supervised(b)
+    assert not is_supervised(b)
     commands = [
         ["run", str(spec)], ["report", "-e", "quick", "-o", str(root / "report")],
         ["import", str(logs), "--experiment", "imported"], ["cancel", b.id], ["retry", f"{b.id}/base-r0", "--force"],

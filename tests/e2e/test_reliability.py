@@ -23,8 +23,7 @@ import yaml
 from helpers import REPO, SPECS, dstui, mlflow_client
 
 from dstui.core.rundir import BatchDir, RunDir, list_batches
-from dstui.execute.batch_lock import holder_pid
-from dstui.execute.supervisor import is_supervised
+from dstui.execute.batch_lock import holder_pid, is_supervised
 
 FAKE = str(REPO / "tests" / "programs" / "fake_runner.py")
 
@@ -436,7 +435,7 @@ def test_foreground_run_returns_when_mlflow_never_answers(home: Path) -> None:
 
 
 def test_deleted_mlflow_store_is_noticed_and_every_point_resent(home: Path) -> None:
-    from dstui.execute.sink import forget_sqlite_store
+    from dstui.execute.store import forget_sqlite_store
 
     uri = os.environ["MLFLOW_TRACKING_URI"]
     db = home / "mlruns" / "mlflow.db"

@@ -27,10 +27,11 @@ import pytest
 import yaml
 from helpers import SPECS
 
-from dstui.core.records import parse_seed_line, read_records
+from dstui.core.record_file import read_records
+from dstui.core.records import parse_seed_line
 from dstui.core.rundir import RunDir
 from dstui.execute.launch import free_port
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 # launches of two ranks: more than the default 600 s on a loaded 2-core machine
 # one xdist worker runs the module: every test reads the launches of one module fixture

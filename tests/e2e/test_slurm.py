@@ -34,7 +34,7 @@ from test_reliability import (
 from dstui.core.rundir import RunDir, list_batches
 from dstui.execute.backends import for_status, slurm_cli
 from dstui.execute.backends.slurm_cli import JobInfo
-from dstui.execute.supervisor import is_supervised
+from dstui.execute.batch_lock import is_supervised
 
 # one xdist worker runs the module in order: one Slurm cluster (a session fixture) for the module; a blocker job holds its node
 pytestmark = pytest.mark.xdist_group("slurm")

@@ -207,7 +207,7 @@ def test_requeued_run_goes_on_in_its_folder_and_mlflow_run_each_step_once(home: 
     first attempt's steps, then the second's beyond them), the metrics file keeps both attempts, the run is done."""
     from test_reliability import wait_for
 
-    from dstui.core.records import read_records
+    from dstui.core.record_file import read_records
 
     steps = 1000  # ~10 ms a step here: seconds of training to catch it in
     spec = nodes_spec(home, "requeue", "smoke.yaml", [{"name": "rq", "zero_stage": 1, "gpus": 1}], steps=steps, warmup_steps=1)

@@ -29,7 +29,8 @@ from helpers import SPECS, dstui, git_at
 
 from dstui.core.errors import SpecError
 from dstui.revisions import envs as R
-from dstui.spec.models import Revision
+from dstui.revisions import resolved as RR
+from dstui.spec.experiment import Revision
 
 # one xdist worker runs the module in order: the second test uses the first one's pip-built reference
 pytestmark = pytest.mark.xdist_group("source-env")
@@ -101,7 +102,7 @@ def test_source_env_gives_the_pip_builds_verify_results(history: dict, cache: Pa
     assert src.env_dir != pip.env_dir and Path(src.env_dir or "").name.startswith("src-")
     assert src.version == pip.version == f"{RELEASE}+{history['A'][:7]}"
     assert package_digest(src.env_dir or "") == package_digest(pip.env_dir or ""), "same files, same bytes"
-    marker = json.loads((Path(src.env_dir or "") / R.MARKER).read_text())
+    marker = json.loads((Path(src.env_dir or "") / RR.MARKER).read_text())
     assert marker["install"]["method"] == "source" and "identical to pip-built" in marker["install"]["reason"]
     assert marker["install"]["reference"] == pip.env_dir
     assert not (Path(src.env_dir or "") / "src" / ".git").exists()

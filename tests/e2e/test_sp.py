@@ -21,7 +21,7 @@ import pytest
 import yaml
 from helpers import dstui
 
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
 from dstui.core.rundir import RunDir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800), pytest.mark.xdist_group("sp")]

@@ -90,7 +90,7 @@ def test_smoke_batch_on_postgres_server_reports_like_sqlite(home: Path, team_ser
 @pytest.mark.e2e
 def test_report_fast_path_reads_postgres_like_sqlite(home: Path, team_server: TeamServer) -> None:
     """fetch_histories: plain SQL on PostgreSQL, the API through the server; same values as SQLite."""
-    from dstui.analysis.runs import fetch_histories, fetch_runs
+    from dstui.analysis.fetch import fetch_histories, fetch_runs
 
     sqlite_uri = f"sqlite:///{home}/mlruns/mlflow.db"
     points = [(f"k{i}", float(step) / (i + 1), 1_700_000_000_000 + step, step) for i in range(3) for step in range(1, 51)]

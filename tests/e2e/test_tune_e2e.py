@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.execute.process_group import group_alive
 from dstui.tune import probe_rules

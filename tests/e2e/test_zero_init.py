@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
 from dstui.execute.launch import free_port
 
 # one worker runs the module fixture (under xdist each worker would run its own copy)

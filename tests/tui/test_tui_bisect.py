@@ -9,7 +9,7 @@ import pytest
 from tui_helpers import wait_for
 
 from dstui.bisect.store import Store, write_progress
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.bisect_progress import BisectProgress, progress_text, shown
 

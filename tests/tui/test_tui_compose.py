@@ -10,7 +10,7 @@ from helpers import IMPORTS_DEEPSPEED
 from textual.widgets import Input, Static
 from tui_helpers import REPO, run_cli, wait_for
 
-from dstui.spec.models import expand_file
+from dstui.spec.loading import expand_file
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
 

@@ -18,7 +18,7 @@ from tui_helpers import REPO, open_compose, wait_for
 
 from dstui.core import paths
 from dstui.core.rundir import list_batches
-from dstui.spec.models import expand_file
+from dstui.spec.loading import expand_file
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.compose import ComposeScreen
 from dstui.tui.screens.confirm import ConfirmScreen

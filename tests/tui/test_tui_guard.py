@@ -73,7 +73,7 @@ async def test_wrong_lr_is_flagged_live_and_nan_stops_the_run(tui_env) -> None: 
 
     from rich.text import Text
 
-    from dstui.core.records import read_records
+    from dstui.core.record_file import read_records
     from dstui.core.rundir import BatchDir
     from dstui.tui.app import DstuiApp
 

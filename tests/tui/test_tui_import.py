@@ -23,7 +23,7 @@ def modules_after(code: str) -> set[str]:
 
 
 def test_core_imports_without_textual():
-    mods = modules_after("import dstui.spec.models, dstui.execute.batch, dstui.execute.supervisor, dstui.core.rundir, dstui.tracking.client, dstui.cli")
+    mods = modules_after("import dstui.spec.expand, dstui.spec.loading, dstui.execute.batch, dstui.execute.supervisor, dstui.core.rundir, dstui.tracking.client, dstui.cli")
     assert not {m for m in mods if m.split(".")[0] in ("textual", "textual_plotext", "plotext")}
 
 

@@ -10,7 +10,8 @@ from textual.widgets import Input, Static
 from tui_helpers import make_store, wait_for
 
 from dstui.tui.app import DstuiApp
-from dstui.tui.screens.results import ResultsScreen, TextScreen
+from dstui.tui.screens.results import ResultsScreen
+from dstui.tui.screens.text import TextScreen
 
 pytestmark = pytest.mark.anyio
 

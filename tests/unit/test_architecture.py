@@ -3,7 +3,10 @@
 The layout under ``dstui/`` is the data flow (docs/ARCHITECTURE.md). These checks fail the
 moment a lower stage reaches up (e.g. ``spec`` importing ``execute``), the core pulls in the
 TUI's libraries, a heavy library is imported at module level (start-up cost, and the core must
-work without torch/deepspeed), or the runners import the TUI.
+work without torch/deepspeed), or the runners import the TUI. The house rules over every module of
+dstui/ and runners/ (no import cycle, no module over 450 lines or function over 80, no private name
+used across modules, one import path per name, a run's state written by dstui.core.run_status
+alone) are read by tests/unit/code_rules.py, and shown to catch a planted violation of each.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import code_rules
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,3 +170,73 @@ def test_the_checker_sees_a_violation() -> None:
     assert any(i.module.startswith("dstui.tracking") for i in imps)
     lazy = [i for i in _all(PACKAGE) if not i.top_level and i.module.split(".")[0] == "deepspeed"]
     assert lazy, "deepspeed is imported lazily somewhere in dstui/spec (validation); the walker must see it"
+
+
+# -- the house rules over every module (tests/unit/code_rules.py) --------------------------------------
+
+PRODUCT = code_rules.load(REPO, ("dstui", "runners"))
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Function-level imports count (they run, only later); ``if TYPE_CHECKING:`` imports do not."""
+    found = code_rules.cycles(PRODUCT)
+    assert not found, "import cycles (move what both need into a module of its own):\n" + "\n".join(found)
+
+
+def test_no_module_over_450_lines_and_no_function_over_80() -> None:
+    found = code_rules.long_modules(PRODUCT) + code_rules.long_functions(PRODUCT)
+    assert not found, "split these:\n" + "\n".join(found)
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    found = code_rules.private_imports(PRODUCT)
+    assert not found, "a name another module needs is public (drop the underscore):\n" + "\n".join(found)
+
+
+def test_one_import_path_per_name() -> None:
+    """No front doors: a name is imported from the module that defines it, by the product, its tests and benchmarks."""
+    found = code_rules.reexports(code_rules.load(REPO, ("dstui", "runners", "tests", "benchmarks")))
+    assert not found, "import these from where they are defined:\n" + "\n".join(found)
+
+
+def test_a_run_state_is_written_through_run_status_alone() -> None:
+    found = code_rules.state_writers(PRODUCT)
+    assert not found, "\n".join(found)
+
+
+PLANTED = {
+    # a cycle closed by a function-level import; a TYPE_CHECKING import closes none
+    "a.py": "from pkg import b\n\n\ndef f():\n    from pkg import c\n    return c\n\n\n_hidden = 1\nthing = 2\n",
+    "b.py": "import pkg.a\n",
+    "c.py": "from pkg.b import x\n",
+    "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n",
+    "e.py": "import pkg.d\n",
+    # an 81-line function, a 451-line module, a private name used twice over, a front door and its user
+    "long.py": "def big():\n" + "    x = 1\n" * 80,
+    "huge.py": "x = 1\n" * 451,
+    "peek.py": "from pkg.a import _hidden\nfrom pkg import a\n\ny = a._hidden\n",
+    "door.py": "from pkg.a import thing\n\n__all__ = ['thing']\n",
+    "user.py": "from pkg.door import thing\nfrom pkg import door\n\nz = door.thing\n",
+    "writer.py": "def go(rd, merge_status):\n    rd.update_status(state='done')\n    merge_status(rd, {})\n",
+}
+
+
+def test_the_checker_sees_each_planted_violation(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in PLANTED.items():
+        (pkg / name).write_text(text)
+    mods = code_rules.load(tmp_path, ["pkg"])
+    # d <-> e is not one: d's import never runs
+    assert code_rules.cycles(mods) == ["pkg.a <-> pkg.b <-> pkg.c: pkg.a:1 imports pkg.b, pkg.a:5 imports pkg.c, "
+                                       "pkg.b:1 imports pkg.a, pkg.c:1 imports pkg.b"]  # fmt: skip
+    assert code_rules.long_functions(mods) == ["pkg/long.py:1 big: 81 lines"]
+    assert code_rules.long_modules(mods) == ["pkg/huge.py: 451 lines"]
+    assert code_rules.private_imports(mods) == ["pkg/peek.py:1 imports pkg.a._hidden", "pkg/peek.py:4 uses pkg.a._hidden"]
+    assert sorted(code_rules.reexports(mods, attributes_of=("pkg",))) == sorted([
+        "pkg/user.py:1 takes thing from pkg.door, which imports it",
+        "pkg/door.py:3 __all__ names thing, which it imports",
+        "pkg/user.py:4 uses pkg.door.thing, which it imports",
+    ])  # fmt: skip
+    assert len(code_rules.state_writers(mods)) == 2

@@ -22,13 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstui.core.attempt_steps import AttemptSteps
-from dstui.core.records import read_records, seed_line
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.record_file import read_records
+from dstui.core.records import seed_line
+from dstui.core.rundir import RunDir, merge_status, write_json_atomic
 from dstui.execute import ingest
 from dstui.execute.backends.slurm_script import attempt_line, job_script
 from dstui.execute.follow import RunFollower
 from dstui.execute.ingest import Tracked
-from dstui.spec.models import RunSpec, Settings, SlurmOptions
+from dstui.spec.experiment import RunSpec, SlurmOptions
+from dstui.spec.settings import Settings
 
 EXAMPLES = settings(max_examples=int(os.environ.get("FUZZ_N", "100")), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
@@ -157,7 +159,7 @@ def test_mlflow_gets_each_step_once_across_attempts_and_supervisor_crashes(
     rd.path.mkdir()
     write_json_atomic(rd.spec_file, {"condition": "c", "settings": {"kind": "command", "metrics_format": fmt}})
     run_id = client.create_run(store["sink"].experiment_id, run_name=rd.name).info.run_id
-    rd.update_status(name=rd.name, state="running", started=time.time(), mlflow_run_id=run_id)
+    merge_status(rd, dict(name=rd.name, state="running", started=time.time(), mlflow_run_id=run_id))
     source = rd.log_file if fmt == "seed" else rd.metrics_file
     runs = only(runs, fmt)
     data = file_of(runs, fmt)
@@ -174,7 +176,7 @@ def test_mlflow_gets_each_step_once_across_attempts_and_supervisor_crashes(
     follower = RunFollower(store["batch"], store["sink"], None, system_interval_s=3600)
     follower.tracked[rd.name] = t
     follower.attempts[rd.name] = 1
-    rd.update_status(state="done", ended=time.time(), exit_code=0)
+    merge_status(rd, dict(state="done", ended=time.time(), exit_code=0))
     follower.follow(rd)  # drain, send, finalize: the real pass
     assert t.finalized, store["sink"].error
     for key in ("loss", "lr"):

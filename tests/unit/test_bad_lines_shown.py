@@ -6,14 +6,14 @@ from pathlib import Path
 
 from dstui.commands.status import time_lines
 from dstui.core.records import bad_lines_note
-from dstui.core.rundir import RunDir
+from dstui.core.rundir import RunDir, merge_status
 from dstui.tui.runs_cells import run_cells
 
 
 def test_bad_lines_reach_status_and_the_runs_table(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "r0")
     rd.path.mkdir()
-    st = rd.update_status(name="r0", state="running", bad_lines=2, first_bad_line="not a number: Epoch 1, Step 3, Loss: abc")
+    st = merge_status(rd, dict(name="r0", state="running", bad_lines=2, first_bad_line="not a number: Epoch 1, Step 3, Loss: abc"))
     assert bad_lines_note(st) == "2 bad lines (first: not a number: Epoch 1, Step 3, Loss: abc)"
     assert "  bad   r0: 2 bad lines (first: not a number: Epoch 1, Step 3, Loss: abc)" in time_lines([rd])
     assert str(run_cells(st, marked=False)[-1]).startswith("2 bad lines (first: not a number")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dstui.core.errors import DstuiError
-from dstui.core.rundir import BatchDir, RunDir, list_batches, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, list_batches, merge_status, write_json_atomic
 from dstui.execute import batch, creation, launch
 from dstui.execute.batch_lock import BatchLock
 from dstui.execute.injob import wrap
@@ -37,7 +37,7 @@ def cut_short(root: Path) -> BatchDir:
     b.path.mkdir(parents=True)
     write_json_atomic(b.batch_file, {"id": b.id, "experiment": "u", "spec_path": "/specs/u.yaml",
                                      "runs": ["c-r0", "c-r1", "c-r2", "c-r3"], creation.COMPLETE: False})  # fmt: skip
-    RunDir(b.path / "c-r0").update_status(name="c-r0", state="queued", key="k0")
+    merge_status(RunDir(b.path / "c-r0"), dict(name="c-r0", state="queued", key="k0"))
     (b.path / "c-r1").mkdir()
     (b.path / "c-r1" / "spec.json").write_text("{}")
     return b

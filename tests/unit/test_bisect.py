@@ -19,7 +19,7 @@ from dstui.bisect import decide as D
 from dstui.bisect.search import BAD, GOOD, SKIP, conclude, next_index
 from dstui.bisect.store import CommitRecord, Store, list_progress, write_progress
 from dstui.core.errors import SpecError
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 
 def search(n: int, truth: int, skipped: frozenset[int] = frozenset()) -> tuple[list[int], object]:
@@ -172,7 +172,7 @@ class SyntheticMeasurer:
     def __init__(self, store: Store, shas: list[str], culprit: int, noisy: set[int]) -> None:
         import numpy as np
 
-        from dstui.spec.models import ExperimentSpec
+        from dstui.spec.experiment import ExperimentSpec
 
         self.store, self.shas, self.culprit, self.noisy = store, shas, culprit, noisy
         self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "z0", Path("/repo")
@@ -371,7 +371,7 @@ class VerdictMeasurer:
     """Verdicts from an oracle (PASS before ``culprit``, FAIL from it on; ``crash`` gives none)."""
 
     def __init__(self, store: Store, shas: list[str], culprit: int, crash: set[int], good_fails: bool = False) -> None:
-        from dstui.spec.models import ExperimentSpec
+        from dstui.spec.experiment import ExperimentSpec
 
         self.store, self.shas, self.culprit, self.crash, self.good_fails = store, shas, culprit, crash, good_fails
         self.spec, self.condition, self.repo = ExperimentSpec(name="exp"), "v", Path("/repo")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dstui.execute import bytecode, launch
-from dstui.spec.models import expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
 
 
 def _venv(tmp_path: Path, *, with_pyc: bool) -> Path:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dstui.core.rundir import RunDir
+from dstui.core.rundir import RunDir, merge_status
 from dstui.execute import core_share, gpu_ledger, overlap
 from dstui.execute.gpu_ledger import Ended, Holder
 
@@ -44,7 +44,7 @@ def _run(tmp_path: Path, name: str = "a-r0", **status: Any) -> RunDir:
     rd = RunDir(tmp_path / "b-1" / name)
     rd.path.mkdir(parents=True)
     (rd.path / "spec.json").write_text('{"settings": {"warmup_steps": 2}}')
-    rd.update_status(state="running", **status)
+    merge_status(rd, dict(state="running", **status))
     return rd
 
 
@@ -105,13 +105,13 @@ def test_a_waiting_batch_starts_beside_only_when_launched_to_overlap(tmp_path: P
     monkeypatch.setenv(gpu_ledger.LEDGER_ENV, str(tmp_path / "ledger"))
     other = RunDir(tmp_path / "runs" / "smoke-1" / "z0-r0")
     other.path.mkdir(parents=True)
-    other.update_status(state="running", pgid=os.getpgid(0))  # a live group: this test's own
+    merge_status(other, dict(state="running", pgid=os.getpgid(0)))  # a live group: this test's own
     with gpu_ledger.opened() as ledger:
         ledger.add(other, [], core_share.machine_cores())
     mine = RunDir(tmp_path / "runs" / "lrsweep-2" / "a-r0")
     mine.path.mkdir(parents=True)
     (mine.path / "spec.json").write_text('{"settings": {"gpus": 2}}')
-    mine.update_status(state="queued")
+    merge_status(mine, dict(state="queued"))
     batch = BatchDir(mine.path.parent)
     started: list[RunDir] = []
 
@@ -127,7 +127,7 @@ def test_a_waiting_batch_starts_beside_only_when_launched_to_overlap(tmp_path: P
     assert started == [mine]
     assert LocalBackend().launch_notes(batch)[0].startswith("cores shared: batch smoke-1 (run z0-r0)")
     assert sorted(h.run for h in gpu_ledger.read()[0]) == ["a-r0", "z0-r0"]  # both claim the cores now
-    other.update_status(state="done", ended=time.time())  # ended: it holds nothing any more, and is a recent run
+    merge_status(other, dict(state="done", ended=time.time()))  # ended: it holds nothing any more, and is a recent run
     live, ended = gpu_ledger.read()
     assert [h.run for h in live] == ["a-r0"] and [e.run for e in ended] == ["z0-r0"]
     with gpu_ledger.opened():  # a writer moves it to recent.json

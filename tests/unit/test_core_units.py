@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dstui.core import failures, shm
+from dstui.core import failures, secrets, shm
 from dstui.core.records import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
-from dstui.core.rundir import RunDir
+from dstui.core.rundir import RunDir, merge_status
 from dstui.execute import launch
-from dstui.spec.models import expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
 
 
 def test_seed_line_round_trip() -> None:
@@ -159,15 +160,15 @@ def test_placeholders_are_filled_per_element() -> None:
 
 
 def test_secret_env_names() -> None:
-    assert launch.is_secret("HF_TOKEN") and launch.is_secret("aws_secret_access_key")
-    assert launch.is_secret("DB_PASSWORD") and not launch.is_secret("CUDA_VISIBLE_DEVICES")
+    assert secrets.is_secret("HF_TOKEN") and secrets.is_secret("aws_secret_access_key")
+    assert secrets.is_secret("DB_PASSWORD") and not secrets.is_secret("CUDA_VISIBLE_DEVICES")
 
 
 def test_status_is_written_atomically(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "r")
     rd.path.mkdir()
-    rd.update_status(state="queued", steps_total=5)
-    rd.update_status(state="running")
+    merge_status(rd, dict(state="queued", steps_total=5))
+    merge_status(rd, dict(state="running"))
     data = json.loads(rd.status_file.read_text())
     assert data["state"] == "running" and data["steps_total"] == 5
     assert [p.name for p in rd.path.iterdir()] == ["status.json"]  # no temp files left

@@ -17,7 +17,9 @@ import pytest
 
 from dstui.core.rundir import RunDir
 from dstui.execute import cwd_link, launch
-from dstui.spec.models import RunSpec, expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.experiment import RunSpec
+from dstui.spec.loading import parse_spec
 
 # What a rank sees: its environment's PWD, its physical folder, and what glibc calls its folder.
 PROBE = f"""#!{sys.executable}

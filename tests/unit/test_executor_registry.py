@@ -11,7 +11,7 @@ import pytest
 
 from dstui.core import executors
 from dstui.core.errors import DstuiError, SpecError
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, merge_status, write_json_atomic
 from dstui.execute import backends, feasibility
 from dstui.execute.backends.base import Backend
 from dstui.execute.backends.local import LocalBackend
@@ -67,7 +67,7 @@ def test_builtin_backends_answer_every_method_of_the_protocol(cls: type) -> None
 def test_a_run_not_started_yet_goes_to_its_batch_backend(tmp_path: Path) -> None:
     batch = tmp_path / "b"
     rd = RunDir(batch / "r-r0")
-    rd.update_status(state="queued")
+    merge_status(rd, dict(state="queued"))
     write_json_atomic(batch / "batch.json", {"id": "b", "executor": "slurm"})
     assert backends.for_run(rd).name == "slurm"  # queued, no job yet: the batch says where it will go
     rd.update_status(executor="local")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dstui.core.phases import live_text
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, merge_status, write_json_atomic
 from dstui.execute import feasibility, gpu_ledger, gpu_share, live_phase
 from dstui.execute.feasibility import Machine
 
@@ -154,7 +154,7 @@ def test_an_op_build_in_a_jobs_process_tree_is_named_while_it_runs(tmp_path: Pat
     assert phases.update(rd, {"compile": True}) == "first step (compiling)"
     rd.update_status(steps_done=3)
     assert phases.update(rd, {}) == "training"
-    rd.update_status(state="failed")
+    merge_status(rd, dict(state="failed"))
     assert phases.update(rd, {}) is None and rd.status()["phase"] is None
 
 
@@ -169,10 +169,10 @@ def test_failures_are_announced_once_and_not_for_the_past(tmp_path: Path) -> Non
     r2 = _run(runs, "b1", "r2", state="running")
     watch = FailureWatch()
     assert watch.scan(runs) == []  # what failed before the TUI opened is in the table already
-    r1.update_status(state="failed", reason="Python: RuntimeError: boom")
-    r2.update_status(state="killed", reason="cancelled")
+    merge_status(r1, dict(state="failed", reason="Python: RuntimeError: boom"))
+    merge_status(r2, dict(state="killed", reason="cancelled"))
     alerts = watch.scan(runs)
     assert [(a.run, a.title, a.text) for a in alerts] == [("r1", "run failed", "Python: RuntimeError: boom")]
     assert watch.scan(runs) == []  # once
-    r2.update_status(state="running", reason=None, diverged={"message": "diverged at step 4 (Δ=3.1)"})
+    merge_status(r2, dict(state="running", reason=None, diverged={"message": "diverged at step 4 (Δ=3.1)"}))
     assert [(a.run, a.title) for a in watch.scan(runs)] == [("r2", "live guard")]

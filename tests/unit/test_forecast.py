@@ -24,7 +24,7 @@ from dstui.analysis.forecast_model import (
     model_shape,
     model_states,
 )
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 pytestmark = IMPORTS_DEEPSPEED
 
@@ -287,8 +287,8 @@ def test_too_little_history_falls_back_to_analytic() -> None:
 
 
 def test_forecast_vs_measured_frame(home) -> None:
+    from dstui.analysis.fetch import fetch_runs
     from dstui.analysis.forecast_check import forecast_vs_measured
-    from dstui.analysis.runs import fetch_runs
     from dstui.tracking import client as tracking
 
     c = tracking.client()
@@ -309,7 +309,8 @@ def test_forecast_vs_measured_frame(home) -> None:
 
 
 def test_compose_cells_are_coloured_against_the_gpu() -> None:
-    from dstui.spec.models import ExperimentSpec, expand
+    from dstui.spec.expand import expand
+    from dstui.spec.experiment import ExperimentSpec
     from dstui.tui.forecast_cells import forecast_cells
 
     spec = ExperimentSpec(name="c", settings={"model": "llama-1b", "seq_length": 2048, "micro_batch": 4,

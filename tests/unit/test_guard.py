@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from dstui.core.rundir import merge_status
 from dstui.execute.guard import DivergenceGuard, Flag, GuardConfig, losses_from_records
 
 BASE = {1: 6.0, 2: 5.5, 3: 5.0, 4: 4.6, 5: 4.3}
@@ -123,7 +124,7 @@ def _run_folder(batch, name: str, condition: str, kind: str, losses: list[float]
                                      "settings": {"kind": kind}})  # fmt: skip
     rd.metrics_file.write_text("".join(json.dumps({"type": "step", "step": i + 1, "loss": x}) + "\n"
                                        for i, x in enumerate(losses)))  # fmt: skip
-    rd.update_status(name=name, state=state)
+    merge_status(rd, dict(name=name, state=state))
 
 
 def test_batch_guard_reads_the_baseline_from_disk_and_survives_a_takeover(tmp_path) -> None:  # noqa: ANN001

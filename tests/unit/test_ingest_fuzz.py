@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstui.core.records import parse_seed_line, seed_line
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.rundir import RunDir, merge_status, write_json_atomic
 from dstui.execute import ingest
 from dstui.execute.follow import RunFollower
 from dstui.execute.ingest import Tracked
@@ -113,7 +113,7 @@ def _new_run(store: dict, fmt: str) -> RunDir:
     rd = RunDir(store["batch"].path / f"r{next(_steps)}")
     rd.path.mkdir()
     write_json_atomic(rd.spec_file, {"condition": "c", "settings": {"kind": "command", "metrics_format": fmt}})
-    rd.update_status(name=rd.name, state="running", started=time.time(), mlflow_run_id=store["run_id"])
+    merge_status(rd, dict(name=rd.name, state="running", started=time.time(), mlflow_run_id=store["run_id"]))
     store["client"].update_run(store["run_id"], status="RUNNING")
     return rd
 
@@ -135,7 +135,7 @@ def test_no_run_output_breaks_the_follower_the_parsers_or_the_mlflow_sink(store:
         with open(source, "ab") as fh:
             fh.write(data[a:b])
         t.pending.extend(ingest.read_points(t, on_header=lambda rec: None))
-    rd.update_status(state="done", ended=time.time(), exit_code=0)
+    merge_status(rd, dict(state="done", ended=time.time(), exit_code=0))
     follower.follow(rd)  # send, drain, finalize: the real pass
     assert t.finalized, store["sink"].error
     client = store["client"]

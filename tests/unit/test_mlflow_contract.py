@@ -17,7 +17,8 @@ import pytest
 from dstui.execute import mlflow_params, sysmetrics
 from dstui.execute.mlflow_runs import batch_note, batch_params, run_note
 from dstui.spec import dsconfig
-from dstui.spec.models import RunSpec, Settings
+from dstui.spec.experiment import RunSpec
+from dstui.spec.settings import Settings
 from dstui.tracking import client as tracking
 
 

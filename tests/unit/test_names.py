@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from dstui.core import names
 from dstui.core.errors import SpecError
-from dstui.spec.models import expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
 
 HOSTILE = [
     "../../escaped",

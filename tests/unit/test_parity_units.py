@@ -11,7 +11,9 @@ import pytest
 from dstui.core import failures
 from dstui.core.errors import SpecError
 from dstui.spec import capabilities
-from dstui.spec.models import Settings, expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
+from dstui.spec.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
@@ -130,7 +132,7 @@ def test_the_recipes_where_bugs_live_are_accepted() -> None:
 
 
 def test_where_bugs_live_spec_validates() -> None:
-    from dstui.spec.models import expand_file
+    from dstui.spec.loading import expand_file
 
     spec, runs = expand_file(REPO / "configs" / "experiments" / "where_bugs_live.yaml")
     assert len(spec.revisions) == 2 and {r.settings.kind for r in runs} == {"verify"}

@@ -10,7 +10,8 @@ from model_folders import EMPTY_BPE, GPT2, QWEN2, UNK_1000, config_only, with_to
 from dstui.core import model_folder
 from dstui.core.errors import SpecError
 from dstui.execute.preflight import check_models, model_problem, tokenizer_problem
-from dstui.spec.models import expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
 
 
 def test_presets_and_local_folders_pass(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import yaml
 from helpers import dstui
 
 from dstui.spec import dsconfig
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 
 @pytest.mark.parametrize(

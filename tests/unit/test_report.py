@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from dstui.analysis import fetch
-from dstui.analysis import runs as an
+from dstui.analysis.fetch import fetch_histories, fetch_runs
+from dstui.analysis.rundata import ReportError
 from dstui.report.charts import fmt_num
 from dstui.usecases.report import export_report
 
@@ -259,9 +260,9 @@ def test_history_paths_agree(store: tuple[Any, str, str]) -> None:
     client.log_batch(rid, metrics=[Metric("loss", 3.5, int(time.time() * 1000) + 10_000, 1)])
     loaded = {}
     for method in ("sqlite", "sql", "api"):
-        _, runs = an.fetch_runs(client, EXP, batch=BATCH)
+        _, runs = fetch_runs(client, EXP, batch=BATCH)
         if method == "sqlite":
-            assert an.fetch_histories(client, uri, runs) == "sqlite"
+            assert fetch_histories(client, uri, runs) == "sqlite"
         elif method == "sql":
             fetch._histories_sql(uri, runs)
         else:
@@ -337,7 +338,7 @@ def test_verify_runs_and_revisions(store: tuple[Any, str, str], tmp_path: Path) 
 
 
 def test_unknown_experiment_is_a_clear_error(store: tuple[Any, str, str], tmp_path: Path) -> None:
-    with pytest.raises(an.ReportError, match="no MLflow experiment named 'nope'"):
+    with pytest.raises(ReportError, match="no MLflow experiment named 'nope'"):
         export_report("nope", tmp_path / "x")
-    with pytest.raises(an.ReportError, match="no dstui runs"):
+    with pytest.raises(ReportError, match="no dstui runs"):
         export_report(EXP, tmp_path / "x")

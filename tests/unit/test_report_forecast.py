@@ -20,7 +20,7 @@ from test_report import BATCH, EXP, make_parent, store  # noqa: F401
 from test_report_timing import table_rows
 
 from dstui.analysis import forecast as fc
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 from dstui.usecases.report import export_report
 
 GIB = 2**30

@@ -23,7 +23,7 @@ from dstui.analysis.tuning import MAX_ROWS, summary_of
 from dstui.report.charts_tuning import predicted_vs_measured_figure
 from dstui.report.mdformat import neutralize, problems
 from dstui.report.sections.tuning import image_line, markdown
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 
 def doc(**over: Any) -> dict[str, Any]:

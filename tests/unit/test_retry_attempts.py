@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from test_report import EXP, log_run, make_parent, store  # noqa: F401 - the store fixture
 
 from dstui.analysis import fetch
-from dstui.analysis import runs as an
+from dstui.analysis.grouping import assign_labels
 from dstui.analysis.rundata import RunData
+from dstui.analysis.stats import condition_stats
 
 FOLDER = "/home/u/runs/cmp-20260101-000000"
 
@@ -40,8 +41,8 @@ def test_only_the_newest_attempt_of_a_run_is_counted(store: tuple[Any, str, str]
     _, runs = fetch.fetch_runs(client, EXP)
     z1 = [r for r in runs if r.condition == "z1"]
     assert [r.run_id for r in z1] == [newest]
-    an.assign_labels(runs)
-    stats = {cs.condition: cs for cs in an.condition_stats(runs)}
+    assign_labels(runs)
+    stats = {cs.condition: cs for cs in condition_stats(runs)}
     assert (stats["z1"].n_runs, stats["z1"].n_failed) == (1, 0)
 
     # runs picked by id are the user's choice: every attempt stays

@@ -23,8 +23,11 @@ import pytest
 import yaml
 
 from dstui.core.errors import DstuiError, SpecError
+from dstui.revisions import build as RB
 from dstui.revisions import envs as R
-from dstui.spec.models import Revision
+from dstui.revisions import plan as RP
+from dstui.revisions import resolved as RR
+from dstui.spec.experiment import Revision
 
 # one xdist worker runs the module in order: the e2e tests build into one env cache and reuse each other's envs
 pytestmark = pytest.mark.xdist_group("revisions")
@@ -130,40 +133,40 @@ def ds_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- unit: no network, no builds -----------------------------------------------------------
 
 
-def _resolved(**kw: object) -> R.ResolvedRevision:
+def _resolved(**kw: object) -> RR.ResolvedRevision:
     base = dict(name="new", kind="git", python=sys.executable, requested="main",
                 version="0.19.9+abc1234", sha="abc1234def5678", env_dir="/x", diff_path=None)
     base.update(kw)
-    return R.ResolvedRevision(**base)  # type: ignore[arg-type]
+    return RR.ResolvedRevision(**base)  # type: ignore[arg-type]
 
 
 def test_check_reported_version() -> None:
     r = _resolved()
-    assert R.check_reported_version(r, {"deepspeed": "0.19.9+abc1234"}) is None
+    assert RR.check_reported_version(r, {"deepspeed": "0.19.9+abc1234"}) is None
     header = {"versions": {"deepspeed": "0.19.9+abc1234"}, "deepspeed_git_sha": "abc1234"}
-    assert R.check_reported_version(r, header) is None
-    msg = R.check_reported_version(r, {"versions": {"deepspeed": "0.19.8"}})
+    assert RR.check_reported_version(r, header) is None
+    msg = RR.check_reported_version(r, {"versions": {"deepspeed": "0.19.8"}})
     assert msg and "0.19.8" in msg and "0.19.9+abc1234" in msg
-    msg = R.check_reported_version(r, {"versions": {"deepspeed": "0.19.9+abc1234"}, "deepspeed_git_sha": "fff0000"})
+    msg = RR.check_reported_version(r, {"versions": {"deepspeed": "0.19.9+abc1234"}, "deepspeed_git_sha": "fff0000"})
     assert msg and "fff0000" in msg
-    assert "did not report" in (R.check_reported_version(r, {"versions": {}}) or "")
+    assert "did not report" in (RR.check_reported_version(r, {"versions": {}}) or "")
     # 'unknown' sha (PyPI builds) is not a mismatch
-    assert R.check_reported_version(r, {"versions": {"deepspeed": r.version}, "deepspeed_git_sha": "unknown"}) is None
+    assert RR.check_reported_version(r, {"versions": {"deepspeed": r.version}, "deepspeed_git_sha": "unknown"}) is None
 
 
 def test_resolved_round_trip_and_tags() -> None:
     r = _resolved()
-    assert R.ResolvedRevision.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert RR.ResolvedRevision.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     tags = r.mlflow_tags()
     assert tags["dstui.revision"] == "new" and tags["dstui.revision.sha"] == r.sha
     assert "dstui.revision.install" not in tags
     src = _resolved(install="source")
-    assert R.ResolvedRevision.from_dict(src.to_dict()) == src and src.mlflow_tags()["dstui.revision.install"] == "source"
-    assert R.python_for(r) == sys.executable
-    assert R.run_env(r) == {"TORCH_EXTENSIONS_DIR": "/x/torch_extensions"}
-    assert R.run_env(_resolved(kind="installed", env_dir=None)) == {}
+    assert RR.ResolvedRevision.from_dict(src.to_dict()) == src and src.mlflow_tags()["dstui.revision.install"] == "source"
+    assert RR.python_for(r) == sys.executable
+    assert RR.run_env(r) == {"TORCH_EXTENSIONS_DIR": "/x/torch_extensions"}
+    assert RR.run_env(_resolved(kind="installed", env_dir=None)) == {}
     with pytest.raises(DstuiError, match="is gone"):
-        R.python_for(_resolved(python="/nonexistent/bin/python"))
+        RR.python_for(_resolved(python="/nonexistent/bin/python"))
 
 
 def test_installed(tmp_path: Path) -> None:
@@ -236,11 +239,11 @@ def test_pypi_releases_built_isolated_and_cached(cache: Path, freeze_before: str
         r = got[rev]
         assert (r.kind, r.requested, r.version, r.sha) == ("pypi", want, want, None)
         assert Path(r.env_dir or "").parent == cache / "envs"
-        info = env_info(R.python_for(r))
+        info = env_info(RR.python_for(r))
         assert info["version"] == want
         assert info["file"].startswith(r.env_dir or "?"), "env must import its own deepspeed"
         assert (info["torch"], info["torch_file"]) == (torch.__version__, torch.__file__)
-    markers = {n: (Path(r.env_dir or "") / R.MARKER).stat().st_mtime_ns for n, r in got.items()}
+    markers = {n: (Path(r.env_dir or "") / RR.MARKER).stat().st_mtime_ns for n, r in got.items()}
 
     lines.clear()
     t0 = time.monotonic()
@@ -252,7 +255,7 @@ def test_pypi_releases_built_isolated_and_cached(cache: Path, freeze_before: str
     assert not any(w in ln for ln in lines for w in ("pip:", "built DeepSpeed", "creating")), lines
     assert lines and all("using cached environment" in ln for ln in lines), lines
     assert all("using cached environment" in ln for ln in lines)
-    assert {n: (Path(r.env_dir or "") / R.MARKER).stat().st_mtime_ns for n, r in again.items()} == markers
+    assert {n: (Path(r.env_dir or "") / RR.MARKER).stat().st_mtime_ns for n, r in again.items()} == markers
     assert base_freeze() == freeze_before
 
 
@@ -276,7 +279,7 @@ def test_git_refs_never_touch_the_clone(cache: Path, ds_repo: Path, freeze_befor
         assert info["file"].startswith(r.env_dir or "?")
         has_marker = (Path(r.env_dir or "") / "lib").glob("python*/site-packages/deepspeed/dstui_marker.py")
         assert bool(list(has_marker)) == (name == "main")
-        assert R.check_reported_version(r, {"versions": {"deepspeed": info["version"]}, "deepspeed_git_sha": info["git_hash"]}) is None
+        assert RR.check_reported_version(r, {"versions": {"deepspeed": info["version"]}, "deepspeed_git_sha": info["git_hash"]}) is None
 
     t0 = time.monotonic()
     lines: list[str] = []
@@ -308,7 +311,7 @@ def test_path_uses_working_tree_with_diff(cache: Path, ds_repo: Path) -> None:
     extra = ds_repo / "deepspeed" / "dstui_untracked.py"
     extra.write_text("UNTRACKED = 2\n")
     try:
-        plan = R._plan(Revision(name="mywork", path=str(ds_repo)), cache / "envs", R.BaseEnv.current())
+        plan = RP.plan_env(Revision(name="mywork", path=str(ds_repo)), cache / "envs", RP.BaseEnv.current())
         assert plan.env_dir != Path(r.env_dir or "")
     finally:
         extra.write_text("UNTRACKED = True\n")
@@ -318,7 +321,7 @@ def test_path_uses_working_tree_with_diff(cache: Path, ds_repo: Path) -> None:
 @pytest.mark.e2e
 def test_build_failure_is_cleaned_up_and_reported(cache: Path, ds_repo: Path) -> None:
     before = clone_state(ds_repo)
-    with pytest.raises(R.RevisionBuildError) as e:
+    with pytest.raises(RR.RevisionBuildError) as e:
         R.resolve(Revision(name="bad", git=str(ds_repo), ref="broken"), cache_dir=cache, progress=lambda s: None)
     msg = str(e.value)
     assert "building its environment failed" in msg and "DSTUI-BROKEN-SETUP" in msg
@@ -338,11 +341,11 @@ def test_lock_waits_for_another_builder(cache: Path) -> None:
     rev = Revision(name="stable", pypi=OLD)
     r = R.resolve(rev, cache_dir=cache, progress=lambda s: None)
     env = Path(r.env_dir or "")
-    marker = env / R.MARKER
+    marker = env / RR.MARKER
     saved = marker.read_bytes()
     lines: list[str] = []
-    result: dict[str, R.ResolvedRevision] = {}
-    with open(R._sibling(env, ".lock"), "a+") as fh:
+    result: dict[str, RR.ResolvedRevision] = {}
+    with open(RB.sibling_dir(env, ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # "another process" is building
         marker.unlink()  # ... and has not finished yet
         t = threading.Thread(target=lambda: result.update(r=R.resolve(rev, cache_dir=cache, progress=lines.append)))
@@ -362,13 +365,13 @@ def test_lock_waits_for_another_builder(cache: Path) -> None:
 def test_half_built_env_is_rebuilt(cache: Path) -> None:
     rev = Revision(name="stable", pypi=OLD)
     r = R.resolve(rev, cache_dir=cache, progress=lambda s: None)
-    (Path(r.env_dir or "") / R.MARKER).unlink()  # as if the build was killed before the end
+    (Path(r.env_dir or "") / RR.MARKER).unlink()  # as if the build was killed before the end
     lines: list[str] = []
     t0 = time.monotonic()
     assert R.resolve(rev, cache_dir=cache, progress=lines.append) == r
     TIMES["pypi rebuild (pip wheel cache warm)"] = time.monotonic() - t0
     assert any("removing an unfinished environment" in ln for ln in lines)
-    assert (Path(r.env_dir or "") / R.MARKER).is_file()
+    assert (Path(r.env_dir or "") / RR.MARKER).is_file()
 
 
 @pytest.mark.e2e
@@ -522,14 +525,14 @@ def test_plain_tree_is_keyed_by_content(tmp_path: Path) -> None:
     (tree / "deepspeed").mkdir(parents=True)
     (tree / "setup.py").write_text("")
     (tree / "deepspeed" / "__init__.py").write_text("x = 1\n")
-    base = R.BaseEnv.current()
-    p1 = R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base)
+    base = RP.BaseEnv.current()
+    p1 = RP.plan_env(Revision(name="t", path=str(tree)), tmp_path / "envs", base)
     assert p1.key.startswith("tree-") and p1.sha is None and p1.kind == "path"
     (tree / "deepspeed" / "__pycache__").mkdir()
     (tree / "deepspeed" / "__pycache__" / "x.pyc").write_bytes(b"junk")  # build output: ignored
-    assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key == p1.key
+    assert RP.plan_env(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key == p1.key
     (tree / "deepspeed" / "__init__.py").write_text("x = 2\n")
-    assert R._plan(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key != p1.key
+    assert RP.plan_env(Revision(name="t", path=str(tree)), tmp_path / "envs", base).key != p1.key
 
 
 def test_install_choice_without_a_reference_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -546,8 +549,8 @@ def test_install_choice_without_a_reference_and_overrides(tmp_path: Path, monkey
     (repo / "deepspeed" / "x.py").write_text("")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "two")
-    base = R.BaseEnv.current()
-    one, two = (R._plan(Revision(name="g", git=str(repo), ref=r), tmp_path / "envs", base) for r in ("main~1", "main"))
+    base = RP.BaseEnv.current()
+    one, two = (RP.plan_env(Revision(name="g", git=str(repo), ref=r), tmp_path / "envs", base) for r in ("main~1", "main"))
     assert one.recipe == two.recipe and one.recipe["setup.py"] != "-" and one.recipe["requirements"] == "-"
     choice = R.install_choice(Revision(name="g", git=str(repo), ref="main"), cache_dir=tmp_path)
     assert choice is not None and choice.method == "pip" and "this build is the reference" in choice.reason

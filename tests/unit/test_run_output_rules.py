@@ -27,7 +27,7 @@ from helpers import sink_store
 from dstui.core.errors import DstuiError
 from dstui.core.metric_names import MAX_METRIC_NAMES
 from dstui.core.records import seed_line
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 from dstui.execute import ingest, store
 from dstui.execute.batch import attempt_folder
 from dstui.execute.batch_lock import holder_pid, stopped_note
@@ -51,12 +51,12 @@ def ingest_run(s: dict, name: str, fmt: str, data: bytes) -> tuple[RunDir, Track
     rd.path.mkdir()
     write_json_atomic(rd.spec_file, {"condition": name, "settings": {"kind": "command", "metrics_format": fmt}})
     rid = s["client"].create_run(s["sink"].experiment_id, run_name=name, tags={"dstui.role": "run"}).info.run_id
-    rd.update_status(name=name, state="running", started=time.time(), mlflow_run_id=rid)
+    merge_status(rd, dict(name=name, state="running", started=time.time(), mlflow_run_id=rid))
     (rd.log_file if fmt == "seed" else rd.metrics_file).write_bytes(data)
     follower = RunFollower(s["batch"], s["sink"], None, system_interval_s=3600)
     t = follower.tracked_of(rd)
     follower.follow(rd)
-    rd.update_status(state="done", ended=time.time(), exit_code=0)
+    merge_status(rd, dict(state="done", ended=time.time(), exit_code=0))
     follower.follow(rd)
     assert t.finalized
     return rd, t, rid

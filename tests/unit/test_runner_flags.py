@@ -19,7 +19,8 @@ import pytest
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
 from dstui.spec import flags
-from dstui.spec.models import RunSpec, Settings
+from dstui.spec.experiment import RunSpec
+from dstui.spec.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))

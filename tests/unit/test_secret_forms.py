@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dstui.core import secrets
-from dstui.core.secrets import mask_argv, strip_credentials
+from dstui.core.credential_text import strip_credentials
+from dstui.core.secrets import mask_argv
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dstui.core.secrets import redact, strip_credentials
+from dstui.core.credential_text import strip_credentials
+from dstui.core.secrets import redact
 from dstui.execute import sink
 
 

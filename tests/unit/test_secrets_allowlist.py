@@ -21,7 +21,10 @@ from dstui.core.failures import classify
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
 from dstui.execute.backends.slurm_script import job_script
-from dstui.spec.models import RunSpec, Settings, SlurmOptions, expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.experiment import RunSpec, SlurmOptions
+from dstui.spec.loading import parse_spec
+from dstui.spec.settings import Settings
 
 ENV = {"DB_URL": "postgres://u:pass@h/db", "MY_SECRET_THING": "s3cr3t", "OMP_NUM_THREADS": "1"}
 

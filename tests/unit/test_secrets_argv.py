@@ -24,7 +24,8 @@ from dstui.commands.ui import exposure_warning
 from dstui.core import credential_text, secrets
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
-from dstui.spec.models import expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import parse_spec
 
 # The pattern the URI rule had before issue 33: the behaviour to keep (it was quadratic on letter runs).
 OLD_URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
@@ -56,15 +57,15 @@ def test_argv_masks_secret_flags_token_shapes_and_keeps_references(argv: list[st
 
 @pytest.mark.parametrize("token", SHAPES)
 def test_token_shapes_are_masked_in_free_text(token: str) -> None:
-    assert secrets.strip_credentials(f"login with {token}, then go") == "login with ***, then go"
-    assert secrets.strip_credentials(f"x{token}") == f"x{token}"  # inside a longer word: not a token
+    assert credential_text.strip_credentials(f"login with {token}, then go") == "login with ***, then go"
+    assert credential_text.strip_credentials(f"x{token}") == f"x{token}"  # inside a longer word: not a token
 
 
 def test_secret_flags_are_masked_in_free_text() -> None:
     text = "python train.py --hf_token abc123 --api-key=xyz --steps 3 'Namespace(--password pw)'"
-    assert secrets.strip_credentials(text) == "python train.py --hf_token *** --api-key=*** --steps 3 'Namespace(--password ***)'"
+    assert credential_text.strip_credentials(text) == "python train.py --hf_token *** --api-key=*** --steps 3 'Namespace(--password ***)'"
     logged = "starting ['prog', '--hf_token', 'abc123', \"--secret\", \"s3\", '--steps', '3']"
-    assert secrets.strip_credentials(logged) == "starting ['prog', '--hf_token', '***', \"--secret\", \"***\", '--steps', '3']"
+    assert credential_text.strip_credentials(logged) == "starting ['prog', '--hf_token', '***', \"--secret\", \"***\", '--steps', '3']"
 
 
 def test_redact_masks_argv_fields_in_every_part_of_a_spec() -> None:
@@ -128,7 +129,7 @@ URI_ALPHABET = "ab1+.-:/@ \t%é"
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet=URI_ALPHABET, max_size=60))
 def test_uri_rule_matches_the_old_pattern(text: str) -> None:
-    old = OLD_URI.sub(lambda m: f"{m.group('scheme')}{secrets.MASK}@", text)
+    old = OLD_URI.sub(lambda m: f"{m.group('scheme')}{credential_text.MASK}@", text)
     assert credential_text.strip_userinfo(text) == old
 
 
@@ -149,11 +150,11 @@ def test_a_planted_secret_never_survives_and_masking_twice_changes_nothing(befor
         "akia": " AKIA" + (secret.upper() + "Q" * 16)[:16] + " ",
     }[form]
     text = before + planted + after
-    once = secrets.strip_credentials(text)
+    once = credential_text.strip_credentials(text)
     needle = planted.strip().split("=")[-1].split(" ")[-1] if form.startswith("flag") else (secret if form == "uri" else planted.strip())
     assume(needle not in before + after)  # the noise may hold the same letters by chance
     assert needle not in once
-    assert secrets.strip_credentials(once) == once
+    assert credential_text.strip_credentials(once) == once
 
 
 def test_ui_warns_when_it_would_listen_beyond_this_host() -> None:
@@ -175,7 +176,7 @@ def test_a_slurm_rank_resolves_references_from_the_jobs_environment(tmp_path: Pa
 
 def test_a_slurm_job_script_names_argv_secrets_and_sbatch_gets_them(tmp_path: Path) -> None:
     from dstui.execute.backends.slurm_script import hidden_argv, job_script
-    from dstui.spec.models import SlurmOptions
+    from dstui.spec.experiment import SlurmOptions
 
     command = ["prog", "--hf_token", "abc123", f"--login={HF}", "--ref", "{env:MY_TOKEN}", "--steps", "3"]
     (run,) = expand(parse_spec({"name": "s", "settings": {"kind": "command", "command": command}}))

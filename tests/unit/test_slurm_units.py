@@ -15,7 +15,10 @@ from dstui.execute.backends import slurm_cli
 from dstui.execute.backends.slurm_cli import JobInfo
 from dstui.execute.backends.slurm_script import job_script
 from dstui.execute.injob.slurm_rank import rank_env
-from dstui.spec.models import RunSpec, Settings, SlurmOptions, expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.experiment import RunSpec, SlurmOptions
+from dstui.spec.loading import parse_spec
+from dstui.spec.settings import Settings
 
 
 @pytest.mark.parametrize(

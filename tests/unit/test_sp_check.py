@@ -46,7 +46,8 @@ def test_missing_steps_fail() -> None:
 
 
 def _expand(settings: dict, axes: dict | None = None) -> list:
-    from dstui.spec.models import expand, parse_spec
+    from dstui.spec.expand import expand
+    from dstui.spec.loading import parse_spec
 
     spec = {"name": "u", "settings": {"gpus": 2, "sequence_parallel": 2, "sp_check": True, **settings}}
     if axes:

@@ -10,7 +10,8 @@ import yaml
 from dstui.core.errors import SpecError
 from dstui.core.paths import CONFIGS_DIR
 from dstui.spec import dsconfig
-from dstui.spec.models import dump_spec, expand, expand_file, load_spec, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.loading import dump_spec, expand_file, load_spec, parse_spec
 
 EXPERIMENTS = sorted((CONFIGS_DIR / "experiments").glob("*.yaml"))
 

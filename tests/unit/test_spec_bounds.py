@@ -23,8 +23,7 @@ from ruamel.yaml import YAML
 
 from dstui.core.errors import SpecError
 from dstui.spec import bounded_yaml, expand
-from dstui.spec.loading import load_spec, updated_text
-from dstui.spec.models import parse_spec
+from dstui.spec.loading import load_spec, parse_spec, updated_text
 
 sys.path.insert(0, str(REPO / "tests" / "programs"))
 from yaml_bombs import AXES, HEAD, laughs  # noqa: E402

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dstui.core.errors import DstuiError
 from dstui.execute import batch
-from dstui.spec.models import SETTING_NAMES
+from dstui.spec.settings import SETTING_NAMES
 
 # one xdist worker runs the module in order: test_report_fuzz_counts reads the counts the fuzz test leaves
 pytestmark = pytest.mark.xdist_group("spec-fuzz")

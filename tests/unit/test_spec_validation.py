@@ -20,8 +20,8 @@ from dstui.core.errors import SpecError
 from dstui.execute import batch
 from dstui.spec import dsconfig
 from dstui.spec.experiment import ExperimentSpec, Guard, Revision, SlurmOptions
-from dstui.spec.loading import load_spec
-from dstui.spec.models import SETTING_NAMES, expand_file
+from dstui.spec.loading import expand_file, load_spec
+from dstui.spec.settings import SETTING_NAMES
 
 GRID = {"name": "g", "axes": {"zero_stage": [1, 2]}}
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_report import BATCH, EXP, log_run, make_parent, read_csv, store  # noqa: F401
 
-from dstui.analysis import runs as an
 from dstui.analysis.rundata import RunData
+from dstui.analysis.stats import compute_run_stats, condition_stats
 from dstui.report.charts import fmt_num
 from dstui.usecases.report import export_report
 
@@ -43,7 +43,7 @@ def _run(times: list[float], tokens: int, warmup: int, name: str = "r0") -> RunD
                  "tflops_per_gpu": (steps, tflops), "mfu": (steps, tflops / PEAK)},
     )
     r.label = "c"
-    r.stats = an.compute_run_stats(r)
+    r.stats = compute_run_stats(r)
     return r
 
 
@@ -69,7 +69,7 @@ def test_run_rate_is_total_tokens_over_total_time(times: list[float], tokens: in
 def test_condition_rate_pools_the_repeats_steps(repeats: list[list[float]], tokens: int) -> None:
     """Repeats of different lengths and speeds: the condition's rate is over all their counted steps together."""
     runs = [_run(times, tokens, 1, name=f"r{i}") for i, times in enumerate(repeats)]
-    (cs,) = an.condition_stats(runs)
+    (cs,) = condition_stats(runs)
     counted = [t for times in repeats for t in (times[1:] or times)]
     assert cs.tokens_per_s_mean == pytest.approx(tokens * len(counted) / sum(counted), rel=1e-9)
     assert cs.tokens_per_s_mean == pytest.approx(tokens / cs.iter_time_mean, rel=1e-9)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 from dstui.execute.batch_lock import BatchLock
 from dstui.usecases import takeover, watch
 
@@ -20,7 +20,7 @@ def make_batch(root: Path, states: dict[str, str], *, finalized: bool, name: str
     b.path.mkdir(parents=True)
     for i, (name, state) in enumerate(states.items()):
         reason = {"failed": "CUDA out of memory", "killed": "cancelled"}.get(state)
-        RunDir(b.path / name).update_status(name=name, order=i, state=state, reason=reason, steps_done=0, steps_total=3)
+        merge_status(RunDir(b.path / name), dict(name=name, order=i, state=state, reason=reason, steps_done=0, steps_total=3))
     write_json_atomic(b.batch_file, {"id": b.id, "experiment": "t", "runs": list(states), "finalized": finalized})
     return b
 
@@ -51,7 +51,7 @@ def test_a_finalized_but_requeued_batch_needs_a_supervisor(tmp_path: Path) -> No
     """finalized alone is not enough: a run queued again after the end (retry) needs someone."""
     b = make_batch(tmp_path, {"x-r0": "done", "y-r0": "queued"}, finalized=True)
     assert takeover.needs_supervisor(b)
-    RunDir(b.path / "y-r0").update_status(state="done")
+    merge_status(RunDir(b.path / "y-r0"), dict(state="done"))
     assert not takeover.needs_supervisor(b)
 
 
@@ -81,7 +81,7 @@ def test_a_run_is_reported_again_only_when_its_key_changes(tmp_path: Path, key) 
     first = next(it)
     assert isinstance(first, watch.RunChanged) and first.status["state"] == "queued"
     RunDir(b.path / "a-r0").update_status(phase="launching")  # not in the bisect key: no event for it
-    RunDir(b.path / "a-r0").update_status(state="done", steps_done=3)
+    merge_status(RunDir(b.path / "a-r0"), dict(state="done", steps_done=3))
     second = next(it)
     assert isinstance(second, watch.RunChanged) and second.status["state"] == "done"
     b.update_info(finalized=True)

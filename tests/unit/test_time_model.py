@@ -17,7 +17,7 @@ import pytest
 from dstui.analysis.forecast_model import model_shape
 from dstui.analysis.time_fit import MODEL_FLOOR, Observation, TimeModel
 from dstui.analysis.time_model import TERMS, cpu_hardware, gpu_hardware, terms
-from dstui.spec.models import Settings
+from dstui.spec.settings import Settings
 
 SHAPE_1B = model_shape("llama-1b")
 TINY = model_shape("tiny-llama")

@@ -13,7 +13,7 @@ import pytest
 
 from dstui.analysis.time_fit import Prediction
 from dstui.core.errors import DstuiError, SpecError
-from dstui.spec.models import parse_spec
+from dstui.spec.loading import parse_spec
 from dstui.tune import candidates as cands
 from dstui.tune import probe_rules, search, state
 from dstui.tune.probe_rules import StepTime

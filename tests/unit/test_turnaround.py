@@ -13,7 +13,7 @@ from helpers import REPO
 
 from dstui.core import phases
 from dstui.core.records import PHASES, SUMMARY, MetricsWriter
-from dstui.core.rundir import RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 from dstui.execute import gpu_share
 
 DUMP = Path(__file__).resolve().parent.parent / "programs" / "dump_rank_env.py"
@@ -175,7 +175,7 @@ def test_status_shows_gpus_time_and_step_share(tmp_path: Path) -> None:
 
     live = RunDir(tmp_path / "z1-r0")
     live.path.mkdir()
-    live.update_status(state="running", gpu_slice=[2, 3], started=10.0)
+    merge_status(live, dict(state="running", gpu_slice=[2, 3], started=10.0))
     t0 = 1000.0
     marks = {"process_start": t0 + 1, "imports_done": t0 + 2, "engine_ready": t0 + 3, "last_step_done": t0 + 8}
     done = _run_folder(tmp_path, marks, {"compile_time": 1.0, "step_time_sum": 3.0}, t0, t0 + 10)
@@ -188,7 +188,7 @@ def test_status_shows_gpus_time_and_step_share(tmp_path: Path) -> None:
 
 def test_phase_chart_and_table_from_mlflow_metrics(tmp_path: Path) -> None:
     from dstui.analysis.phases import batch_step_share, time_table
-    from dstui.analysis.runs import RunData
+    from dstui.analysis.rundata import RunData
     from dstui.report.phases_chart import phase_bars
 
     def run(name: str, start_ms: int, wall: float, steps: float) -> RunData:
@@ -241,7 +241,7 @@ def test_prebuild_starts_no_process_for_ops_built_before(tmp_path: Path, monkeyp
                     "conditions:\n  - {name: b, zero_stage: 3, offload: cpu}\n")  # fmt: skip
     log = logging.getLogger("test-prebuild")
 
-    def one_batch() -> batch.BatchDir:
+    def one_batch() -> BatchDir:
         b = batch.create(batch.plan(spec, validate=False, progress=lambda _: None), runs_root=tmp_path / "runs")
         prebuild.before_first_run(b, on_gpu=True, log=log)
         return b
@@ -275,7 +275,7 @@ def test_status_names_the_compile_caches_answers(tmp_path: Path) -> None:
     )
     rd = RunDir(tmp_path / "z1-dc-r0")
     rd.path.mkdir()
-    rd.update_status(state="done", summary={"steps": 3, **counts})
+    merge_status(rd, dict(state="done", summary={"steps": 3, **counts}))
     assert "  cache z1-dc-r0: Inductor graphs 1 hit, 1 miss; AOTAutograd 2 miss" in time_lines([rd])
 
 

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstui.core import run_files
-from dstui.core.records import Follower, MetricsWriter, read_records
+from dstui.core.record_file import read_records
+from dstui.core.records import Follower, MetricsWriter
 from dstui.core.rundir import RunDir, read_json
 from dstui.tracking import staging
 

@@ -22,7 +22,7 @@ import shlex
 import time
 from typing import Any
 
-from dstui.core import startup_trace
+from dstui.core import run_status, startup_trace
 from dstui.core.rundir import FINAL_STATES, LIVE_STATES, BatchDir, RunDir
 from dstui.execute import (
     core_share,
@@ -144,12 +144,11 @@ class LocalBackend:
         try:
             run = launch.load_runspec(rd)
         except (OSError, ValueError) as e:  # a folder without its spec: never a reason to stop supervising
-            rd.update_status(state="failed", reason=f"could not start: {type(e).__name__}: {e}"[:300], ended=time.time())
+            run_status.ended(rd, run_status.FAILED, f"could not start: {type(e).__name__}: {e}"[:300])
             return False
         rev = rd.spec().get("revision_info") or {}
         # the MLflow child's start time: the same moment in any store it is created in later
-        now = time.time()
-        rd.update_status(executor=self.name, state="starting", starting=now, phase="launching", phase_since=now)
+        run_status.starting(rd, executor=self.name)
         try:
             t.proc = launch.start(
                 run,
@@ -162,7 +161,7 @@ class LocalBackend:
                 revision=rev,
             )
         except OSError as e:
-            rd.update_status(state="failed", reason=f"could not start: {e}", ended=time.time())
+            run_status.ended(rd, run_status.FAILED, f"could not start: {e}")
             return False
         pid = rd.status().get("pid")
         t.tree = sysmetrics.ProcessTreeSampler(pid, wrapper=True) if pid else None

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dstui.core import run_status
 from dstui.core.rundir import ACTIVE_STATES, LIVE_STATES, BatchDir, RunDir
 from dstui.execute import launch, liveness
 from dstui.execute.backends import OPTIONS, slurm_cli, slurm_nodes, slurm_script
@@ -145,7 +146,7 @@ class SlurmBackend:
         try:
             self.submit(rd)
         except (SlurmError, OSError) as e:
-            rd.update_status(state="failed", reason=f"could not submit: {e}", ended=time.time())
+            run_status.ended(rd, run_status.FAILED, f"could not submit: {e}")
             return False
         return True
 
@@ -163,10 +164,9 @@ class SlurmBackend:
         env = {**os.environ, **launch.build_env(run, rd, revision=rev), **argv_values}
         job_id = slurm_cli.submit(script, env=env)
         st = rd.status()
-        rd.update_status(
-            executor=self.name, job_id=job_id, slurm_state="PENDING", state="queued",
-            reason=waiting_again(st, "Slurm: PENDING") if st.get("requeue_waits") else "Slurm: PENDING",
-            submitted=time.time(), argv=argv, master_port=port,
+        run_status.waiting(
+            rd, waiting_again(st, "Slurm: PENDING") if st.get("requeue_waits") else "Slurm: PENDING",
+            executor=self.name, job_id=job_id, slurm_state="PENDING", submitted=time.time(), argv=argv, master_port=port,
         )  # fmt: skip
         log.info("submitted %s as Slurm job %s", rd.name, job_id)
         return job_id
@@ -193,7 +193,7 @@ class SlurmBackend:
                 continue  # the end is settled by follow_job
             fields = job_fields(st, job)
             if any(st.get(k) != v for k, v in fields.items()):
-                rd.update_status(**fields)
+                run_status.moved_by_scheduler(rd, **fields)
                 changed.append(rd)
         return changed
 
@@ -229,8 +229,9 @@ class SlurmBackend:
             self.resubmit(rd, verdict)
             return
         if verdict and verdict.get("reason"):  # Slurm ended it (TIMEOUT, NODE_FAIL, ...)
-            rd.update_status(**verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"), ended=time.time())
-            log.info("%s ended: %s %s", rd.name, verdict["state"], verdict["reason"])
+            state, reason = verdict.pop("state"), verdict.pop("reason")
+            run_status.ended(rd, state, reason, **verdict, exit_code=exit_info.get("exit_code"), signal=exit_info.get("signal"))
+            log.info("%s ended: %s %s", rd.name, state, reason)
             return
         if verdict:
             rd.update_status(**verdict)
@@ -266,10 +267,10 @@ class SlurmBackend:
         into the same folder; its new attempt is told apart in the metrics.
         """
         st = {**rd.status(), "requeue_cause": verdict.get("reason")}
-        rd.update_status(
-            state="queued", job_id=None, slurm_state=verdict.get("slurm_state"), nodes=verdict.get("nodes"),
-            resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True, requeue_cause=st["requeue_cause"],
-            reason=waiting_again(st, "submitted again"),
+        run_status.waiting(
+            rd, waiting_again(st, "submitted again"), job_id=None, slurm_state=verdict.get("slurm_state"),
+            nodes=verdict.get("nodes"), resubmits=int(st.get("resubmits") or 0) + 1, requeue_waits=True,
+            requeue_cause=st["requeue_cause"],
         )  # fmt: skip
         log.info("%s: %s; submitted again", rd.name, verdict.get("reason"))
 

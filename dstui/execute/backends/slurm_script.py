@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from dstui.core import secrets
+from dstui.core.credential_text import strip_credentials
 from dstui.core.errors import SpecError
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
@@ -113,7 +114,7 @@ def job_script(
     # they reach the job through sbatch's environment (--export=ALL, Slurm's default)
     hidden = secrets.hidden_names(run.settings.env, run.settings.env_visible)
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())
-               if k not in hidden and secrets.strip_credentials(v) == v]  # fmt: skip
+               if k not in hidden and strip_credentials(v) == v]  # fmt: skip
     me = shlex.quote(sys.executable)
     lines = [
         "#!/bin/bash",

@@ -7,11 +7,10 @@ import platform
 from collections.abc import Sequence
 
 from dstui.analysis import identity, speed
-from dstui.analysis import runs as an
 from dstui.analysis.comparable import CHANGES_NUMERICS, KEEPS_NUMERICS
 from dstui.analysis.parity import NOT_COMPARABLE
-from dstui.analysis.runs import RunData
-from dstui.core.secrets import strip_credentials
+from dstui.analysis.rundata import FAILED_STATES, OUTLIER_FACTOR, RunData, distinct_tag
+from dstui.core.credential_text import strip_credentials
 from dstui.report import charts
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import IDENTITY_PARAMS, Md, bold, code, codes, esc, escs, fnum, pm, table
@@ -151,7 +150,7 @@ def run_headlines(ctx: ReportContext) -> list[str]:
     out = []
     # a verify FAIL is a verdict with its numbers (verify_headline), not a run that did not finish
     judged = {c.run.run_id for c in ctx.checks if c.verdict in ("PASS", "FAIL")}
-    failed = [r for r in ctx.started if r.status in an.FAILED_STATES and r.run_id not in judged]
+    failed = [r for r in ctx.started if r.status in FAILED_STATES and r.run_id not in judged]
     if failed:
         oom = sum(r.oom for r in failed)
         out.append(
@@ -166,7 +165,7 @@ def run_headlines(ctx: ReportContext) -> list[str]:
                    + ", ".join(f"{esc(r.run_name)}{where(r)} ({esc(r.reason or r.status, 300)})"
                                for r in ctx.not_started[:8]) + (" ..." if len(ctx.not_started) > 8 else "")
                    + " — not counted as repeats or conditions.")  # fmt: skip
-    other = [r for r in ctx.started if r.status not in (*an.FAILED_STATES, "done")]
+    other = [r for r in ctx.started if r.status not in (*FAILED_STATES, "done")]
     if other:
         out.append(
             f"{len(other)} run(s) not finished when this report was made: "
@@ -188,7 +187,7 @@ def headlines(ctx: ReportContext) -> list[str]:
     out += run_headlines(ctx)
     outl = sum(c.outliers for c in ctx.train)
     if outl:
-        out.append(f"{outl} outlier iteration(s) (> {an.OUTLIER_FACTOR:g}x the run's median) — see Data quality.")
+        out.append(f"{outl} outlier iteration(s) (> {OUTLIER_FACTOR:g}x the run's median) — see Data quality.")
     shared = sum(c.n_overlapped for c in ctx.conds)
     if shared:
         out.append(f"{shared} run(s) timed while other runs shared the machine: their timings are "
@@ -221,13 +220,13 @@ def setup(ctx: ReportContext) -> str:
     runs = ctx.started or ctx.runs
     vrows = []
     for k in ("deepspeed", "torch", "transformers", "python"):
-        vals = an.distinct_tag(runs, f"dstui.version.{k}")
+        vals = distinct_tag(runs, f"dstui.version.{k}")
         vrows.append([k, ", ".join(vals) if vals else "not recorded"])
-    sha = an.distinct_tag(runs, tag_keys.DEEPSPEED_GIT_SHA)
+    sha = distinct_tag(runs, tag_keys.DEEPSPEED_GIT_SHA)
     vrows.append(["deepspeed git sha", ", ".join(s[:12] for s in sha) if sha else "not recorded"])
     if len({r.revision for r in runs}) > 1:
         for rev in sorted({r.revision for r in runs}):
-            ds = an.distinct_tag([r for r in runs if r.revision == rev], "dstui.version.deepspeed")
+            ds = distinct_tag([r for r in runs if r.revision == rev], "dstui.version.deepspeed")
             vrows.append([Md(f"revision {code(rev)}"), ", ".join(ds) or "?"])
     lines += ["**Versions**", "", table(["component", "version"], vrows), ""]
     pool = [r for r in runs if r.kind != "verify"] or runs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dstui.analysis.runs import ConditionStats
+from dstui.analysis.stats import ConditionStats
 from dstui.core.formatting import fmt_gib
 from dstui.report.context import ReportContext
 from dstui.report.mdformat import Md, fnum, img, table

@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dstui.analysis import runs as an
 from dstui.analysis.comparable import numerics_differences
 from dstui.analysis.fetch import read_artifact
+from dstui.analysis.grids import pareto
 from dstui.analysis.intervals import RECOMMENDED_REPEATS
-from dstui.analysis.runs import RunData
+from dstui.analysis.rundata import OUTLIER_FACTOR, RunData
 from dstui.report.context import ReportContext
 from dstui.report.files import cell
 from dstui.report.mdformat import bold, code, codes, esc, escs, fence, img, table
@@ -68,7 +68,7 @@ def quality(ctx: ReportContext) -> str:
             "; ".join(flags) or "-",
         ])
     lines.append(
-        f"Outlier rule: a post-warm-up iteration slower than {an.OUTLIER_FACTOR:g}x the median iteration of "
+        f"Outlier rule: a post-warm-up iteration slower than {OUTLIER_FACTOR:g}x the median iteration of "
         "its run (e.g. a checkpoint, a GC pause or a noisy neighbour). Outliers stay in the statistics; "
         "they are listed so that you can judge them.\n"
     )
@@ -145,7 +145,7 @@ def recommendations(ctx: ReportContext) -> str:
 
 def _tradeoff_line(ctx: ReportContext) -> str | None:
     """The speed/memory Pareto front, by means; said to be unbounded where the speed ratios are."""
-    front = an.pareto(ctx.train, ctx.speed_basis)
+    front = pareto(ctx.train, ctx.speed_basis)
     bounded = ctx.fastest is not None and ctx.fastest.shown
     caveat = "" if bounded else " (by mean speed; the data do not bound the speed ratios, see Speed above)"
     if len(front) > 1:

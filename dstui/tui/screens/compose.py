@@ -11,7 +11,7 @@ launching edits not saved launches them as they are and keeps their text
 beside the batch (dstui/tui/run_control.py), the file untouched. Quitting or
 opening another spec with unsaved edits asks first.
 
-Every edit re-runs :func:`dstui.spec.models.parse_spec` and :func:`dstui.spec.models.expand`
+Every edit re-runs :func:`dstui.spec.loading.parse_spec` and :func:`dstui.spec.expand.expand`
 (pure and cheap), so the run list, its count and the first error (the CLI's
 SpecError text) follow each keystroke. DeepSpeed's own config validation and
 the memory forecast per GPU import deepspeed, so they run in a thread worker
@@ -40,7 +40,9 @@ from textual.timer import Timer
 from textual.widgets import Header, Input, OptionList
 
 from dstui.core.errors import DstuiError
-from dstui.spec.models import ExperimentSpec, RunSpec, expand, parse_spec
+from dstui.spec.expand import expand
+from dstui.spec.experiment import ExperimentSpec, RunSpec
+from dstui.spec.loading import parse_spec
 from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
 from dstui.tui import compose_texts as ct

@@ -22,8 +22,16 @@ from typing import Any
 
 from dstui.core.errors import SpecError
 from dstui.spec import bounded_yaml
-from dstui.spec.loading import SpecDraft, is_shipped, plain_text, save_spec_text, updated_text
-from dstui.spec.models import expand, parse_spec, read_spec_text
+from dstui.spec.expand import expand
+from dstui.spec.loading import (
+    SpecDraft,
+    is_shipped,
+    parse_spec,
+    plain_text,
+    read_spec_text,
+    save_spec_text,
+    updated_text,
+)
 from dstui.tui import compose_model as cm
 
 SAVE_AS_KEY = "ctrl+t"

@@ -23,11 +23,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input, Select, Static
 
 from dstui.tui.results_table import COLUMNS, View
-from dstui.tui.screens.text import TextScreen, mlflow_ui_screen
+from dstui.tui.screens.text import mlflow_ui_screen
 from dstui.tui.widgets.fitting_footer import FittingFooter
 
 ALL_BATCHES = "__all__"
-__all__ = ["ResultsScreen", "TextScreen"]
+__all__ = ["ResultsScreen"]
 
 
 class Loaded(Message):

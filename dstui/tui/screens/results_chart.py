@@ -21,10 +21,12 @@ from textual.screen import Screen
 from textual.widgets import Header, Static
 
 from dstui.core.formatting import fmt_num
+from dstui.core.metric_catalogue import BY_NAME, BYTES, TIME
 from dstui.tui import results_chart_data as data
 from dstui.tui.chart_pages import charts_per_page, grid_shape
+from dstui.tui.chart_view import Curve
 from dstui.tui.live_draw import byte_scale, time_scale
-from dstui.tui.widgets.charts import Curve, MetricPlot, color
+from dstui.tui.widgets.charts import MetricPlot, color
 from dstui.tui.widgets.fitting_footer import FittingFooter
 
 
@@ -98,10 +100,11 @@ class ResultsChartScreen(Screen):
                 continue
             top = max((max(c.y) for c in curves if len(c.y)), default=0.0)
             scale, unit = (1.0, "")
-            if key == "iter_time":  # the unit from the steps after warm-up, as the axis is set
+            kind = BY_NAME[key].scale
+            if kind == TIME:  # the unit from the steps after warm-up, as the axis is set
                 steady = [y for c in curves for x, y in zip(c.x, c.y, strict=True) if x > c.warmup]
                 scale, unit = time_scale(max(steady, default=top))
-            elif key == "mem_peak":
+            elif kind == BYTES:
                 scale, unit = byte_scale(top)
             plot.set_curves(curves, scale=scale, unit=unit, title=title)
         self.query_one("#chart-legend", Static).update(self.legend())

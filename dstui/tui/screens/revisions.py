@@ -2,7 +2,7 @@
 
 A modal over the compose screen. The list shows the spec's revisions; a row
 picked with Enter fills the fields for editing. Every change is checked by the
-spec's own :class:`~dstui.spec.models.Revision` model (through
+spec's own :class:`~dstui.spec.experiment.Revision` model (through
 :mod:`dstui.tui.compose_model`), so what the editor accepts ``dstui list`` accepts.
 Escape (or "done") returns the new spec mapping to the compose screen.
 """

@@ -24,7 +24,7 @@ from textual_plotext import PlotextPlot
 from dstui.tui.chart_view import Curve, Drawn, ViewOptions, plan
 from dstui.tui.series import decimate
 
-__all__ = ["PALETTE", "Curve", "Drawn", "MetricPlot", "ViewOptions", "color", "dim"]
+__all__ = ["PALETTE", "MetricPlot", "color", "dim"]
 
 # Distinct, readable on dark and light themes; raw curves use the dim twin.
 PALETTE: list[tuple[int, int, int]] = [

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from dstui.spec.models import ExperimentSpec, RunSpec
+from dstui.spec.experiment import ExperimentSpec, RunSpec
 from dstui.tui import compose_model as cm
 from dstui.tui.compose_check import CheckResult
 
