@@ -173,7 +173,7 @@ def counts(stats: Path) -> dict:
 
 
 def every_point_once(client, rd: RunDir, steps: int) -> None:
-    for key in ("loss", "iter_time", "mem_peak"):
+    for key in ("loss", "iter_time", "mem_peak_gib"):  # memory in GiB in MLflow (tracking/metric_names.py)
         got = sorted(client.get_metric_history(rd.status()["mlflow_run_id"], key), key=lambda m: m.step)
         assert [m.step for m in got] == list(range(1, steps + 1)), key
 

@@ -122,7 +122,10 @@ def test_pending_reason_then_cancel_and_timeout(home: Path, slurm_cluster: Slurm
 @pytest.mark.e2e
 def test_supervisor_kill9_takeover_every_step_once_then_retry(home: Path, slurm_cluster: SlurmCluster) -> None:
     steps = 40
-    args = ["--steps", str(steps), "--interval", "0.25"]
+    # the first run holds before its last step until the takeover was seen: timed (10 s), it could
+    # end during `dstui status` under load, and its job's wrapper then started a supervisor itself
+    release = home / "release"
+    args = ["--steps", str(steps), "--interval", "0.25", "--hold-after", str(steps - 1), "--hold-until", str(release)]
     spec = fake_spec(home, "sl-kill", [{"name": "first", "args": args}, {"name": "second", "args": args}], slurm={"max_jobs": 1}, steps=steps)
     client = mlflow_client()
     client.search_experiments()
@@ -136,6 +139,7 @@ def test_supervisor_kill9_takeover_every_step_once_then_retry(home: Path, slurm_
     st = first.status()  # unsupervised, the job goes on; the registered executor sees it from its status alone
     assert for_status(st).name == "slurm" and for_status(st).alive(st)
     assert "took over" in dstui("status", check=True).stdout
+    release.touch()
     wait_for(lambda: finalized(b), 180, what="batch finalized")
     for rd in (first, second):
         assert rd.state == "done", rd.status()

@@ -130,14 +130,15 @@ def _referee(winner: str, best: str, w: probe_rules.StepTime, b: probe_rules.Ste
 
 
 def _check_tracking_and_outputs(doc: dict[str, Any], env: dict[str, str], tmp_path: Path) -> None:
-    """MLflow: the search is the batch's parent, one child per probe with its prediction; the files work."""
+    """MLflow: the search is a batch run, one run per probe (of that batch) with its prediction; the files work."""
     from mlflow import MlflowClient
 
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = c.get_experiment_by_name("tune-grid-tune")
     parents = c.search_runs([exp.experiment_id], "tags.`dstui.role` = 'batch'")
     assert len(parents) == 1 and parents[0].data.tags["dstui.tune.winner"] == doc["winner"]
-    children = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    batch = parents[0].data.tags["dstui.batch"]  # runs are tied to their batch by this tag, not nested (tracking/layout.py)
+    children = c.search_runs([exp.experiment_id], f"tags.`dstui.batch` = '{batch}' and tags.`dstui.role` = 'run'")
     assert len(children) == doc["cost"]["probes"]
     assert all("tune.predicted_iter_time" in ch.data.metrics for ch in children)
     report = cli("report", "--experiment", "tune-grid-tune", "-o", str(tmp_path / "report"), env=env, timeout=600)

@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,24 @@ def test_sigint_to_the_cli_says_what_to_run(uri: str, tmp_path: Path) -> None:
     root = tmp_path / "big"
     root.mkdir()
     big_log(root / "train.log", 20000)
-    code = ("import sys; import dstui.importer.reading as s; s.PROGRESS_EVERY_S = 0.0; "
-            "from dstui.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    # The import holds after its first 'sending' line until the test's SIGINT comes (at most 120 s):
+    # unheld, under load 10-16 it sent all 20,000 lines before the signal arrived and exited 0.
+    code = textwrap.dedent("""
+        import sys, time
+        import dstui.importer.reading as s
+        s.PROGRESS_EVERY_S = 0.0
+        said = s.Progress.pass_of
+        def pass_of(self, what):
+            report = said(self, what)
+            def held(done, lines):
+                report(done, lines)
+                if what == "sending":
+                    time.sleep(120)  # mid-import: where a person's ctrl+c comes
+            return held
+        s.Progress.pass_of = pass_of
+        from dstui.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "DSTUI_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", code, "import", str(root), "-e", "sig"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
