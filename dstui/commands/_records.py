@@ -7,11 +7,11 @@ alike: every run has ``batch``, ``run``, ``state``, ``step``, ``steps_total``,
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from dstui.core import exit_codes, paths
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.usecases import run_figures
 
 FAILED_STATES = ("failed", "killed")  # what makes an exit status 1 (skipped = predicted OOM, by choice)
 _LAST_KEYS = ("loss", "iter_time", "tokens_per_s", "mem_peak")
@@ -26,18 +26,17 @@ def reason_of(st: dict[str, Any]) -> str | None:
     return str(reason) if reason else None
 
 
-def eta_s(st: dict[str, Any], now: float | None = None) -> float | None:
-    """Seconds left of a running run from its progress so far; None when unknown."""
-    done, total, started = st.get("steps_done") or 0, st.get("steps_total") or 0, st.get("started")
-    if st.get("state") != "running" or not started or not done or not total:
-        return None
-    return max(0.0, ((now or time.time()) - started) / done * (total - done))
-
-
 def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One run as `--json` prints it (status.json's facts, named for scripts)."""
+    """One run as `--json` prints it (status.json's facts, named for scripts).
+
+    ``loss``, ``iter_time``, ``tokens_per_s``, ``mem_peak``: the last step's. ``iter_time_mean``,
+    ``tokens_per_s_mean``: a finished run's means over its steps after its ``warmup_steps``
+    (:mod:`dstui.usecases.run_figures`; None while it runs). ``eta_s``: from the pace after warm-up.
+    """
     st = rd.status() if st is None else st
     last = st.get("last") or {}
+    warmup = run_figures.warmup_of(rd.settings())
+    speed = run_figures.speed(st, rd, warmup)
     return {
         "batch": rd.batch.id,
         "run": rd.name,
@@ -54,8 +53,11 @@ def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
         "attempt": st.get("attempt", 1),
         "started": st.get("started"),
         "ended": st.get("ended"),
-        "eta_s": eta_s(st),
+        "eta_s": run_figures.eta_s(st, warmup),
         **{k: last.get(k) for k in _LAST_KEYS},
+        "warmup_steps": warmup,
+        "iter_time_mean": speed.iter_time if speed.mean else None,
+        "tokens_per_s_mean": speed.tokens_per_s if speed.mean else None,
         "gpus": st.get("gpu_slice"),
         "job_id": st.get("job_id"),
         "nodes": st.get("nodes"),
