@@ -41,6 +41,7 @@ and cache keys), ``build`` (building and reusing envs), ``history`` (commit list
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
@@ -64,7 +65,8 @@ from dstui.spec.models import Revision
 
 __all__ = [
     "DIFF_NAME", "ENV_FORMAT", "MARKER", "PTH_NAME", "Progress", "ResolvedRevision", "RevisionBuildError",
-    "InstallChoice", "check_reported_version", "install_choice", "is_cached", "python_for", "resolve", "resolve_all", "run_env",
+    "InstallChoice", "check_reported_version", "install_choice", "is_cached", "preview_all", "python_for", "resolve",
+    "resolve_all", "run_env",
     "BaseEnv", "_plan", "_sibling",
 ]
 
@@ -113,6 +115,30 @@ def resolve_all(
             # an env built just before (an earlier revision of this spec) may now be the reference
             decide_install(p, root, base)
         out[p.name] = _materialise(p, base, progress)
+    return out
+
+
+def preview_all(revs: list[Revision], *, cache_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """What resolving ``revs`` would do, building nothing (`dstui run --dry-run`; a pip build took 57 s there).
+
+    Each revision's interpreter (its env's, built or not), whether that env is cached, and how it
+    would be made and why. The inputs are checked as :func:`resolve_all` checks them (names, refs
+    that exist, paths that are DeepSpeed trees); PyPI versions are not looked up (a network call
+    a dry run need not make: the launch checks them).
+    """
+    check_revision_names(revs)
+    root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
+    out: dict[str, dict[str, Any]] = {}
+    for rev in revs:
+        plan = _plan(rev, root, base)
+        decide_install(plan, root, base)
+        installed = plan.kind == "installed"
+        out[rev.name] = {
+            "name": rev.name, "kind": plan.kind, "requested": plan.requested, "sha": plan.sha,
+            "python": base.python if installed else str(plan.env_dir / "bin" / "python"),
+            "env_dir": None if installed else str(plan.env_dir), "cached": installed or _usable(plan),
+            "install": plan.choice.method if plan.choice else None, "install_reason": plan.choice.reason if plan.choice else None,
+        }  # fmt: skip
     return out
 
 
