@@ -7,13 +7,13 @@ alike: every run has ``batch``, ``run``, ``state``, ``step``, ``steps_total``,
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from dstui.core import exit_codes, paths, run_status
+from dstui.core import exit_codes, paths
 from dstui.core.metric_catalogue import STATUS_KEYS
 from dstui.core.run_status import RunStatus
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.usecases import run_figures
 
 FAILED_STATES = ("failed", "killed")  # what makes an exit status 1 (skipped = predicted OOM, by choice)
 # what `dstui list` shows of a planned run's settings (the whole spec is in the run folder once launched)
@@ -27,40 +27,42 @@ def reason_of(st: dict[str, Any] | RunStatus) -> str | None:
     return str(reason) if reason else None
 
 
-def eta_s(st: dict[str, Any] | RunStatus, now: float | None = None) -> float | None:
-    """Seconds left of a running run from its progress so far; None when unknown."""
-    s = st if isinstance(st, RunStatus) else RunStatus.from_dict(st)
-    done, total, started = s.steps_done or 0, s.steps_total or 0, s.started
-    if s.state != run_status.RUNNING or not started or not done or not total:
-        return None
-    return max(0.0, ((now or time.time()) - started) / done * (total - done))
-
-
 def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One run as `--json` prints it (status.json's facts, named for scripts)."""
-    s = RunStatus.of(rd) if st is None else RunStatus.from_dict(st)
+    """One run as `--json` prints it (status.json's facts, named for scripts).
+
+    ``loss``, ``iter_time``, ``tokens_per_s``, ``mem_peak``: the last step's. ``iter_time_mean``,
+    ``tokens_per_s_mean``: a finished run's means over its steps after its ``warmup_steps``
+    (:mod:`dstui.usecases.run_figures`; None while it runs). ``eta_s``: from the pace after warm-up.
+    """
+    st = rd.status() if st is None else st
+    last = st.get("last") or {}
+    warmup = run_figures.warmup_of(rd.settings())
+    speed = run_figures.speed(st, rd, warmup)
     return {
         "batch": rd.batch.id,
         "run": rd.name,
-        "state": s.state,
-        "step": s.steps_done or 0,
-        "steps_total": s.steps_total,
-        "reason": reason_of(s),
-        "phase": s.phase,
-        "verdict": s.verdict,
-        "evidence": s.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
-        "condition": s.condition,
-        "revision": s.revision,
-        "repeat": s.get("repeat"),
-        "attempt": s.attempt,
-        "started": s.started,
-        "ended": s.ended,
-        "eta_s": eta_s(s),
-        **{k: s.last.get(k) for k in STATUS_KEYS},
-        "gpus": s.get("gpu_slice"),
-        "job_id": s.job_id,
-        "nodes": s.get("nodes"),
-        "mlflow_run_id": s.mlflow_run_id,
+        "state": st.get("state", "unknown"),
+        "step": st.get("steps_done") or 0,
+        "steps_total": st.get("steps_total"),
+        "reason": reason_of(st),
+        "phase": st.get("phase"),
+        "verdict": st.get("verdict"),
+        "evidence": st.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
+        "condition": st.get("condition"),
+        "revision": st.get("revision"),
+        "repeat": st.get("repeat"),
+        "attempt": st.get("attempt", 1),
+        "started": st.get("started"),
+        "ended": st.get("ended"),
+        "eta_s": run_figures.eta_s(st, warmup),
+        **{k: last.get(k) for k in STATUS_KEYS},
+        "warmup_steps": warmup,
+        "iter_time_mean": speed.iter_time if speed.mean else None,
+        "tokens_per_s_mean": speed.tokens_per_s if speed.mean else None,
+        "gpus": st.get("gpu_slice"),
+        "job_id": st.get("job_id"),
+        "nodes": st.get("nodes"),
+        "mlflow_run_id": st.get("mlflow_run_id"),
         "path": str(rd.path),
     }
 
@@ -101,9 +103,14 @@ def home_record() -> dict[str, Any]:
 
 
 def plan_record(
-    r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None, step: Any = None
+    r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None, step: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One planned run (`dstui list --json`, `dstui run --dry-run --json`): nothing has started."""
+    """One planned run (`dstui list --json`, `dstui run --dry-run --json`): nothing has started.
+
+    ``extra``: the settings that vary between the plan's runs beyond the usual ones (an ``lr`` axis),
+    added to ``settings``.
+    """
     from dstui.analysis import forecast
 
     s = r.settings
@@ -122,7 +129,7 @@ def plan_record(
         "repeat": r.repeat,
         "key": r.key,
         "kind": s.kind,
-        "settings": {k: getattr(s, k) for k in _PLAN_SETTINGS} if training else {},
+        "settings": {**({k: getattr(s, k) for k in _PLAN_SETTINGS} if training else {}), **(extra or {})},
         "ranks": s.gpus * s.nodes,
         "mem_per_gpu": fc.total if fc is not None else None,
         "mem_source": fc.source if fc is not None else None,
