@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dstui.commands import _argtypes
-from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.rundir import BatchDir, RunDir
 
-__all__ = ["add_run_refs", "find_runs", "fitted_table", "fmt_bytes", "fmt_num", "runs_table", "table"]
+__all__ = ["add_run_refs", "find_runs", "fitted_table", "runs_table", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

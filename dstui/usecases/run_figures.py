@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dstui.core.records import STEP, read_records
+from dstui.core.record_file import read_records
+from dstui.core.records import STEP
 from dstui.core.rundir import FINAL_STATES, RunDir
 
 MAX_RECORDS_BYTES = 256 << 20  # a finished run's step records are averaged up to this size (else: its last step)
