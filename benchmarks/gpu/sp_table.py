@@ -78,7 +78,7 @@ COUNTS = ("dynamo_frames", "dynamo_graphs", "dynamo_graph_breaks", "dynamo_ops")
 def _compiled(su: dict) -> str:
     if not any(k in su for k in COUNTS):
         return "-"
-    return f"{su.get('dynamo_graphs', 0)} graphs, {su.get('dynamo_graph_breaks', 0)} breaks, {su.get('dynamo_ops', 0)} ops"
+    return f"graphs {su.get('dynamo_graphs', 0)}, breaks {su.get('dynamo_graph_breaks', 0)}, ops {su.get('dynamo_ops', 0)}"
 
 
 def same_graphs(loaded: list[dict]) -> list[str]:
@@ -111,7 +111,7 @@ def row(r: dict) -> dict:
         "nosp_tokens_per_s": _num(su.get("nosp_tokens_per_s_mean"), ".0f"),
         "nosp_peak_gib": _num(su.get("nosp_mem_peak_max") / GIB if su.get("nosp_mem_peak_max") else None, ".2f"),
         "compiled": _compiled(su),
-        "verdict": s.get("verdict") or su.get("verdict") or ("-" if sp == 1 else "?"), "evidence": _evidence(su) or s.get("reason") or "",
+        "verdict": s.get("verdict") or su.get("verdict") or ("-" if sp == 1 or not st.get("sp_check") else "?"), "evidence": _evidence(su) or s.get("reason") or "",
     }  # fmt: skip
 
 
