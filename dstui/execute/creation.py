@@ -86,7 +86,7 @@ def info_of(p: Plan, batch_id: str, parallel: int, tracking_uri: str | None) -> 
         "parallel": parallel,
         "created": time.time(),
         "cwd": os.getcwd(),
-        # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (sink.resolve_uri)
+        # without credentials: the supervisor takes them from MLFLOW_TRACKING_URI (store.resolve_uri)
         "tracking_uri": strip_credentials(tracking_uri or paths.tracking_uri()),
         "revisions": p.revisions,
         **executor_info(p),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dstui.core.credential_text import strip_credentials
 from dstui.core.secrets import redact
-from dstui.execute import sink
+from dstui.execute import store
 
 
 def test_uri_credentials_are_stripped_anywhere_in_text() -> None:
@@ -22,5 +22,5 @@ def test_redact_masks_secret_names_and_strips_uris_everywhere() -> None:
 
 def test_supervisor_takes_the_full_uri_from_its_environment(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:pw@host:5000")
-    assert sink.resolve_uri("http://***@host:5000") == "http://user:pw@host:5000"
-    assert sink.resolve_uri("http://other:5000") == "http://other:5000"  # a different server: as recorded
+    assert store.resolve_uri("http://***@host:5000") == "http://user:pw@host:5000"
+    assert store.resolve_uri("http://other:5000") == "http://other:5000"  # a different server: as recorded
