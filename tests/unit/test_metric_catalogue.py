@@ -18,6 +18,7 @@ from dstui.tracking.chart_view import TRAINING
 from dstui.tracking.metric_names import mlflow_key
 from dstui.tui import results_chart_data, series
 from dstui.tui.chart_view import Curve
+from dstui.usecases import run_figures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +89,13 @@ def test_no_module_spells_its_own_list_of_metric_names() -> None:
                 if len(spelled) >= 3:
                     found.append(f"{p.relative_to(REPO)}:{node.lineno} {spelled}")
     assert not found, "read dstui.core.metric_catalogue instead:\n" + "\n".join(found)
+
+
+def test_the_faces_speed_counts_the_same_steps_as_reports() -> None:
+    """`dstui status` and the Runs table's mean step time (usecases/run_figures) leave out the steps the
+    report leaves out. A program counting steps from 0 with 2 warm-up steps: steps 2 and 3 count (the
+    faces used to count from 1 there, step > 2: step 3 alone)."""
+    steps = [{"step": s, "iter_time": t, "tokens_per_s": 100.0} for s, t in ((0, 9.0), (1, 9.0), (2, 1.0), (3, 3.0))]
+    mask = post_warmup_mask(np.array([0, 1, 2, 3]), 2)
+    assert run_figures.mean_of_steps(steps, 2).iter_time == pytest.approx(np.array([9.0, 9.0, 1.0, 3.0])[mask].mean()) == 2.0
+    assert run_figures.warmup_of({"warmup_steps": float("nan")}) == 0 and run_figures.warmup_of({"warmup_steps": 3}) == 3
