@@ -1,27 +1,29 @@
 """Runs that go wrong while the TUI is open: what to tell the user, once each (no textual here).
 
 A failed run used to pass silently: its row turned red in a table the user may not
-be looking at. The app asks :class:`FailureWatch` every tick which runs of the
-unfinished batches failed, were killed, hung or were flagged by the live guard
-since the last look, and raises a toast (and the terminal bell, unless turned
-off) for each. What was already wrong when the TUI started is not announced
-again; a user's own cancel is not an alarm.
+be looking at. The home reader (:mod:`dstui.tui.home_snapshot`) hands
+:class:`FailureWatch` the statuses of every snapshot; it answers which runs of the
+unfinished (or just finished) batches failed, were killed, hung or were flagged by
+the live guard since the last look, and the app raises a toast (and the terminal
+bell, unless turned off) for each. What was already wrong when the TUI started is
+not announced again; a user's own cancel is not an alarm. It reads nothing itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dstui.core import failures
-from dstui.core.rundir import BatchDir, list_batches
 
 RECENT_S = 120.0  # a batch finalized this recently is still watched (its last run's end)
-MAX_BATCHES = 30
-RELIST_S = 5.0  # a batch launched meanwhile is watched from its first 5 s on
+
+#: (batch id, batch.json, (run name, status.json) of each run): what one look is made of
+BatchStatuses = tuple[str, Mapping[str, Any], Iterable[tuple[str, Mapping[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,9 @@ class Alert:
     text: str
 
 
-def _trouble(st: dict) -> tuple[str, str] | None:
+def _trouble(st: Mapping[str, Any]) -> tuple[str, str] | None:
     """(title, text) when a run's status is something to be told about, else None."""
-    t = failures.trouble(st)
+    t = failures.trouble(st)  # type: ignore[arg-type]  (it only reads)
     if t is None or t.cancelled:  # a user's own cancel: they asked for it
         return None
     if t.kind == "flagged":
@@ -45,43 +47,31 @@ def _trouble(st: dict) -> tuple[str, str] | None:
 class FailureWatch:
     """Remembers what it has seen, so each run's trouble is announced once."""
 
-    def __init__(self, relist_s: float = RELIST_S) -> None:
+    def __init__(self) -> None:
         self.seen: dict[tuple[str, str], tuple[str, str] | None] = {}
         self.primed = False
-        self.relist_s = relist_s
-        self._watched: list[BatchDir] = []
-        self._listed_at = -1e18
 
-    def _batches(self, runs_root: Path, now: float) -> list[BatchDir]:
-        """The batches worth reading each tick: unfinished or just finished. Listing every batch of
-        the home reads each batch.json, so it is done every ``relist_s``, not every tick."""
-        if now - self._listed_at >= self.relist_s:
-            self._listed_at = now
-            self._watched = list_batches(runs_root)[:MAX_BATCHES]
-        return self._watched
-
-    def scan(self, runs_root: Path, now: float | None = None) -> list[Alert]:
-        now = now or time.time()
+    def scan(self, batches: Iterable[BatchStatuses], now: float) -> list[Alert]:
+        """The alerts new since the last scan (none at the first: those troubles are in the tables already)."""
         alerts: list[Alert] = []
-        for b in self._batches(runs_root, now):
-            info = b.info()
+        for batch_id, info, runs in batches:
             if info.get("finalized") and now - float(info.get("ended") or 0) > RECENT_S:
                 continue
-            alerts.extend(self._scan_batch(b))
+            alerts.extend(self._scan_batch(batch_id, runs))
         first, self.primed = not self.primed, True
-        return [] if first else alerts  # troubles older than the TUI are in the tables already
+        return [] if first else alerts
 
-    def _scan_batch(self, b: BatchDir) -> list[Alert]:
+    def _scan_batch(self, batch_id: str, runs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Alert]:
         out = []
-        for rd in b.runs():
-            key = (b.id, rd.name)
-            trouble = _trouble(rd.status())
+        for name, st in runs:
+            key = (batch_id, name)
+            trouble = _trouble(st)
             if key in self.seen and self.seen[key] == trouble:
                 continue
             new = key in self.seen or self.primed  # a run first seen after start-up counts too
             self.seen[key] = trouble
             if trouble and new:
-                out.append(Alert(b.id, rd.name, trouble[0], trouble[1]))
+                out.append(Alert(batch_id, name, trouble[0], trouble[1]))
         return out
 
 

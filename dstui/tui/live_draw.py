@@ -1,13 +1,16 @@
-"""What the live view draws from its runs' series: the four plots and the legend line.
+"""What the live view draws from its runs' series: the plots (one table of them) and the legend line.
 
 The live screen (dstui/tui/screens/live.py) reads the folders and owns the
 series; these functions only turn series into curves, scales and text, on
-the main thread, so the screen stays about reading and keys.
+the main thread, so the screen stays about reading and keys. Which plots there
+are, in which order, and how each is drawn is :data:`PLOTS`: the screen makes
+its widgets and redraws from that table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
@@ -88,6 +91,31 @@ def draw_system(plot: MetricPlot, series: Sequence[RunSeries], key: str | None) 
     name, unit, sc = SYSTEM_VIEWS[key]
     curves = [Curve(s.name, i, s.system[key].x, s.system[key].y) for i, s in enumerate(series)]
     plot.set_curves(curves, scale=sc, unit=unit, title=name)
+
+
+@dataclass(frozen=True)
+class LiveChoices:
+    """What the user chose to see (keys s, m, y)."""
+
+    smooth: bool = False
+    mem_key: str = "mem_peak"  # or mem_alloc
+    system_key: str | None = None  # a SYSTEM_VIEWS key the runs have, None before any reading
+
+
+@dataclass(frozen=True)
+class LivePlot:
+    id: str  # the widget's id (tests and the CSS name it)
+    title: str  # before any data
+    xlabel: str
+    draw: Callable[[MetricPlot, Sequence[RunSeries], LiveChoices], None]
+
+
+PLOTS: tuple[LivePlot, ...] = (
+    LivePlot("plot-loss", "loss", "step", lambda p, s, c: draw_steps(p, s, "loss", "loss", c.smooth)),
+    LivePlot("plot-iter", "iteration time", "step", lambda p, s, c: draw_steps(p, s, "iter_time", "iteration time", c.smooth)),
+    LivePlot("plot-mem", "peak memory", "step", lambda p, s, c: draw_memory(p, s, c.mem_key)),
+    LivePlot("plot-sys", "system", "seconds", lambda p, s, c: draw_system(p, s, c.system_key)),
+)
 
 
 def newest_running(statuses: Sequence[dict[str, Any]]) -> int | None:

@@ -3,9 +3,11 @@
 The services are the CLI's (:mod:`dstui.usecases`): the TUI launches, resumes,
 cancels, retries and takes over exactly as `dstui run`, `dstui cancel`, `dstui
 retry` and `dstui status` do, with the same defaults (``LaunchOptions``). This
-module only turns their answers into what the screen shows: a launch is
-:class:`Launched`, or :class:`Refused` with the one line `dstui run` prints
-(and whether "launch anyway?" may be asked).
+module only turns their answers into what the screen shows: a launch is checked
+first (:func:`prepare`: :class:`Ready`, with the question the screen asks before
+anything starts), then started (:func:`start`: :class:`Launched`); either may be
+:class:`Refused` with the one line `dstui run` prints (and whether "launch
+anyway?" may be asked).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from dstui.usecases.options import LaunchOptions
 
 if TYPE_CHECKING:  # the spec models cost ~0.2 s to import: not on the TUI's start path
     from dstui.spec.loading import SpecDraft
+    from dstui.usecases.launch import Prepared
     from dstui.usecases.takeover import Takeover
 
 MAX_BATCHES = 30
-TAKEOVER_EVERY_S = 30.0  # how often the runs screen looks for batches whose supervisor died
+TAKEOVER_EVERY_S = 30.0  # how often the app looks for batches whose supervisor died
 
 
 @dataclass
@@ -49,16 +52,28 @@ class Refused:
     forceable: bool = False  # runs this machine cannot do: the screen may ask "launch anyway?"
 
 
-def supervised(b: BatchDir) -> bool:
-    """Whether a live supervisor follows this unfinished batch."""
-    if b.info().get("finalized"):
-        return False
-    from dstui.usecases import takeover  # lazily: not on the start path
+@dataclass
+class Ready:
+    """A spec that passed `dstui run`'s checks; nothing exists yet. The screen asks :meth:`question` first."""
 
-    return takeover.supervised(b)
+    spec: Path
+    prepared: Prepared
+    options: LaunchOptions
+    draft: SpecDraft | None = None
+
+    def question(self) -> str:
+        runs = self.prepared.plan.runs
+        edited = " (as edited in Compose, not saved)" if self.draft is not None else ""
+        if self.options.resume:
+            head = f"Resume batch {self.options.resume} from {self.spec.name}{edited}?"
+        else:
+            head = f"Launch {len(runs)} run(s) of {self.prepared.plan.spec.name} from {self.spec.name}{edited}?"
+        names = ", ".join(r.name for r in runs[:6]) + (f", ... ({len(runs) - 6} more)" if len(runs) > 6 else "")
+        what = "Done runs are kept; the others run again." if self.options.resume else "They start now and go on when you quit."
+        return f"{head}\n\n{names}\n\n{what}"
 
 
-def launch(
+def prepare(
     spec: Path,
     parallel: int,
     progress: Callable[[str], None],
@@ -66,12 +81,11 @@ def launch(
     *,
     force: bool = False,
     resume: str | None = None,
-) -> Launched | Refused:
-    """Everything `dstui run SPEC` does before it follows: checks, folders, skips, a detached supervisor.
+) -> Ready | Refused:
+    """`dstui run SPEC`'s checks before anything is made: the spec, DeepSpeed's configs, the backend's
+    preflight, the forecast and this machine's capacity.
 
-    ``draft``: a spec edited in Compose and not saved. It runs as edited, and its text is
-    written as ``spec.yaml`` in the batch folder (batch.json's ``spec_path`` names that copy,
-    ``edited_from`` the file it came from); the user's file is never written by a launch.
+    ``draft``: a spec edited in Compose and not saved; it runs as edited (see :func:`start`).
     ``resume``: a batch id to continue instead of a new batch (`dstui run SPEC --resume BATCH`).
     """
     from dstui.usecases import launch as service
@@ -79,9 +93,24 @@ def launch(
     options = LaunchOptions(parallel=parallel, force=force, resume=resume)
     try:
         prepared = service.prepare(spec, options, progress=progress, data=draft.data if draft else None)
-        started = service.start(prepared, options, draft=draft)
     except DstuiError as e:
         return Refused(service.refusal_text(e, spec), forceable=service.forceable(e))
+    return Ready(spec, prepared, options, draft)
+
+
+def start(ready: Ready) -> Launched | Refused:
+    """Everything `dstui run SPEC` does after its checks: folders, skips, a detached supervisor.
+
+    An edited spec's text is written as ``spec.yaml`` in the batch folder (batch.json's
+    ``spec_path`` names that copy, ``edited_from`` the file it came from); the user's file is
+    never written by a launch.
+    """
+    from dstui.usecases import launch as service
+
+    try:
+        started = service.start(ready.prepared, ready.options, draft=ready.draft)
+    except DstuiError as e:
+        return Refused(service.refusal_text(e, ready.spec), forceable=service.forceable(e))
     b = started.batch
     return Launched(b.id, started.runs, started.resumed, started.skipped, started.notes)
 
@@ -96,13 +125,6 @@ def cancel(rd: RunDir) -> None:
     from dstui.usecases import control
 
     control.cancel([rd])
-
-
-def unfinished(b: BatchDir) -> list[RunDir]:
-    """The runs of a batch that a cancel would stop (queued, starting, running)."""
-    from dstui.usecases import control
-
-    return control.unfinished(b)
 
 
 def cancel_batch(b: BatchDir) -> list[RunDir]:

@@ -107,16 +107,17 @@ class RunSeries:
     _metrics: Follower | None = None
     _sys: Follower | None = None
 
-    def __post_init__(self) -> None:
-        if self._metrics is None:
-            settings = self.rd.settings()
-            fmt = settings.get("metrics_format", "jsonl")
-            self.fmt = fmt
-            self.warmup = float(warmup_count(settings.get("warmup_steps")) or 0)
-            source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
-            self._metrics = Follower(source)
-            self._attempts = AttemptSteps()
-            self._sys = Follower(self.rd.system_file)
+    def _open(self) -> None:
+        """The run's settings (its metrics format, its warm-up) and its files: read by the first
+        :meth:`read_new`, in the reading thread (a series is made on the UI thread, which reads no file)."""
+        settings = self.rd.settings()
+        fmt = settings.get("metrics_format", "jsonl")
+        self.fmt = fmt
+        self.warmup = float(warmup_count(settings.get("warmup_steps")) or 0)
+        source = self.rd.metrics_file if fmt == "jsonl" else self.rd.log_file
+        self._metrics = Follower(source)
+        self._attempts = AttemptSteps()
+        self._sys = Follower(self.rd.system_file)
 
     @property
     def name(self) -> str:
@@ -124,6 +125,8 @@ class RunSeries:
 
     def read_new(self) -> Delta:
         """Parse what was appended since the last call (worker thread; touches no buffers)."""
+        if self._metrics is None:
+            self._open()
         assert self._metrics is not None and self._sys is not None
         d = Delta()
         parse = line_parser(self.fmt)

@@ -4,7 +4,7 @@ the header says where the runs are when dstui chose the folder."""
 from __future__ import annotations
 
 import pytest
-from tui_helpers import REPO, write_run
+from tui_helpers import REPO, home_shown, workers_done, write_run
 
 from dstui.core.rundir import BatchDir, write_json_atomic
 from dstui.tui.app import DstuiApp
@@ -31,6 +31,7 @@ async def test_cancel_batch_is_confirmed(tui_env) -> None:  # noqa: ANN001
     b = queued_batch(tui_env)
     app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.2)
     async with app.run_test(size=(100, 30)) as pilot:
+        assert await home_shown(pilot)
         screen = app.screen
         screen.query_one("#batches", CachedTable).focus()
         await pilot.press("c")
@@ -45,7 +46,7 @@ async def test_cancel_batch_is_confirmed(tui_env) -> None:  # noqa: ANN001
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await app.workers.wait_for_complete()
+        await workers_done(app)
         await pilot.pause()
         assert [rd.state for rd in b.runs()] == ["done", "killed", "killed"]
         assert b.runs()[1].status()["reason"] == "cancelled before start"
@@ -59,6 +60,6 @@ async def test_header_says_where_runs_are_when_dstui_chose(tui_env, monkeypatch)
     monkeypatch.chdir(tui_env / "sub")  # found from a folder below
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause()
+        assert await home_shown(pilot)
         assert app.sub_title == f"runs: {tui_env.resolve() / 'runs'}"
         assert app.screen.batch is not None and app.screen.batch.id == b.id

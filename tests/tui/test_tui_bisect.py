@@ -11,7 +11,8 @@ from tui_helpers import wait_for
 from dstui.bisect.store import Store, write_progress
 from dstui.spec.settings import Settings
 from dstui.tui.app import DstuiApp
-from dstui.tui.widgets.bisect_progress import BisectProgress, progress_text, shown
+from dstui.tui.home_snapshot import shown_bisects as shown
+from dstui.tui.widgets.bisect_progress import BisectProgress, progress_text
 
 pytestmark = pytest.mark.anyio
 SHA = "c0ffee" + "0" * 34

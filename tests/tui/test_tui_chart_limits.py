@@ -11,7 +11,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tui_helpers import T0, wait_for, write_run
+from tui_helpers import T0, home_shown, wait_for, write_run
 
 from dstui.core.rundir import write_json_atomic
 from dstui.tui.app import DstuiApp
@@ -60,6 +60,7 @@ async def test_live_view_axes_of_times_and_rates_stay_non_negative(tui_env) -> N
     })  # fmt: skip
     app = DstuiApp(batch_id=path.name, supervise=False, watch_s=0.3)
     async with app.run_test(size=(120, 36)) as pilot:
+        assert await home_shown(pilot)
         await pilot.press("v")
         screen = app.screen
         assert isinstance(screen, LiveScreen)

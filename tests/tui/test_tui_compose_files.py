@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from textual.widgets import Collapsible, DataTable, Input, OptionList, Static, TextArea
-from tui_helpers import REPO, open_compose, wait_for
+from tui_helpers import REPO, confirm_launch, open_compose, wait_for
 
 from dstui.core import paths
 from dstui.core.rundir import list_batches
@@ -385,6 +385,7 @@ async def test_launching_never_writes_the_spec(tui_env) -> None:  # noqa: ANN001
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await open_compose(pilot)
         await pilot.press("ctrl+r")  # unchanged: launches the file as it is
+        await confirm_launch(pilot)
         assert await wait_for(pilot, lambda: len(batches()) == 1 and batches()[0].is_finished(), timeout=240)
         first = batches()[0]
         assert first.info()["spec_path"] == str(path)
@@ -395,6 +396,7 @@ async def test_launching_never_writes_the_spec(tui_env) -> None:  # noqa: ANN001
         await type_into(pilot, screen, "#in-steps", "3")
         assert screen.dirty
         await pilot.press("ctrl+r")
+        assert "(as edited in Compose, not saved)" in await confirm_launch(pilot)
         assert await wait_for(pilot, lambda: len(batches()) == 2 and all(b.is_finished() for b in batches()), timeout=240)
         second = next(b for b in batches() if b.id != first.id)
         assert screen.dirty  # launching is not saving

@@ -142,7 +142,7 @@ def test_the_tui_launches_with_the_cli_default_parallel() -> None:
         mod.add_arguments(p)
         defaults.append(p.parse_args(["x.yaml"]).parallel)
     assert defaults == [AUTO, AUTO]
-    assert DstuiApp().parallel == AUTO
+    assert DstuiApp().options.parallel == AUTO
 
 
 async def test_runs_columns_widen_for_gpus_given_after_the_table_was_built(tui_env) -> None:  # noqa: ANN001

@@ -17,7 +17,7 @@ import yaml
 from cluster_fixtures import slurm_cluster_fixture  # noqa: F401 - the `slurm_cluster` fixture
 from helpers import IMPORTS_DEEPSPEED
 from textual.widgets import Input, Static
-from tui_helpers import wait_for
+from tui_helpers import confirm_launch, wait_for
 
 from dstui.core.rundir import FINAL_STATES, BatchDir, list_batches
 from dstui.tui.app import DstuiApp
@@ -136,6 +136,7 @@ async def test_skip_predicted_oom_marks_the_same_runs_as_dstui_run(tui_env: Path
     async with app.run_test(size=(120, 36)) as pilot:
         screen = app.screen
         await pilot.press("l")
+        await confirm_launch(pilot)
 
         def launched() -> bool:
             return screen.batch is not None and screen.batch.id != by_cli.id
@@ -216,6 +217,7 @@ async def test_resume_from_the_runs_screen_is_dstui_run_resume(tui_env: Path) ->
         screen = app.screen
         assert await wait_for(pilot, lambda: screen.batch is not None and screen.batch.id == b.id)
         await pilot.press("R")
+        await confirm_launch(pilot)
         assert await wait_for(pilot, lambda: any(n.message.startswith(f"resumed {b.id}") for n in app._notifications),
                               timeout=120), [(n.title, n.message) for n in app._notifications]  # fmt: skip
         said = next(n.message for n in app._notifications if n.message.startswith("resumed"))

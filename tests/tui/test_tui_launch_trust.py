@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tui_helpers import wait_for
+from tui_helpers import confirm_launch, wait_for
 
 from dstui.core.rundir import list_batches, write_json_atomic
 from dstui.tui import failure_watch
@@ -38,6 +38,7 @@ async def test_a_failing_run_raises_a_toast_and_the_bell(tui_env: Path, monkeypa
     async with app.run_test(size=(120, 36)) as pilot:
         assert isinstance(app.screen, RunsScreen)
         await pilot.press("l")
+        await confirm_launch(pilot)
 
         def toasted() -> bool:
             return any(n.title == "run failed" and "boom-r0" in n.message for n in app._notifications)

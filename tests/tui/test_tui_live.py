@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 from textual.widgets import Log
-from tui_helpers import fixture_batch, wait_for, write_run
+from tui_helpers import fixture_batch, home_shown, wait_for, write_run
 
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.tui.app import DstuiApp
@@ -58,6 +58,7 @@ async def test_live_view_draws_runs_and_log(tui_env):  # noqa: F811
     b = fixture_batch(tui_env)
     app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.3)
     async with app.run_test(size=(100, 30)) as pilot:
+        assert await home_shown(pilot)
         await pilot.press("v")
         await pilot.pause()
         screen = app.screen
@@ -96,6 +97,7 @@ async def test_live_view_eight_long_runs_stays_responsive(tui_env):  # noqa: F81
     b = BatchDir(path)
     app = DstuiApp(batch_id=b.id, supervise=False, watch_s=0.5)
     async with app.run_test(size=(160, 50)) as pilot:
+        assert await home_shown(pilot)
         await pilot.press("v")
         screen = app.screen
         assert await wait_for(pilot, lambda: all(len(s.steps["loss"]) == 20_000 for s in screen.series), timeout=60)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Log, Static
-from tui_helpers import REPO, T0, wait_for, write_run
+from tui_helpers import REPO, T0, home_shown, wait_for, write_run
 
 from dstui.core.rundir import BatchDir, write_json_atomic
 from dstui.tui.app import DstuiApp
@@ -45,6 +45,7 @@ def make_batch(root: Path, runs: list[tuple[str, int, str]], batch_id: str = "li
 
 
 async def open_live(pilot, app) -> LiveScreen:  # noqa: ANN001
+    assert await home_shown(pilot)
     await pilot.press("v")
     screen = app.screen
     assert isinstance(screen, LiveScreen)

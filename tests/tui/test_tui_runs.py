@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Log
-from tui_helpers import REPO, seed_spec, wait_for
+from tui_helpers import REPO, confirm_launch, seed_spec, wait_for
 
 from dstui.core.rundir import FINAL_STATES, RunDir, list_batches
 from dstui.execute import batch as batch_mod
@@ -53,6 +53,7 @@ async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
         screen = app.screen
         assert isinstance(screen, RunsScreen)
         await pilot.press("l")
+        await confirm_launch(pilot)
         assert await wait_for(pilot, lambda: screen.batch is not None and screen._rows, timeout=240)
         assert await wait_for(pilot, lambda: states(screen) == ["done"], timeout=240), states(screen)
         row = screen._rows["echo-r0"]
@@ -63,7 +64,7 @@ async def test_launch_from_ui_reaches_done(tui_env):  # noqa: F811
         await pilot.pause(0.5)
         assert isinstance(app.screen, LogScreen)
         log = app.screen.query_one(Log)
-        assert any("Step 5, Loss" in line for line in log.lines)
+        assert await wait_for(pilot, lambda: any("Step 5, Loss" in line for line in log.lines), timeout=30)
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, RunsScreen)
@@ -76,6 +77,7 @@ async def test_cancel_kills_process_group_then_retry(tui_env):  # noqa: F811
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
         await pilot.press("l")
+        await confirm_launch(pilot)
         assert await wait_for(pilot, lambda: states(screen) == ["running"], timeout=240), states(screen)
         rd = RunDir(screen.batch.path / "echo-r0")
         assert await wait_for(pilot, lambda: rd.status().get("pgid"), timeout=240)

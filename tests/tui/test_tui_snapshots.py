@@ -8,7 +8,15 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from tui_helpers import REPO, add_phases, fixture_batch, make_store, wait_for
+from tui_helpers import (
+    REPO,
+    add_phases,
+    fixture_batch,
+    home_shown,
+    make_store,
+    wait_for,
+    workers_done,
+)
 
 from dstui.tui.app import DstuiApp
 from dstui.tui.widgets.charts import MetricPlot
@@ -24,22 +32,23 @@ async def compose_checked(pilot) -> None:  # noqa: ANN001
 
     from dstui.tui.screens.compose import ComposeScreen
 
+    await home_shown(pilot)
     await pilot.press("1")
     assert await wait_for(pilot, lambda: isinstance(pilot.app.screen, ComposeScreen), timeout=60)
     dsv = pilot.app.screen.query_one("#dsvalid", Static)
     assert await wait_for(pilot, lambda: str(dsv.render()).strip() and "pending" not in str(dsv.render()), timeout=120)
-    await pilot.app.workers.wait_for_complete()
+    await workers_done(pilot.app)
     await pilot.pause(0.3)
 
 
 def test_snapshot_runs(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
-    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30))
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30), run_before=home_shown)
 
 
 def test_snapshot_runs_80x24(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
-    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(80, 24))
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(80, 24), run_before=home_shown)
 
 
 def test_snapshot_runs_times(tui_env, snap_compare):  # noqa: F811
@@ -47,13 +56,14 @@ def test_snapshot_runs_times(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
     add_phases(b.path / "z0-r0", gpu_slice=[0, 1])
     add_phases(b.path / "z1-r0", gpu_slice=[2, 3])
-    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30))
+    assert snap_compare(DstuiApp(batch_id=b.id, supervise=False), terminal_size=(100, 30), run_before=home_shown)
 
 
 def test_snapshot_live(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
 
     async def run_before(pilot) -> None:  # noqa: ANN001
+        await home_shown(pilot)
         await pilot.press("v")
         screen = pilot.app.screen
         await wait_for(pilot, lambda: screen.query_one("#plot-loss", MetricPlot).point_count > 0, timeout=10)
@@ -68,6 +78,7 @@ def test_snapshot_log(tui_env, snap_compare):  # noqa: F811
     b = fixture_batch(tui_env)
 
     async def run_before(pilot) -> None:  # noqa: ANN001
+        await home_shown(pilot)
         await pilot.press("o")
         await pilot.pause(0.3)
 
@@ -110,6 +121,7 @@ def test_snapshot_results(tui_env, snap_compare):  # noqa: F811
     make_store()
 
     async def run_before(pilot) -> None:  # noqa: ANN001
+        await home_shown(pilot)
         await pilot.press("3")
         await wait_for(pilot, lambda: pilot.app.screen.results is not None, timeout=120)
         await pilot.pause(0.3)
@@ -119,7 +131,12 @@ def test_snapshot_results(tui_env, snap_compare):  # noqa: F811
 
 def test_snapshot_help(tui_env, snap_compare):  # noqa: F811
     fixture_batch(tui_env)
-    assert snap_compare(DstuiApp(supervise=False), terminal_size=(100, 30), press=["question_mark"])
+
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        await home_shown(pilot)
+        await pilot.press("question_mark")
+
+    assert snap_compare(DstuiApp(supervise=False), terminal_size=(100, 30), run_before=run_before)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -120,6 +120,32 @@ async def wait_for(pilot, predicate, timeout: float = 60.0, step: float = 0.2) -
     return predicate()
 
 
+async def home_shown(pilot, timeout: float = 30.0) -> bool:  # noqa: ANN001
+    """Wait until the app's first snapshot of the runs home is rendered (its worker reads it off the UI thread)."""
+    ok = await wait_for(pilot, lambda: pilot.app.home is not None, timeout)
+    await pilot.pause()
+    return ok
+
+
+async def workers_done(app) -> None:  # noqa: ANN001
+    """Wait for the app's workers to finish, but the home watcher (it runs as long as the app)."""
+    others = [w for w in app.workers if w.group != "home"]
+    if others:  # (an empty list would mean every worker to textual)
+        await app.workers.wait_for_complete(others)
+
+
+async def confirm_launch(pilot, timeout: float = 120.0) -> str:  # noqa: ANN001
+    """Answer yes to the question a launch asks once the spec passed its checks; returns the question."""
+    from dstui.tui.screens.confirm import ConfirmScreen
+
+    asked = await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), timeout)
+    assert asked, [(n.title, n.message) for n in pilot.app._notifications]
+    question = pilot.app.screen.question
+    assert question.startswith(("Launch ", "Resume ")), question
+    await pilot.press("y")
+    return question
+
+
 async def open_compose(pilot):  # noqa: ANN001, ANN201 - a Pilot, a ComposeScreen (textual imported lazily)
     """Switch to Compose (key 1) and return its screen."""
     from dstui.tui.screens.compose import ComposeScreen

@@ -159,7 +159,7 @@ def test_an_op_build_in_a_jobs_process_tree_is_named_while_it_runs(tmp_path: Pat
 
 
 def test_failures_are_announced_once_and_not_for_the_past(tmp_path: Path) -> None:
-    from dstui.tui.failure_watch import FailureWatch
+    from dstui.tui.home_snapshot import HomeReader
 
     runs = tmp_path / "runs"
     (runs / "b1").mkdir(parents=True)
@@ -167,12 +167,12 @@ def test_failures_are_announced_once_and_not_for_the_past(tmp_path: Path) -> Non
     _run(runs, "b1", "old", state="failed", reason="exit code 1")
     r1 = _run(runs, "b1", "r1", state="running")
     r2 = _run(runs, "b1", "r2", state="running")
-    watch = FailureWatch()
-    assert watch.scan(runs) == []  # what failed before the TUI opened is in the table already
+    reader = HomeReader(runs)  # the TUI's home worker: the alerts come with each snapshot
+    assert reader.take().alerts == ()  # what failed before the TUI opened is in the table already
     merge_status(r1, dict(state="failed", reason="Python: RuntimeError: boom"))
     merge_status(r2, dict(state="killed", reason="cancelled"))
-    alerts = watch.scan(runs)
+    alerts = reader.take().alerts
     assert [(a.run, a.title, a.text) for a in alerts] == [("r1", "run failed", "Python: RuntimeError: boom")]
-    assert watch.scan(runs) == []  # once
+    assert reader.take().alerts == ()  # once
     merge_status(r2, dict(state="running", reason=None, diverged={"message": "diverged at step 4 (Δ=3.1)"}))
-    assert [(a.run, a.title) for a in watch.scan(runs)] == [("r2", "live guard")]
+    assert [(a.run, a.title) for a in reader.take().alerts] == [("r2", "live guard")]

@@ -47,6 +47,7 @@ from dstui.tui import compose_check
 from dstui.tui import compose_model as cm
 from dstui.tui import compose_texts as ct
 from dstui.tui.compose_check import CheckResult
+from dstui.tui.face import face
 from dstui.tui.screens.compose_files import SAVE_AS_KEY, SpecFileActions
 from dstui.tui.widgets.fitting_footer import FittingFooter
 from dstui.tui.widgets.run_preview import RunPreview
@@ -120,7 +121,7 @@ class ComposeScreen(SpecFileActions, Screen):
         self._refused_row: str | None = None  # the form row marked for it
 
     def on_worker_state_changed(self, event) -> None:  # noqa: ANN001 - Worker.StateChanged (does not bubble)
-        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]  (a failure said, not swallowed)
+        face(self).on_worker_state_changed(event)  # a failure said, not swallowed
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -155,7 +156,7 @@ class ComposeScreen(SpecFileActions, Screen):
 
     def on_mount(self) -> None:
         self.preview.setup()
-        spec = getattr(self.app, "spec_path", None)
+        spec = face(self).spec_path
         if spec:
             self.load(Path(spec))
         else:
@@ -215,9 +216,10 @@ class ComposeScreen(SpecFileActions, Screen):
         if why:
             self.notify(f"not launched: {why}", severity="error", timeout=8)
             return
+        app = face(self)
         if self.path is not None and self.original is not None and not self.dirty:
-            self.app.spec_path = self.path  # type: ignore[attr-defined]
-        self.app.launch_current()  # type: ignore[attr-defined]  (launches self.draft() when edited)
+            app.spec_path = self.path
+        app.launch_current()  # launches self.draft() when edited
 
     # -- editing -------------------------------------------------------------
 

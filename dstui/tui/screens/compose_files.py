@@ -33,6 +33,7 @@ from dstui.spec.loading import (
     updated_text,
 )
 from dstui.tui import compose_model as cm
+from dstui.tui.face import face
 
 SAVE_AS_KEY = "ctrl+t"
 SAVE_AS_HINT = f"{SAVE_AS_KEY} saves them under a new name first"
@@ -70,7 +71,7 @@ class SpecFileActions:
             self.original, self.base, self.read_only = None, cm.new_spec(path.stem), False
             self.notify(f"new spec {path.name}: ctrl+s saves it", timeout=4)
         self.path, self.path_mode = path, "open"
-        self.app.spec_path = path  # type: ignore[attr-defined]
+        face(self).spec_path = path  # type: ignore[arg-type]  (a mixin of a Screen)
         self.data = copy.deepcopy(self.base)
         self.invalid.clear()
         self.path_input.value = str(self._rel(path))
@@ -215,7 +216,7 @@ class SpecFileActions:
         self.path, self.original, self.read_only = target, text, False
         self.path_mode = "open"
         self.base = copy.deepcopy(self.data)
-        self.app.spec_path = target  # type: ignore[attr-defined]
+        face(self).spec_path = target  # type: ignore[arg-type]
         self.path_input.value = str(self._rel(target))
         self._show_path()
         self.notify(f"saved {self._rel(target)}: {len(self.runs)} runs")

@@ -22,11 +22,13 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Header, Log, Static
 
+from dstui.core.phases import live_text
 from dstui.core.records import Follower
 from dstui.core.rundir import BatchDir, RunDir
 from dstui.core.terminal import printable
 from dstui.tui import live_draw
 from dstui.tui.chart_pages import charts_per_page, grid_shape
+from dstui.tui.face import face
 from dstui.tui.series import Delta, RunSeries
 from dstui.tui.widgets.charts import MetricPlot
 from dstui.tui.widgets.fitting_footer import FittingFooter
@@ -95,10 +97,8 @@ class LiveScreen(Screen):
         yield Header()
         yield Static(id="legend")
         with Grid(id="plots"):
-            yield MetricPlot("loss", id="plot-loss")
-            yield MetricPlot("iteration time", id="plot-iter")
-            yield MetricPlot("peak memory", id="plot-mem")
-            yield MetricPlot("system", xlabel="seconds", id="plot-sys")
+            for p in live_draw.PLOTS:
+                yield MetricPlot(p.title, xlabel=p.xlabel, id=p.id)
         yield Static(id="log-title")
         yield Log(id="log-tail", max_lines=400, auto_scroll=True)
         yield FittingFooter()
@@ -106,9 +106,9 @@ class LiveScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = self.batch.id
         self._poll()
-        self.set_interval(getattr(self.app, "watch_s", 1.0), self._poll)
+        self.set_interval(face(self).options.watch_s, self._poll)
 
-    PLOT_IDS = ("#plot-loss", "#plot-iter", "#plot-mem", "#plot-sys")
+    PLOT_IDS = tuple(f"#{p.id}" for p in live_draw.PLOTS)
 
     def on_resize(self) -> None:
         # on 80x24 every row counts: a shorter log tail leaves the plots readable
@@ -154,6 +154,8 @@ class LiveScreen(Screen):
     @work(thread=True, exclusive=False, group="live-read", exit_on_error=False, name="live view")
     def read_folders(self, log_index: int, reset_log: bool) -> None:
         try:
+            import numpy  # noqa: F401 - the charts' plans need it: imported here, not on the UI thread
+
             deltas = [s.read_new() for s in self.series]
             statuses = [rd.status() for rd in self.runs]
             rd = self.runs[log_index] if self.runs else None
@@ -181,7 +183,9 @@ class LiveScreen(Screen):
             self.redraw()
         if status_changed and self.follow:
             self._follow_running()
-        if changed or status_changed or message.log_lines[:1] == ["\x00reset"]:
+        # a run in a phase ('building op shm 12s'): its seconds count on every read, though its status did not change
+        counting = any(live_text(st) and not st.get("steps_done") for st in self.statuses)
+        if changed or status_changed or counting or message.log_lines[:1] == ["\x00reset"]:
             self._update_legend(message.log_run if message.log_lines[:1] == ["\x00reset"] else self._log_for)
         log = self.query_one("#log-tail", Log)
         lines = message.log_lines
@@ -214,10 +218,9 @@ class LiveScreen(Screen):
             self._poll()
 
     def redraw(self) -> None:
-        for plot_id, key, label in (("#plot-loss", "loss", "loss"), ("#plot-iter", "iter_time", "iteration time")):
-            live_draw.draw_steps(self.query_one(plot_id, MetricPlot), self.series, key, label, self.smooth)
-        live_draw.draw_memory(self.query_one("#plot-mem", MetricPlot), self.series, self.mem_key)
-        live_draw.draw_system(self.query_one("#plot-sys", MetricPlot), self.series, self._system_key())
+        choices = live_draw.LiveChoices(self.smooth, self.mem_key, self._system_key())
+        for p, plot in zip(live_draw.PLOTS, self.plots(), strict=True):
+            p.draw(plot, self.series, choices)
 
     def available_system(self) -> list[str]:
         return live_draw.available_system(self.series)

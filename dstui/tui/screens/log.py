@@ -1,12 +1,19 @@
-"""A run's stdout.log (all ranks), following as it grows."""
+"""A run's stdout.log (all ranks), following as it grows.
+
+The log is read in a thread worker (new bytes only, twice a second) and its
+lines posted to the screen; the run's state comes from the app's snapshots of
+the runs home. The UI thread reads no file.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Header, Log, Static
 
@@ -14,6 +21,7 @@ from dstui.core import paths
 from dstui.core.records import Follower
 from dstui.core.rundir import RunDir
 from dstui.core.terminal import printable
+from dstui.tui.home_snapshot import HomeSnapshot
 from dstui.tui.widgets.fitting_footer import FittingFooter
 
 INITIAL_BYTES = 256 * 1024
@@ -25,6 +33,13 @@ def _shown(path: Path) -> str:
         return str(path.relative_to(paths.home()))
     except ValueError:
         return str(path)
+
+
+class LogRead(Message):
+    def __init__(self, lines: list[str], shown_path: str) -> None:
+        super().__init__()
+        self.lines = lines
+        self.shown_path = shown_path
 
 
 class LogScreen(Screen):
@@ -45,6 +60,9 @@ class LogScreen(Screen):
         super().__init__()
         self.rd = rd
         self.follower: Follower | None = None
+        self.shown_path = ""
+        self.state = ""
+        self._busy = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -54,31 +72,55 @@ class LogScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = f"{self.rd.batch.id}/{self.rd.name}"
-        size = self.rd.log_file.stat().st_size if self.rd.log_file.exists() else 0
-        start = max(0, size - INITIAL_BYTES)
-        self.follower = Follower(self.rd.log_file, start)
         self._path_line()
-        self.read_more()
         self.query_one(Log).focus()
-        self.set_interval(0.5, self.read_more)
+        self.watch(self.app, "home", self._show_state)
+        self._poll()
+        self.set_interval(0.5, self._poll)
+
+    def _show_state(self, home: HomeSnapshot | None) -> None:
+        batch = home.batch(self.rd.batch.id) if home is not None else None
+        run = batch.run(self.rd.name) if batch is not None else None
+        state = run.state if run is not None else ""
+        if state != self.state:
+            self.state = state
+            self._path_line()
 
     def _path_line(self) -> None:
         follow = self.query_one(Log).auto_scroll
         self.query_one("#log-path", Static).update(
             Text.assemble(
-                (_shown(self.rd.log_file), "dim"),
+                (self.shown_path, "dim"),
                 ("  following" if follow else "  paused (f follows)", "yellow" if not follow else "green"),
                 ("  state ", "dim"),
-                self.rd.state,
+                self.state,
             )
         )
 
+    def _poll(self) -> None:
+        if not self._busy:  # the previous read still going: skip this tick
+            self._busy = True
+            self.read_more()
+
+    @work(thread=True, group="log-read", exit_on_error=False, name="log")
     def read_more(self) -> None:
-        # small reads on the main thread: a log grows by a few KB per second at most
-        assert self.follower is not None
-        lines = self.follower.read_lines(max_bytes=INITIAL_BYTES * 2)
-        if lines:
-            self.query_one(Log).write_lines([printable(line, one_line=True) for line, _ in lines])
+        try:
+            if self.follower is None:  # the last 256 KB first
+                size = self.rd.log_file.stat().st_size if self.rd.log_file.exists() else 0
+                self.follower = Follower(self.rd.log_file, max(0, size - INITIAL_BYTES))
+                self.post_message(LogRead([], _shown(self.rd.log_file)))
+            lines = self.follower.read_lines(max_bytes=INITIAL_BYTES * 2)
+            if lines:
+                self.post_message(LogRead([printable(line, one_line=True) for line, _ in lines], ""))
+        finally:
+            self._busy = False
+
+    def on_log_read(self, message: LogRead) -> None:
+        if message.shown_path:
+            self.shown_path = message.shown_path
+            self._path_line()
+        if message.lines:
+            self.query_one(Log).write_lines(message.lines)
 
     def action_follow(self) -> None:
         log = self.query_one(Log)

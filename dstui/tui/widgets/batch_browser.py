@@ -1,13 +1,13 @@
 """The runs screen's body: the batches, the runs of the highlighted one, where its time went.
 
-It only reads run folders (status.json, batch.json) and shows them; what the
-keys do to runs (launch, cancel, retry, take over) is the screen's, through
+It renders the app's snapshots of the runs home (:mod:`dstui.tui.home_snapshot`)
+and reads no file itself: what it shows is only ever what the newest snapshot
+holds. What the keys do to runs (launch, cancel, retry) is the screen's, through
 :mod:`dstui.tui.run_control`.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +17,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from dstui.core import paths
-from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.core.rundir import RunDir
 from dstui.core.terminal import printable
-from dstui.tui import run_control
+from dstui.tui.home_snapshot import BatchView, HomeSnapshot, RunView
 from dstui.tui.runs_cells import BATCH_COLUMNS, RUN_COLUMNS, batch_cells, run_cells
 from dstui.tui.widgets.bisect_progress import BisectProgress
 from dstui.tui.widgets.cached_table import CachedTable
 from dstui.tui.widgets.time_bar import TimeBar
-
-BATCHES_EVERY_S = 5.0  # the batch list changes rarely; the runs of the shown batch every tick
 
 
 class BatchBrowser(Vertical):
@@ -34,30 +31,35 @@ class BatchBrowser(Vertical):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.batch: BatchDir | None = None
+        self.home: HomeSnapshot | None = None
+        self.batch_id: str | None = None  # the highlighted batch (kept while a snapshot lacks it)
+        self.wanted: str | None = None  # a batch to highlight once a snapshot holds it (just launched)
         self.marked: set[str] = set()
-        self.live: dict[str, bool] = {}
-        self.statuses: list[dict] = []
-        self._last_batches = 0.0
         self._spec: Path | None = None
         self._refusal: tuple[Path, str] | None = None  # (spec, why its launch was refused)
 
     def compose(self) -> ComposeResult:
         yield Static(id="spec-line")
         yield BisectProgress(id="bisect")
-        yield CachedTable(id="batches", cursor_type="row", zebra_stripes=False)
-        yield CachedTable(id="runs", cursor_type="row")
+        yield CachedTable(BATCH_COLUMNS, id="batches", cursor_type="row", zebra_stripes=False)
+        yield CachedTable(RUN_COLUMNS, id="runs", cursor_type="row")
         yield TimeBar(id="run-times")
 
-    def setup(self) -> None:
-        """Columns and a first read (the screen calls it from its on_mount, before anything else)."""
-        self.query_one("#batches", CachedTable).add_columns(*BATCH_COLUMNS)
-        self.runs_table.add_columns(*RUN_COLUMNS)
+    def on_mount(self) -> None:
         self.query_one(TimeBar).display = False
 
     @property
     def runs_table(self) -> CachedTable:
         return self.query_one("#runs", CachedTable)
+
+    @property
+    def batches_table(self) -> CachedTable:
+        return self.query_one("#batches", CachedTable)
+
+    @property
+    def view(self) -> BatchView | None:
+        """The highlighted batch as the newest snapshot has it."""
+        return self.home.batch(self.batch_id) if self.home is not None else None
 
     def show_spec(self, spec: Path | None) -> None:
         line = self.query_one("#spec-line", Static)
@@ -81,56 +83,55 @@ class BatchBrowser(Vertical):
             self._spec = spec
         self.show_spec(self._spec)
 
-    # -- reading the folders -------------------------------------------------
+    # -- rendering a snapshot ---------------------------------------------------
 
-    def tick(self) -> None:
-        self.query_one(BisectProgress).refresh_from(paths.runs_dir())
-        self.refresh_batches()
-        self.refresh_runs()
+    def show(self, home: HomeSnapshot) -> None:
+        """Render a snapshot: the bisect line, the batches, the highlighted batch's runs."""
+        self.home = home
+        self.query_one(BisectProgress).show(home.bisects)
+        table = self.batches_table
+        rebuilt = table.sync((b.id, batch_cells(b)) for b in home.batches)
+        if self.wanted is not None and home.batch(self.wanted) is not None:
+            self.wanted, self.batch_id = None, self.wanted
+            self.marked.clear()
+            rebuilt = True
+        if self.batch_id is None or (rebuilt and home.batch(self.batch_id) is None):
+            self.batch_id = home.batches[0].id if home.batches else None  # the newest (or the highlighted one is gone)
+        if rebuilt and self.batch_id is not None:
+            table.move_to(self.batch_id)
+        self._show_runs()
 
-    def refresh_batches(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_batches < BATCHES_EVERY_S:
-            return
-        self._last_batches = now
-        batches = list_batches(paths.runs_dir())[: run_control.MAX_BATCHES]
-        self.live = {b.id: run_control.supervised(b) for b in batches}
-        table = self.query_one("#batches", CachedTable)
-        keep = self.batch.id if self.batch else None
-        if table.sync((b.id, batch_cells(b, self.live.get(b.id, False))) for b in batches):
-            if keep in table.cells:
-                table.move_to(keep)
-            elif batches:
-                self.batch = batches[0]
-        if self.batch is None and batches:
-            self.batch = batches[0]
-
-    def refresh_runs(self) -> None:
-        runs = self.batch.runs() if self.batch else []
-        self.statuses = [{"name": rd.name, **rd.status()} for rd in runs]
-        self.runs_table.sync((st["name"], run_cells(st, st["name"] in self.marked)) for st in self.statuses)
+    def _show_runs(self) -> None:
+        view = self.view
+        runs = view.runs if view is not None else ()
+        table = self.runs_table
+        if table.shown_for != self.batch_id:
+            table.reset(self.batch_id)  # another batch: its columns sized to its own values
+        table.sync((r.name, run_cells(r, r.name in self.marked)) for r in runs)
         self._show_times()
 
     def _show_times(self) -> None:
-        self.query_one(TimeBar).show(self.runs_table.cursor_key(), self.statuses)
+        view = self.view
+        statuses = [{**r.status, "name": r.name} for r in view.runs] if view is not None else []
+        self.query_one(TimeBar).show(self.runs_table.cursor_key(), statuses)
 
     def select_batch(self, batch_id: str) -> None:
-        b = BatchDir(paths.runs_dir() / batch_id)
-        if not b.batch_file.exists():
+        """Highlight a batch: now when the snapshot holds it, else once one does (a batch just launched)."""
+        if self.home is None or self.home.batch(batch_id) is None:
+            self.wanted = batch_id
             return
-        self.refresh_batches(force=True)
-        self.batch = b
+        self.batch_id = batch_id
         self.marked.clear()
-        self.query_one("#batches", CachedTable).move_to(batch_id)
-        self.refresh_runs()
+        self.batches_table.move_to(batch_id)
+        self._show_runs()
 
     @on(DataTable.RowHighlighted, "#batches")
     def _batch_highlighted(self, event: DataTable.RowHighlighted) -> None:
         key = event.row_key.value if event.row_key else None
-        if key and (self.batch is None or self.batch.id != key):
-            self.batch = BatchDir(paths.runs_dir() / key)
+        if key and key != self.batch_id:
+            self.batch_id = key
             self.marked.clear()
-            self.refresh_runs()
+            self._show_runs()
 
     @on(DataTable.RowHighlighted, "#runs")
     def _run_highlighted(self) -> None:
@@ -142,20 +143,26 @@ class BatchBrowser(Vertical):
 
     # -- selection -----------------------------------------------------------
 
-    def current_run(self) -> RunDir | None:
+    def current_run(self) -> RunView | None:
+        """The run under the cursor, as the newest snapshot has it."""
         key = self.runs_table.cursor_key()
-        return RunDir(self.batch.path / key) if key and self.batch is not None else None
+        view = self.view
+        return view.run(key) if key and view is not None else None
+
+    def current_dir(self) -> RunDir | None:
+        run = self.current_run()
+        return run.dir if run is not None else None
 
     def mark(self) -> None:
         """Mark or unmark the run under the cursor, then move down."""
-        rd = self.current_run()
-        if rd is None:
+        run = self.current_run()
+        if run is None:
             return
-        self.marked.symmetric_difference_update({rd.name})
-        self.refresh_runs()
+        self.marked.symmetric_difference_update({run.name})
+        self._show_runs()
         self.runs_table.action_cursor_down()
 
     def mark_all(self) -> None:
         names = set(self.runs_table.cells)
         self.marked = set() if self.marked >= names else names
-        self.refresh_runs()
+        self._show_runs()

@@ -1,48 +1,24 @@
 """A line on the runs screen for a bisect in progress: outcomes left, tests left, the revision under test, its batch.
 
-The bisect itself runs in the CLI (`dstui bisect`, its own process); this widget
-only reads the progress file it writes (:mod:`dstui.bisect.store`). The commit's
-runs are an ordinary batch, listed in the batches table like any other. Hidden
-when no bisect is running or just finished, so the screen is unchanged otherwise.
+The bisect itself runs in the CLI (`dstui bisect`, its own process); the home
+snapshot carries the progress it writes (:mod:`dstui.bisect.store`, chosen by
+:func:`dstui.tui.home_snapshot.shown_bisects`) and this widget renders it. The
+commit's runs are an ordinary batch, listed in the batches table like any other.
+Hidden when no bisect is running or just finished, so the screen is unchanged otherwise.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
 
-from dstui.bisect.store import list_progress
-
-RECENT_S = 600.0  # a finished bisect's answer stays this long
 VERDICT_STYLE = {"good": "green", "bad": "bold red", "skip": "magenta"}
 
 
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError):
-        return False
-    return True
-
-
-def shown(progress: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
-    """Bisects worth a line: running (their process is alive) or finished in the last minutes."""
-    now = time.time() if now is None else now
-
-    def worth(p: dict[str, Any]) -> bool:
-        if p.get("state") == "running":
-            return _alive(p.get("pid"))
-        return now - float(p.get("updated", 0)) < RECENT_S
-
-    return [p for p in progress if worth(p)]
-
-
-def progress_text(p: dict[str, Any]) -> Text:
+def progress_text(p: Mapping[str, Any]) -> Text:
     """One bisect as one or two lines (pure: easy to test).
 
     Running: what it walks (commits or releases), the outcomes left and about how
@@ -81,8 +57,12 @@ def progress_text(p: dict[str, Any]) -> Text:
 class BisectProgress(Static):
     DEFAULT_CSS = "BisectProgress { height: auto; max-height: 4; padding: 0 1; display: none; }"
 
-    def refresh_from(self, runs_root: Path) -> None:
-        found = shown(list_progress(runs_root))
-        self.display = bool(found)
-        if found:
-            self.update(Text("\n").join(progress_text(p) for p in found[:2]))
+    _shown: Sequence[Mapping[str, Any]] | None = None
+
+    def show(self, bisects: Sequence[Mapping[str, Any]]) -> None:
+        if bisects == self._shown:
+            return
+        self._shown = bisects
+        self.display = bool(bisects)
+        if bisects:
+            self.update(Text("\n").join(progress_text(p) for p in bisects[:2]))

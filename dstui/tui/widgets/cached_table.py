@@ -1,13 +1,16 @@
 """A DataTable that remembers its rows' cells and sends only the cells that changed.
 
-The runs screen rebuilds every row from the run folders each second; redrawing
-a whole table that often flickers and costs CPU on a long batch, so a row whose
-key set is unchanged is patched cell by cell instead.
+The runs screen rebuilds every row from each snapshot of the run folders;
+redrawing a whole table that often flickers and costs CPU on a long batch, so a
+row whose key set is unchanged is patched cell by cell instead. When the table
+starts showing something else (another batch), :meth:`reset` drops the columns'
+widths too: DataTable only ever widens a column, and it cuts a cell to its
+column without "…" (issue 38.3: ``20/2`` for ``20/20`` after another batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from textual.widgets import DataTable
 
@@ -15,9 +18,21 @@ from textual.widgets import DataTable
 class CachedTable(DataTable):
     """``sync(rows)`` makes the table show ``rows`` (key, cells) with as few updates as it can."""
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - DataTable's own arguments
-        super().__init__(*args, **kwargs)
+    def __init__(self, columns: Sequence[str], **kwargs) -> None:  # noqa: ANN003 - DataTable's own arguments
+        super().__init__(**kwargs)
+        self.labels = tuple(columns)
         self.cells: dict[str, tuple] = {}
+        self.shown_for: object = None  # what the rows are of (the runs table: a batch id)
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.labels)
+
+    def reset(self, shown_for: object) -> None:
+        """Empty, with columns as wide as their labels: the next rows size them afresh."""
+        self.clear(columns=True)
+        self.add_columns(*self.labels)
+        self.cells = {}
+        self.shown_for = shown_for
 
     def sync(self, rows: Iterable[tuple[str, tuple]]) -> bool:
         """Show these rows; True when the table was rebuilt (other keys or another order)."""
