@@ -7,13 +7,13 @@ alike: every run has ``batch``, ``run``, ``state``, ``step``, ``steps_total``,
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from dstui.core import exit_codes, paths, run_status
+from dstui.core import exit_codes, paths
 from dstui.core.metric_catalogue import STATUS_KEYS
 from dstui.core.run_status import RunStatus
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.usecases import run_figures
 
 FAILED_STATES = ("failed", "killed")  # what makes an exit status 1 (skipped = predicted OOM, by choice)
 # what `dstui list` shows of a planned run's settings (the whole spec is in the run folder once launched)
@@ -27,18 +27,17 @@ def reason_of(st: dict[str, Any] | RunStatus) -> str | None:
     return str(reason) if reason else None
 
 
-def eta_s(st: dict[str, Any] | RunStatus, now: float | None = None) -> float | None:
-    """Seconds left of a running run from its progress so far; None when unknown."""
-    s = st if isinstance(st, RunStatus) else RunStatus.from_dict(st)
-    done, total, started = s.steps_done or 0, s.steps_total or 0, s.started
-    if s.state != run_status.RUNNING or not started or not done or not total:
-        return None
-    return max(0.0, ((now or time.time()) - started) / done * (total - done))
-
-
 def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One run as `--json` prints it (status.json's facts, named for scripts)."""
-    s = RunStatus.of(rd) if st is None else RunStatus.from_dict(st)
+    """One run as `--json` prints it (status.json's facts, named for scripts).
+
+    ``loss``, ``iter_time``, ``tokens_per_s``, ``mem_peak``: the last step's. ``iter_time_mean``,
+    ``tokens_per_s_mean``: a finished run's means over its steps after its ``warmup_steps``
+    (:mod:`dstui.usecases.run_figures`; None while it runs). ``eta_s``: from the pace after warm-up.
+    """
+    raw = rd.status() if st is None else st
+    s = RunStatus.from_dict(raw)
+    warmup = run_figures.warmup_of(rd.settings())
+    speed = run_figures.speed(raw, rd, warmup)
     return {
         "batch": rd.batch.id,
         "run": rd.name,
@@ -55,8 +54,11 @@ def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
         "attempt": s.attempt,
         "started": s.started,
         "ended": s.ended,
-        "eta_s": eta_s(s),
+        "eta_s": run_figures.eta_s(raw, warmup),
         **{k: s.last.get(k) for k in STATUS_KEYS},
+        "warmup_steps": warmup,
+        "iter_time_mean": speed.iter_time if speed.mean else None,
+        "tokens_per_s_mean": speed.tokens_per_s if speed.mean else None,
         "gpus": s.get("gpu_slice"),
         "job_id": s.job_id,
         "nodes": s.get("nodes"),

@@ -5,6 +5,10 @@ time, ...) so the run, its state, its step and its reason stay on screen; a
 reason that still does not fit is cut with "…" and shown whole, wrapped, under
 the table with ``-v`` (run output is untrusted: control characters never reach
 the terminal). `dstui run`'s progress lines use the same columns under a header.
+
+``iter_s`` and ``tok/s`` are a finished run's means over its steps after warm-up
+(:mod:`dstui.usecases.run_figures`, the report's figures), a live run's last
+step; ``eta`` is the pace after warm-up times the steps to go.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import Any
 
 from dstui.commands._records import reason_of
 from dstui.core import terminal
-from dstui.core.formatting import eta, fmt_bytes, fmt_num
+from dstui.core.formatting import fmt_bytes, fmt_num
 from dstui.core.phases import live_text
 from dstui.core.rundir import BatchDir, RunDir
+from dstui.usecases import run_figures
 
 MIN_REASON = 20  # the narrowest reason column; the numbers are dropped first
 FALLBACK_WIDTH = 120  # not a terminal and no COLUMNS
@@ -50,14 +55,18 @@ def _state(st: dict[str, Any]) -> str:
     return f"{state} ({st['verdict']})" if st.get("verdict") else state
 
 
+def _speed(st: dict[str, Any]) -> run_figures.Speed:
+    return st.get("_speed") or run_figures.last_speed(st)
+
+
 COLUMNS = (
     Column("run", lambda st: st.get("_name", "?"), 99),
     Column("state", _state, 99),
     Column("step", lambda st: f"{st.get('steps_done') or 0}/{st.get('steps_total') or '?'}", 99),
-    Column("eta", eta, 2),
+    Column("eta", lambda st: run_figures.eta_text(st, st.get("_warmup") or 0), 2),
     Column("loss", lambda st: fmt_num((st.get("last") or {}).get("loss")), 6),
-    Column("iter_s", lambda st: fmt_num((st.get("last") or {}).get("iter_time"), ".3f"), 3),
-    Column("tok/s", lambda st: fmt_num((st.get("last") or {}).get("tokens_per_s"), ".0f"), 1),
+    Column("iter_s", lambda st: fmt_num(_speed(st).iter_time, ".3f"), 3),
+    Column("tok/s", lambda st: fmt_num(_speed(st).tokens_per_s, ".0f"), 1),
     Column("peak_mem", lambda st: fmt_bytes((st.get("last") or {}).get("mem_peak")), 5),
 )
 
@@ -76,8 +85,15 @@ def _reason_or_phase(st: dict[str, Any]) -> str:
     return reason_of(st) or st.get("evidence") or live_text(st)
 
 
+def shown_status(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run's status with what the columns need besides it: its name, warm-up and speed figures."""
+    st = rd.status() if st is None else st
+    warmup = run_figures.warmup_of(rd.settings())
+    return {**st, "_name": rd.name, "_warmup": warmup, "_speed": run_figures.speed(st, rd, warmup)}
+
+
 def _statuses(runs: list[RunDir]) -> list[dict[str, Any]]:
-    return [{**rd.status(), "_name": rd.name} for rd in runs]
+    return [shown_status(rd) for rd in runs]
 
 
 def choose(
@@ -166,7 +182,7 @@ class ProgressLines:
         return "  ".join(c.header.ljust(w) for c, w in zip(self.cols, self.widths, strict=True)) + "  " + REASON
 
     def line(self, rd: RunDir, st: dict[str, Any] | None = None) -> str:
-        st = {**(rd.status() if st is None else st), "_name": rd.name}
+        st = shown_status(rd, st)
         row = [printable(c.cell(st)).ljust(w) for c, w in zip(self.cols, self.widths, strict=True)]
         return ("  ".join(row) + "  " + cut(printable(_reason_or_phase(st)), self.reason_w)).rstrip()
 

@@ -9,7 +9,6 @@ does not invent).
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 GIB = 1024**3
@@ -70,12 +69,3 @@ def fmt_interval(lo: float | None, hi: float | None, digits: int = 3) -> str:
     if lo is None or hi is None:
         return "-"
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def eta(st: dict[str, Any]) -> str:
-    """Time left of a running run from its status.json progress, "-" when unknown."""
-    done, total, started = st.get("steps_done") or 0, st.get("steps_total") or 0, st.get("started")
-    if st.get("state") != "running" or not started or not done or not total:
-        return "-"
-    left = (time.time() - started) / done * (total - done)
-    return f"{left:.0f}s" if left < 120 else f"{left / 60:.0f}m"

@@ -18,6 +18,7 @@ the steps to go.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,8 @@ MAX_RECORDS_BYTES = 256 << 20  # a finished run's step records are averaged up t
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number of a run's own file, else None (status.json is the run's: anything may be in it)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 @dataclass(frozen=True)

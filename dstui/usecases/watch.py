@@ -4,7 +4,9 @@
 batch through :class:`BatchWatcher`; it reads the run folders and yields
 
 - :class:`RunChanged` when a run's state, reason, guard flag or phase changes
-  (and every few seconds while one runs, so progress shows),
+  (and every few seconds while one runs or waits in a phase, so its progress
+  and the phase's seconds show: ``building op shm_comm 35s``, not ``0s`` for
+  the whole build),
 - :class:`Trouble` the moment a run fails, is killed, hangs or is flagged,
 - :class:`Note` for batch problems said once (MLflow down, disk full, ...),
 - :class:`TookOver` when its supervisor was gone and another was started
@@ -104,6 +106,12 @@ def change_key(st: dict[str, Any]) -> tuple:
     return st.get("state"), st.get("reason"), bool(st.get("diverged")), st.get("phase")
 
 
+def in_phase(st: dict[str, Any]) -> bool:
+    """A run that has not ended and has not stepped yet, doing something it names (``building op X``):
+    its line is due every few seconds, as a running run's, so the phase's seconds count."""
+    return bool(st.get("phase")) and st.get("state") not in FINAL_STATES and not st.get("steps_done")
+
+
 def all_steps_done(st: dict) -> bool:
     """A running run whose last step is logged (its teardown and exit come next)."""
     done, total = st.get("steps_done"), st.get("steps_total")
@@ -198,19 +206,21 @@ class BatchWatcher:
         """A RunChanged (and a Trouble the moment one starts) per run that changed; whether one is finishing."""
         finishing = False
         due = self.step_every_s is not None and now - self._last_step_report > self.step_every_s
+        seen = []
         for rd in runs:
             st = rd.status()
+            seen.append(st)
             # its last step is logged (status.json's last_step_at says when): teardown and exit next
             finishing |= is_finishing(st) or (all_steps_done(st) and now - float(st.get("last_step_at") or 0.0) < FAST_FOR_S)
             key = self.key(st)
             before = self._seen.get(rd.name)
-            if before != key or (due and st.get("state") == "running"):
+            if before != key or (due and (st.get("state") == "running" or in_phase(st))):
                 yield RunChanged(rd, st)
                 alarm = trouble_line(rd.name, st)
                 if alarm and (before or (None,))[:3] != key[:3]:
                     yield Trouble(rd, alarm)  # the moment it happens, not only in the final table
                 self._seen[rd.name] = key
-        if due and any(rd.state == "running" for rd in runs):
+        if due and any(st.get("state") == "running" or in_phase(st) for st in seen):
             self._last_step_report = now
         return finishing
 
