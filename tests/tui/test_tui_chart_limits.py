@@ -72,3 +72,40 @@ async def test_live_view_axes_of_times_and_rates_stay_non_negative(tui_env) -> N
         for plot in screen.query(MetricPlot):
             if plot.y_limits is not None and math.isfinite(plot.y_limits[0]):
                 assert plot.y_limits[0] >= 0, plot.id
+
+
+@pytest.mark.parametrize("rows", [2, 3, 6, 7, 11, 30])
+def test_y_ticks_sit_one_per_row_at_most(rows: int) -> None:
+    """plotext's 7 ticks on a 6-row chart lost one (4.17, 2.57: 3.37 gone, issue 38.3): ticks are at most
+    one per canvas row, each exactly on a row, so none shares a row with another."""
+    from dstui.tui.widgets.charts import Y_TICKS, row_ticks
+
+    ticks = row_ticks((0.96, 5.78), rows)
+    assert len(ticks) == min(Y_TICKS, rows) and ticks[0] == 0.96 and ticks[-1] == pytest.approx(5.78)
+    on_rows = [(t - 0.96) / (5.78 - 0.96) * (rows - 1) for t in ticks]
+    assert all(abs(r - round(r)) < 1e-9 for r in on_rows) and len({round(r) for r in on_rows}) == len(ticks)
+
+
+@pytest.mark.anyio
+async def test_a_six_row_live_chart_labels_every_row(tui_env) -> None:  # noqa: ANN001
+    """At 130x34 the live view's charts have 6 canvas rows: six y labels, evenly spaced, none lost."""
+    import re
+
+    path = tui_env / "runs" / "six-20260101-000000"
+    path.mkdir(parents=True)
+    write_run(path, "a-r0", order=0, state="done")
+    write_json_atomic(path / "batch.json", {"id": path.name, "experiment": "fixture", "runs": ["a-r0"],
+                                            "created": T0, "finalized": True})  # fmt: skip
+    app = DstuiApp(batch_id=path.name, supervise=False, watch_s=0.3)
+    async with app.run_test(size=(130, 34)) as pilot:
+        assert await home_shown(pilot)
+        await pilot.press("v")
+        loss = app.screen.query_one("#plot-loss", MetricPlot)
+        assert await wait_for(pilot, lambda: loss.point_count > 0, timeout=20)
+        await pilot.pause(0.3)
+        assert loss.size.height - 5 == 6  # the size this test is about
+        lines = str(loss.render()).splitlines()
+        labels = [float(m[1]) for line in lines if (m := re.match(r"^\s*(-?[\d.]+)┤", line))]
+        assert len(labels) == 6, lines
+        steps = [a - b for a, b in zip(labels, labels[1:], strict=False)]
+        assert all(s > 0 for s in steps) and max(steps) - min(steps) <= 0.11, labels  # even, to the labels' rounding

@@ -104,10 +104,7 @@ class BatchBrowser(Vertical):
     def _show_runs(self) -> None:
         view = self.view
         runs = view.runs if view is not None else ()
-        table = self.runs_table
-        if table.shown_for != self.batch_id:
-            table.reset(self.batch_id)  # another batch: its columns sized to its own values
-        table.sync((r.name, run_cells(r, r.name in self.marked)) for r in runs)
+        self.runs_table.sync((r.name, run_cells(r, r.name in self.marked)) for r in runs)
         self._show_times()
 
     def _show_times(self) -> None:

@@ -171,7 +171,7 @@ class MetricPlot(PlotextPlot):
             if d.marker != "line":
                 mx, my = _spread_marks(xs, ys, d.slot, d.slots, max(4, self.size.width // 8))
                 if self.y_limits is not None:
-                    my = _on_braille_rows(my, self.y_limits, self.size.height - 5, log)
+                    my = _on_braille_rows(my, self.y_limits, self.size.height - CANVAS_MARGIN, log)
                 plt.scatter(mx, my, marker=d.marker, color=rgb)
             elif len(xs) < len(c.x):
                 # decimated: the per-column min/max as dots. plotext interpolates every
@@ -187,6 +187,7 @@ class MetricPlot(PlotextPlot):
                 plt.ylim(math.log10(lim[0]), math.log10(lim[1]))
             else:
                 plt.ylim(*lim)
+                plt.yticks(row_ticks(lim, self.size.height - CANVAS_MARGIN))
         if not drawn:
             plt.text(self._empty_text, 0.5, 0.5, alignment="center")
             plt.xlim(0, 1)
@@ -204,6 +205,24 @@ class MetricPlot(PlotextPlot):
         if self.size.width < 12 or self.size.height < 4:
             return Text(self.title)
         return self._cache
+
+
+CANVAS_MARGIN = 5  # rows of a plot that are not its canvas: title, the two axis lines, x ticks, x label
+Y_TICKS = 7  # plotext's own count of y ticks on a tall chart
+
+
+def row_ticks(lim: tuple[float, float], rows: int) -> list[float]:
+    """Y ticks for a canvas of ``rows`` text rows: at most one per row, each exactly on a row, evenly spread.
+
+    plotext puts its 7 ticks at the nearest row: on a 6-row chart two fall on one row and one
+    label is lost, so the axis read 4.17, 2.57 with 3.37 gone (issue 38.3).
+    """
+    lo, hi = lim
+    if rows < 2 or not hi > lo:
+        return [lo, hi]
+    n = min(Y_TICKS, rows)
+    picked = sorted({round(i * (rows - 1) / (n - 1)) for i in range(n)})
+    return [lo + (hi - lo) * r / (rows - 1) for r in picked]
 
 
 def _spread_marks(
