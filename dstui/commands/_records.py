@@ -103,9 +103,14 @@ def home_record() -> dict[str, Any]:
 
 
 def plan_record(
-    r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None, step: Any = None
+    r: Any, fc: Any = None, capacity: int | None = None, command: list[str] | None = None, step: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One planned run (`dstui list --json`, `dstui run --dry-run --json`): nothing has started."""
+    """One planned run (`dstui list --json`, `dstui run --dry-run --json`): nothing has started.
+
+    ``extra``: the settings that vary between the plan's runs beyond the usual ones (an ``lr`` axis),
+    added to ``settings``.
+    """
     from dstui.analysis import forecast
 
     s = r.settings
@@ -124,7 +129,7 @@ def plan_record(
         "repeat": r.repeat,
         "key": r.key,
         "kind": s.kind,
-        "settings": {k: getattr(s, k) for k in _PLAN_SETTINGS} if training else {},
+        "settings": {**({k: getattr(s, k) for k in _PLAN_SETTINGS} if training else {}), **(extra or {})},
         "ranks": s.gpus * s.nodes,
         "mem_per_gpu": fc.total if fc is not None else None,
         "mem_source": fc.source if fc is not None else None,

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dstui.core.rundir import FINAL_STATES, BatchDir
 from dstui.usecases import launch
 from dstui.usecases.options import LaunchOptions
 
@@ -36,5 +37,15 @@ def run(args: argparse.Namespace) -> int:
 
     app = DstuiApp(spec_path=spec, batch_id=b.id, live=True)
     app.run()
-    print(f"the runs go on; `dstui status {b.id}` or `dstui` to look again")
+    print(ending(b))
     return 0
+
+
+def ending(b: BatchDir) -> str:
+    """What the demo says as the TUI closes: the runs go on only while some have not ended (issue 38.6)."""
+    runs = b.runs()
+    going = [rd for rd in runs if rd.state not in FINAL_STATES]
+    if going:
+        return f"{len(going)} of {len(runs)} runs go on; `dstui status {b.id}` or `dstui` to look again"
+    done = sum(rd.state == "done" for rd in runs)
+    return f"every run has ended ({done}/{len(runs)} done); `dstui report -b {b.id}` writes the report, `dstui` shows them"

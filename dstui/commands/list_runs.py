@@ -13,7 +13,7 @@ from dstui.commands._common import fitted_table
 from dstui.commands._machine import emit
 from dstui.commands._records import plan_record
 from dstui.commands._tables import terminal_width
-from dstui.usecases import launch, step_forecast
+from dstui.usecases import launch, step_forecast, varying_settings
 from dstui.usecases.options import LaunchOptions
 
 LISTED = Path("runs/<batch>")  # where the listed runs' folders are shown to be
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     steps = step_forecast.predict(prepared.runs, history=not args.no_history)
     if args.json:
         return print_json(prepared, steps, commands=args.commands, validated=not args.no_validate)
+    extra = varying_settings.varying(prepared.runs)  # an axis over any other setting (lr) gets a column too
     rows = []
     for r in prepared.runs:
         s = r.settings
@@ -57,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         if s.kind == "command":
             # dstui runs the user's command as it is: the training settings are its own, unknown here
             row[4:12] = ["-"] * 8  # the step-time cell is '-' already: no prediction for a command
+        row[2:2] = [varying_settings.value_text(getattr(s, name)) for name in extra]
         rows.append(row)
-    header = ["#", "run", "revision", "kind", "model", "zero", "offload", "compile", "dtype",
+    header = ["#", "run", *extra, "revision", "kind", "model", "zero", "offload", "compile", "dtype",
               "mb", "seq", "ga", "ranks", "steps", "mem/GPU", "step", "key"]  # fmt: skip
     # the key goes first at 80 columns (it names the run's cache entry, not what it runs), then the
     # settings a glance needs least
@@ -85,8 +87,9 @@ def print_json(prepared: launch.Prepared, steps: step_forecast.StepForecast, *, 
     """`--json`: the plan as one document; every run ``planned`` at step 0 (see _records.plan_record)."""
     shown = launch.commands(prepared.plan, root=LISTED, with_python=False, shown=False) if commands else []
     argvs = {r.name: argv for r, argv in shown}
+    extra = varying_settings.varying(prepared.runs)
     runs = [plan_record(r, prepared.forecasts.get(r.name), prepared.capacity, command=argvs.get(r.name),
-                        step=steps.predictions.get(r.name))
+                        step=steps.predictions.get(r.name), extra=varying_settings.values(r, extra))
             for r in prepared.runs]  # fmt: skip
     emit({"experiment": prepared.spec.name, "spec": str(prepared.plan.spec_path), "validated": validated,
           "gpu_memory": prepared.capacity, "runs": runs,

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     options = options_of(args)
-    plan = launch.make_plan(args.spec, options)
+    plan = launch.dry_plan(args.spec, options) if args.dry_run else launch.make_plan(args.spec, options)
     _mark("plan_done")
     # the backend's preflight (not for --dry-run: nothing is submitted), the forecast, what cannot work here
     prepared = launch.check(plan, options, dry_run=args.dry_run)
@@ -163,6 +163,9 @@ def dry_run(prepared: launch.Prepared) -> int:
         print(f"# {r.name}  (key {r.key}){mem}" + (f"  -> {oom}" if oom else ""))
         print(preview.text)
     print(f"# {forecast.capacity_note(capacity)}")
+    for rev in prepared.plan.revisions.values():  # looked up, not built (the launch builds what is missing)
+        how = "cached" if rev.get("cached") else f"not built yet: the launch builds it ({rev.get('install')}: {rev.get('install_reason')})"
+        print(f"# revision {rev['name']} ({rev['kind']} {rev['requested']}): {rev['python']}, {how}")
     print(f"# {len(prepared.runs)} runs; nothing launched (--dry-run); master ports are chosen free at launch")
     if _machine.active():  # --json: the planned runs and their exact commands (as shown: secrets masked)
         runs = [plan_record(r, prepared.forecasts.get(r.name), capacity, command=list(preview.command))

@@ -41,6 +41,7 @@ and cache keys), ``build`` (building and reusing envs), ``history`` (commit list
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dstui.core import paths
 from dstui.core.errors import DstuiError, SpecError
@@ -54,7 +55,7 @@ from dstui.revisions.source_env import InstallChoice
 from dstui.spec.experiment import Revision
 from dstui.spec.loading import check_revision_names
 
-__all__ = ["install_choice", "is_cached", "resolve", "resolve_all"]
+__all__ = ["install_choice", "is_cached", "preview_all", "resolve", "resolve_all"]
 
 
 def resolve(
@@ -101,6 +102,30 @@ def resolve_all(
             # an env built just before (an earlier revision of this spec) may now be the reference
             decide_install(p, root, base)
         out[p.name] = materialise(p, base, progress)
+    return out
+
+
+def preview_all(revs: list[Revision], *, cache_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """What resolving ``revs`` would do, building nothing (`dstui run --dry-run`; a pip build took 57 s there).
+
+    Each revision's interpreter (its env's, built or not), whether that env is cached, and how it
+    would be made and why. The inputs are checked as :func:`resolve_all` checks them (names, refs
+    that exist, paths that are DeepSpeed trees); PyPI versions are not looked up (a network call
+    a dry run need not make: the launch checks them).
+    """
+    check_revision_names(revs)
+    root, base = (cache_dir or paths.cache_dir()) / "envs", BaseEnv.current()
+    out: dict[str, dict[str, Any]] = {}
+    for rev in revs:
+        plan = plan_env(rev, root, base)
+        decide_install(plan, root, base)
+        installed = plan.kind == "installed"
+        out[rev.name] = {
+            "name": rev.name, "kind": plan.kind, "requested": plan.requested, "sha": plan.sha,
+            "python": base.python if installed else str(plan.env_dir / "bin" / "python"),
+            "env_dir": None if installed else str(plan.env_dir), "cached": installed or usable_env(plan),
+            "install": plan.choice.method if plan.choice else None, "install_reason": plan.choice.reason if plan.choice else None,
+        }  # fmt: skip
     return out
 
 

@@ -79,6 +79,9 @@ class DstuiApp(App):
         Binding("3", "goto('results')", "Results"),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
+        # a text field keeps every key it is given (1, 2, q among them): Escape leaves it (issue 38.6);
+        # a screen's own Escape (Back, Clear filter, Done) comes first
+        Binding("escape", "leave_field", "Leave field", show=False),
     ]
 
     #: the newest snapshot of the runs home; screens watch it (``self.watch(app, "home", ...)``)
@@ -206,6 +209,13 @@ class DstuiApp(App):
             # already there: back to the mode's base screen (e.g. leave the live view)
             while len(self.screen_stack) > 1:
                 self.pop_screen()
+
+    def action_leave_field(self) -> None:
+        """Take the focus off a text field, so the screen's and the app's keys work again."""
+        from textual.widgets import Input, TextArea
+
+        if isinstance(self.focused, (Input, TextArea)):
+            self.screen.set_focus(None)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

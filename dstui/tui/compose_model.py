@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ import yaml
 from dstui.core.paths import CONFIGS_DIR
 from dstui.spec.experiment import RunSpec
 from dstui.spec.settings import Settings
+from dstui.usecases import varying_settings
 
 # (field, label, kind, choices) in form order. kind: "choice" (toggles), "list" (comma list)
 CHOICES: dict[str, list[Any]] = {
@@ -213,12 +215,13 @@ SHOWN = {"zero_stage", "offload", "offload_params", "deepcompile", "compile", "k
 OTHER_MAX = 60
 
 
-def other_text(r: RunSpec) -> str:
-    """The run's settings that differ from the defaults and have no column of their own, short."""
+def other_text(r: RunSpec, columns: Sequence[str] = ()) -> str:
+    """The run's settings that differ from the defaults and have no column of their own (``columns``:
+    the varying ones the preview shows in columns), short."""
     s = r.settings
     parts = []
     for name in Settings.model_fields:
-        if name in SHOWN:
+        if name in SHOWN or name in columns:
             continue
         value = getattr(s, name)
         if value == default(name) or (name == "warmup_steps" and value == 2) or name == "steps":
@@ -233,20 +236,28 @@ def other_text(r: RunSpec) -> str:
     return out if len(out) <= OTHER_MAX else out[: OTHER_MAX - 1] + "…"
 
 
-def preview_row(r: RunSpec) -> tuple[str, ...]:
-    """One run of the preview (the mem/GPU and step cells are filled later by the check)."""
+def preview_row(r: RunSpec, varying: Sequence[str] = ()) -> tuple[str, ...]:
+    """One run of the preview (the mem/GPU and step cells are filled later by the check); ``varying``:
+    the settings beyond the fixed columns that differ between the runs, in columns after the step time."""
     s = r.settings
     off = s.offload if s.offload_params == "none" else f"{s.offload}/{s.offload_params}"
     comp = "cmd" if s.kind == "command" else "dc" if s.deepcompile else "tc" if s.compile else "-"
     return (
-        str(r.order), r.name, "", "", f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch),
-        str(s.seq_length), str(s.grad_accum), str(s.gpus * s.nodes), Path(s.model).name, other_text(r),
+        str(r.order), r.name, "", "", *(varying_settings.value_text(getattr(s, n)) for n in varying),
+        f"z{s.zero_stage}", off, comp, s.dtype, str(s.micro_batch), str(s.seq_length), str(s.grad_accum),
+        str(s.gpus * s.nodes), Path(s.model).name, other_text(r, varying),
     )  # fmt: skip
 
 
-def preview_rows(runs: list[RunSpec]) -> list[tuple[str, ...]]:
+def preview_columns(varying: Sequence[str]) -> tuple[str, ...]:
+    """The preview's columns: an axis beyond the fixed ones (lr) after the step time (issue 38.6: it was
+    only in the last, cut-off 'other' column)."""
+    return (*PREVIEW_COLUMNS[:4], *varying, *PREVIEW_COLUMNS[4:])
+
+
+def preview_rows(runs: list[RunSpec], varying: Sequence[str] = ()) -> list[tuple[str, ...]]:
     """The preview's rows, in run order: the place where a per-run mark (e.g. 'why not') joins them."""
-    return [preview_row(r) for r in runs]
+    return [preview_row(r, varying) for r in runs]
 
 
 def list_text(values: list[Any]) -> str:

@@ -48,12 +48,16 @@ class CachedTable(DataTable):
         return tuple(widths)
 
     def _rebuild(self, rows: list[tuple[str, tuple]], widths: tuple[int, ...]) -> None:
-        """Everything again, columns included; the cursor stays on its row (no highlight event for it)."""
+        """Every row again (and the columns when their widths change: the screen's layout then changes
+        too, the dearest redraw); the cursor stays on its row (no highlight event for it)."""
         keep = self.cursor_key()
         with self.prevent(DataTable.RowHighlighted, DataTable.CellHighlighted):
-            self.clear(columns=True)
-            for label, width in zip(self.labels, widths, strict=True):
-                self.add_column(label, width=width)
+            if widths != self.widths or not self.columns:
+                self.clear(columns=True)
+                for label, width in zip(self.labels, widths, strict=True):
+                    self.add_column(label, width=width)
+            else:
+                self.clear()
             self.cells = {}
             for key, cells in rows:
                 self.add_row(*map(as_text, cells), key=key)

@@ -16,10 +16,10 @@ from textual.widgets import DataTable, Static
 from dstui.spec.experiment import ExperimentSpec, RunSpec
 from dstui.tui import compose_model as cm
 from dstui.tui.compose_check import CheckResult
+from dstui.usecases import varying_settings
 
 MEMORY = "mem/GPU"
 STEP = "step"  # the predicted time per optimizer step
-RUN_COLUMNS = cm.PREVIEW_COLUMNS
 PENDING = Text("…", style="dim")
 SHOWN_WHY = 3  # runs whose reason is spelt out above the list; the rest are marked in it
 
@@ -35,16 +35,27 @@ class RunPreview(Vertical):
         yield Static(id="memnote")
         yield DataTable(id="runlist", cursor_type="row", zebra_stripes=True)
 
+    columns: tuple[str, ...] = ()
+
     def setup(self) -> None:
+        self._set_columns(cm.preview_columns(()))
+
+    def _set_columns(self, columns: tuple[str, ...]) -> None:
+        """The run list's columns: the fixed ones, and a column for each setting that varies beyond them."""
         table = self.query_one("#runlist", DataTable)
-        for title in RUN_COLUMNS:
+        table.clear(columns=True)
+        for title in columns:
             table.add_column(title, key=title)
+        self.columns = columns
 
     def show_runs(self, spec: ExperimentSpec | None, runs: list[RunSpec]) -> None:
         table = self.query_one("#runlist", DataTable)
+        varying = varying_settings.varying(runs)
+        if cm.preview_columns(varying) != self.columns:
+            self._set_columns(cm.preview_columns(varying))
         table.clear()
-        mem, step = RUN_COLUMNS.index(MEMORY), RUN_COLUMNS.index(STEP)
-        for r, row in zip(runs, cm.preview_rows(runs), strict=True):
+        mem, step = self.columns.index(MEMORY), self.columns.index(STEP)
+        for r, row in zip(runs, cm.preview_rows(runs, varying), strict=True):
             cells: list = list(row)
             cells[mem] = cells[step] = PENDING
             table.add_row(*cells, key=r.name)

@@ -1,0 +1,39 @@
+"""`dstui ui --start` says where to look before it becomes MLflow's server (issue 38.6: it printed no link)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import mlflow_client
+
+from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+
+
+def test_ui_start_prints_the_links_first(home: Path) -> None:
+    c = mlflow_client()
+    exp = c.create_experiment("started")
+    run = c.create_run(exp)
+    b = BatchDir(home / "runs" / "started-20260101-000000")
+    RunDir(b.path / "a-r0").update_status(name="a-r0", state="done", mlflow_run_id=run.info.run_id)
+    write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "dstui", "ui", "--start", "--port", str(port)], cwd=home,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(5)]  # dstui's own lines come before the server's
+        text = "".join(lines)
+        assert lines[0].startswith(f"starting MLflow's UI at http://127.0.0.1:{port}/#/experiments?"), text
+        assert f"http://127.0.0.1:{port}/#/experiments/{exp}/runs?viewStateShareKey=" in text
+        assert run.info.run_id in text
+        # that the server then listens is tests/e2e/test_reliability.py's (ui --start without the venv on PATH)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
