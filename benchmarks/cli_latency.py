@@ -78,13 +78,13 @@ def make_home(home: Path) -> None:
     """One finished batch whose run is in the home's store (what `dstui ui` links to)."""
     from mlflow import MlflowClient
 
-    from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+    from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 
     c = MlflowClient(f"sqlite:///{home}/mlruns/mlflow.db")
     exp = c.create_experiment("bench")
     run = c.create_run(exp)
     b = BatchDir(home / "runs" / "bench-20260101-000000")
-    RunDir(b.path / "a-r0").update_status(name="a-r0", state="done", mlflow_run_id=run.info.run_id)
+    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run.info.run_id))
     write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
 
 

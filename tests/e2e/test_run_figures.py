@@ -20,7 +20,7 @@ from pathlib import Path
 from helpers import dstui
 
 from dstui.commands._records import run_record
-from dstui.core.records import read_records
+from dstui.core.record_file import read_records
 from dstui.core.rundir import FINAL_STATES, RunDir, list_batches
 
 STEPS, STEP_S = 300, 0.05

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import mlflow_client
 
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 
 
 def test_ui_start_prints_the_links_first(home: Path) -> None:
@@ -19,7 +19,7 @@ def test_ui_start_prints_the_links_first(home: Path) -> None:
     exp = c.create_experiment("started")
     run = c.create_run(exp)
     b = BatchDir(home / "runs" / "started-20260101-000000")
-    RunDir(b.path / "a-r0").update_status(name="a-r0", state="done", mlflow_run_id=run.info.run_id)
+    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run.info.run_id))
     write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

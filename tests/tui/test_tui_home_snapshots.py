@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tui_helpers import T0, fixture_batch, home_shown, wait_for, write_run
 
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 from dstui.tui.app import DstuiApp
 from dstui.tui.screens.live import LiveScreen
 from dstui.tui.screens.runs import RunsScreen
@@ -82,7 +82,7 @@ async def test_the_runs_screen_follows_a_run_that_changes_and_hears_of_a_failure
         x.update_status(steps_done=7, last={"loss": 1.25, "iter_time": 0.5, "tokens_per_s": 10.0})
         assert await wait_for(pilot, lambda: rows_of(screen)["x-r0"][3] == "7/20", timeout=20), rows_of(screen)
         assert rows_of(screen)["x-r0"][5] == "1.25" and rows_of(screen)["x-r0"][6] == "0.500"  # a live run: its last step
-        y.update_status(state="failed", reason="Python: RuntimeError: boom")
+        merge_status(y, dict(state="failed", reason="Python: RuntimeError: boom"))
         assert await wait_for(pilot, lambda: rows_of(screen)["y-r0"][2] == "failed", timeout=20)
         assert await wait_for(pilot, lambda: any(n.title == "run failed" and "y-r0" in n.message
                                                  for n in app._notifications), timeout=20)  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 from dstui import cli
 from dstui.commands import demo
 from dstui.core.paths import REPO_DIR
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 
 LRSWEEP = str(REPO_DIR / "configs" / "experiments" / "lrsweep.yaml")
 
@@ -37,7 +37,8 @@ def test_list_shows_an_lr_axis_in_its_own_column_and_in_json(home: Path, capsys:
 
 
 def test_varying_settings_leave_out_what_has_a_column_and_what_may_hold_secrets() -> None:
-    from dstui.spec.models import expand, parse_spec
+    from dstui.spec.expand import expand
+    from dstui.spec.loading import parse_spec
     from dstui.usecases import varying_settings
 
     spec = parse_spec({
@@ -78,7 +79,7 @@ def test_ui_names_its_links_without_mlflows_client(home: Path) -> None:
     exp = c.create_experiment("links")
     run = c.create_run(exp)
     b = BatchDir(home / "runs" / "links-20260101-000000")
-    RunDir(b.path / "a-r0").update_status(name="a-r0", state="done", mlflow_run_id=run.info.run_id)
+    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run.info.run_id))
     write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
     probe = ("import sys; from dstui import cli; cli.main(['ui', '--port', '5123']); "
              "print('MLFLOW IMPORTED' if 'mlflow' in sys.modules else 'NO MLFLOW')")  # fmt: skip
@@ -91,9 +92,9 @@ def test_ui_names_its_links_without_mlflows_client(home: Path) -> None:
 def test_the_demo_says_the_runs_go_on_only_while_they_do(tmp_path: Path) -> None:
     b = BatchDir(tmp_path / "demo-20260101-000000")
     for name, state in (("z0-r0", "done"), ("z1-r0", "running")):
-        RunDir(b.path / name).update_status(name=name, state=state)
+        merge_status(RunDir(b.path / name), dict(name=name, state=state))
     write_json_atomic(b.batch_file, {"id": b.id, "runs": ["z0-r0", "z1-r0"]})
     assert demo.ending(b).startswith("1 of 2 runs go on;")
-    RunDir(b.path / "z1-r0").update_status(state="failed")
+    merge_status(RunDir(b.path / "z1-r0"), dict(state="failed"))
     said = demo.ending(b)
     assert "go on" not in said and said.startswith("every run has ended (1/2 done)")

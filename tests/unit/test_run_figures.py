@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dstui.commands import _records, _tables
-from dstui.core.rundir import BatchDir, RunDir, write_json_atomic
+from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
 from dstui.usecases import run_figures, watch
 from dstui.usecases.takeover import Takeover
 
@@ -31,9 +31,9 @@ def finished_run(root: Path, times: list[float], *, summary: dict | None = None,
     write_json_atomic(rd.spec_file, {"name": "z0-r0", "settings": {"metrics_format": "jsonl", "warmup_steps": warmup}})
     rd.metrics_file.write_text("".join(json.dumps(step(i + 1, t)) + "\n" for i, t in enumerate(times)))
     last = step(len(times), times[-1])
-    rd.update_status(name="z0-r0", state="done", steps_done=len(times), steps_total=len(times),
+    merge_status(rd, dict(name="z0-r0", state="done", steps_done=len(times), steps_total=len(times),
                      last={k: last[k] for k in ("loss", "iter_time", "tokens_per_s")},
-                     **({"summary": summary} if summary else {}))  # fmt: skip
+                     **({"summary": summary} if summary else {})))  # fmt: skip
     write_json_atomic(rd.batch.batch_file, {"id": rd.batch.id, "runs": ["z0-r0"], "finalized": True})
     return rd
 
@@ -136,7 +136,7 @@ def test_a_phase_counts_its_seconds_in_the_followers_lines(tmp_path: Path) -> No
     b = BatchDir(tmp_path / "b-20260101-000000")
     rd = RunDir(b.path / "z0-r0")
     rd.path.mkdir(parents=True)
-    rd.update_status(name="z0-r0", state="queued", phase="building op ShareMemComm", phase_since=100.0, steps_total=9)
+    merge_status(rd, dict(name="z0-r0", state="queued", phase="building op ShareMemComm", phase_since=100.0, steps_total=9))
     write_json_atomic(b.batch_file, {"id": b.id, "runs": ["z0-r0"], "finalized": False})
     watcher = watch.BatchWatcher(b, poll_s=0.01, takeover=Takeover(enabled=False), step_every_s=0.0)
     lines = []
@@ -150,5 +150,5 @@ def test_a_phase_counts_its_seconds_in_the_followers_lines(tmp_path: Path) -> No
     rd.update_status(phase=None)  # no phase, not running: nothing to say until it changes
     events = again.events()
     assert isinstance(next(events), watch.RunChanged)
-    rd.update_status(state="done", steps_done=9)
+    merge_status(rd, dict(state="done", steps_done=9))
     assert isinstance(next(events), watch.RunChanged)
