@@ -34,35 +34,35 @@ def run_record(rd: RunDir, st: dict[str, Any] | None = None) -> dict[str, Any]:
     ``tokens_per_s_mean``: a finished run's means over its steps after its ``warmup_steps``
     (:mod:`dstui.usecases.run_figures`; None while it runs). ``eta_s``: from the pace after warm-up.
     """
-    st = rd.status() if st is None else st
-    last = st.get("last") or {}
+    raw = rd.status() if st is None else st
+    s = RunStatus.from_dict(raw)
     warmup = run_figures.warmup_of(rd.settings())
-    speed = run_figures.speed(st, rd, warmup)
+    speed = run_figures.speed(raw, rd, warmup)
     return {
         "batch": rd.batch.id,
         "run": rd.name,
-        "state": st.get("state", "unknown"),
-        "step": st.get("steps_done") or 0,
-        "steps_total": st.get("steps_total"),
-        "reason": reason_of(st),
-        "phase": st.get("phase"),
-        "verdict": st.get("verdict"),
-        "evidence": st.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
-        "condition": st.get("condition"),
-        "revision": st.get("revision"),
-        "repeat": st.get("repeat"),
-        "attempt": st.get("attempt", 1),
-        "started": st.get("started"),
-        "ended": st.get("ended"),
-        "eta_s": run_figures.eta_s(st, warmup),
-        **{k: last.get(k) for k in STATUS_KEYS},
+        "state": s.state,
+        "step": s.steps_done or 0,
+        "steps_total": s.steps_total,
+        "reason": reason_of(s),
+        "phase": s.phase,
+        "verdict": s.verdict,
+        "evidence": s.get("evidence"),  # the verdict's numbers (dstui.core.verdicts); a FAIL's is its reason
+        "condition": s.condition,
+        "revision": s.revision,
+        "repeat": s.get("repeat"),
+        "attempt": s.attempt,
+        "started": s.started,
+        "ended": s.ended,
+        "eta_s": run_figures.eta_s(raw, warmup),
+        **{k: s.last.get(k) for k in STATUS_KEYS},
         "warmup_steps": warmup,
         "iter_time_mean": speed.iter_time if speed.mean else None,
         "tokens_per_s_mean": speed.tokens_per_s if speed.mean else None,
-        "gpus": st.get("gpu_slice"),
-        "job_id": st.get("job_id"),
-        "nodes": st.get("nodes"),
-        "mlflow_run_id": st.get("mlflow_run_id"),
+        "gpus": s.get("gpu_slice"),
+        "job_id": s.job_id,
+        "nodes": s.get("nodes"),
+        "mlflow_run_id": s.mlflow_run_id,
         "path": str(rd.path),
     }
 

@@ -110,10 +110,16 @@ class LivePlot:
     draw: Callable[[MetricPlot, Sequence[RunSeries], LiveChoices], None]
 
 
+def _steps_plot(plot_id: str, key: str) -> LivePlot:
+    """A plot of one metric of the catalogue per step (its title, unit and warm-up rule are the catalogue's)."""
+    title = BY_NAME[key].title
+    return LivePlot(plot_id, title, "step", lambda p, s, c: draw_steps(p, s, key, title, c.smooth))
+
+
 PLOTS: tuple[LivePlot, ...] = (
-    LivePlot("plot-loss", "loss", "step", lambda p, s, c: draw_steps(p, s, "loss", "loss", c.smooth)),
-    LivePlot("plot-iter", "iteration time", "step", lambda p, s, c: draw_steps(p, s, "iter_time", "iteration time", c.smooth)),
-    LivePlot("plot-mem", "peak memory", "step", lambda p, s, c: draw_memory(p, s, c.mem_key)),
+    _steps_plot("plot-loss", "loss"),
+    _steps_plot("plot-iter", "iter_time"),
+    LivePlot("plot-mem", BY_NAME["mem_peak"].title, "step", lambda p, s, c: draw_memory(p, s, c.mem_key)),
     LivePlot("plot-sys", "system", "seconds", lambda p, s, c: draw_system(p, s, c.system_key)),
 )
 

@@ -46,7 +46,7 @@ class Speed:
 
 
 def warmup_of(settings: Mapping[str, Any]) -> int:
-    """The run's warm-up steps (its settings' ``warmup_steps``; 0 when it has none), read as every face reads them."""
+    """The run's warm-up steps (its settings' ``warmup_steps``, read by the catalogue's rule; 0 when none)."""
     return warmup_count(settings.get("warmup_steps")) or 0
 
 
@@ -65,12 +65,13 @@ def summary_speed(st: Mapping[str, Any]) -> Speed | None:
 
 
 def mean_of_steps(steps: Sequence[Mapping[str, Any]], warmup: int) -> Speed | None:
-    """Means over the step records after warm-up (every step when all are warm-up); tokens/s as
+    """Means over the step records after warm-up (:mod:`dstui.core.metric_catalogue`'s rule: counted from
+    the first step a run can log; every step when all are warm-up); tokens/s as
     total tokens / total time, as the runners and the report compute it (a mean of per-step rates
     would overstate it whenever step times vary)."""
-    numbered = [n for s in steps if (n := _num(s.get("step"))) is not None]
-    counted = first_counted_step(min(numbered, default=1), warmup)  # the catalogue's rule, as the report's
-    timed = [s for s in steps if (_num(s.get("step")) or 0) >= counted] or list(steps)
+    numbered = [(n, s) for s in steps if (n := _num(s.get("step"))) is not None]
+    first = first_counted_step(min((n for n, _ in numbered), default=1), warmup)  # the catalogue's warm-up rule
+    timed = [s for n, s in numbered if n >= first] or list(steps)
     times = [t for s in timed if (t := _num(s.get("iter_time"))) is not None and t > 0]
     if not times:
         return None

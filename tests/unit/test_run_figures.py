@@ -32,8 +32,8 @@ def finished_run(root: Path, times: list[float], *, summary: dict | None = None,
     rd.metrics_file.write_text("".join(json.dumps(step(i + 1, t)) + "\n" for i, t in enumerate(times)))
     last = step(len(times), times[-1])
     merge_status(rd, dict(name="z0-r0", state="done", steps_done=len(times), steps_total=len(times),
-                          last={k: last[k] for k in ("loss", "iter_time", "tokens_per_s")},
-                          **({"summary": summary} if summary else {})))  # fmt: skip
+                     last={k: last[k] for k in ("loss", "iter_time", "tokens_per_s")},
+                     **({"summary": summary} if summary else {})))  # fmt: skip
     write_json_atomic(rd.batch.batch_file, {"id": rd.batch.id, "runs": ["z0-r0"], "finalized": True})
     return rd
 
