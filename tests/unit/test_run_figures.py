@@ -2,7 +2,7 @@
 
 The speeds and ETAs are checked against timelines shaped like the issue's runs
 (a long start-up and op build, a compile-heavy first step, an outlier last step);
-the live check of the ETA on a paced 300-step run is tests/e2e/test_run_figures.py.
+the live check of the ETA on a paced 300-step run is tests/e2e/test_run_figures_e2e.py.
 """
 
 from __future__ import annotations
