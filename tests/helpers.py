@@ -151,3 +151,24 @@ def git_at(repo: Path, *args: str, date: int | None = None) -> str:
         ["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args],
         capture_output=True, text=True, check=True, env=env,
     ).stdout.strip()
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 180, every: float = 0.2, what: str = "condition") -> object:
+    """``pred()``'s first truthy value, polled every ``every`` s; an AssertionError naming ``what`` after ``timeout``.
+
+    Tests wait on a condition, never a fixed sleep: under load a clock guesses wrong (issue 39).
+    """
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def first_batch(home: Path) -> object:
+    """The first batch under ``home/runs`` once there is one."""
+    from dstui.core.rundir import list_batches
+
+    return wait_until(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_fixtures import free_port
-from helpers import REPO, dstui, mlflow_client
+from helpers import REPO, dstui, first_batch, mlflow_client, wait_until
 
-from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.core.rundir import BatchDir, RunDir
 
 pytestmark = pytest.mark.e2e
 
@@ -46,18 +46,12 @@ def write_spec(home: Path, name: str, conditions: list[dict], **settings) -> Pat
     return path
 
 
-def wait_for(pred, timeout: float = 180, every: float = 0.1, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(pred, timeout: float = 180, every: float = 0.1, what: str = "condition"):  # noqa: ANN001, ANN201
+    return wait_until(pred, timeout, every, what)
 
 
 def the_batch(home: Path) -> BatchDir:
-    return wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    return first_batch(home)  # type: ignore[return-value]
 
 
 def supervisor_pid(b: BatchDir) -> int:

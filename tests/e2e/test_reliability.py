@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from helpers import REPO, SPECS, dstui, mlflow_client
+from helpers import REPO, SPECS, dstui, first_batch, mlflow_client, wait_until
 
 from dstui.core.rundir import BatchDir, RunDir, list_batches
 from dstui.execute.batch_lock import holder_pid, is_supervised
@@ -42,18 +42,12 @@ def spec_file(home: Path, name: str, conditions: list[dict], **settings) -> Path
     return p
 
 
-def wait_for(pred, timeout: float = 120, every: float = 0.2, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(pred, timeout: float = 120, every: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+    return wait_until(pred, timeout, every, what)
 
 
 def only_batch(home: Path) -> BatchDir:
-    return wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    return first_batch(home)  # type: ignore[return-value]
 
 
 def finalized(b: BatchDir) -> bool:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, dstui, mlflow_client
+from helpers import REPO, dstui, first_batch, mlflow_client, wait_until
 
 from dstui.core import proc_identity
-from dstui.core.rundir import BatchDir, RunDir, list_batches
+from dstui.core.rundir import BatchDir, RunDir
 
 pytestmark = pytest.mark.e2e
 
@@ -49,18 +49,12 @@ def hostile(name: str, *args: str, **fields) -> dict:
     return {"name": name, "command": [sys.executable, HOSTILE, *args], **fields}
 
 
-def wait_for(pred, timeout: float = 180, every: float = 0.2, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(pred, timeout: float = 180, every: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+    return wait_until(pred, timeout, every, what)
 
 
 def the_batch(home: Path) -> BatchDir:
-    return wait_for(lambda: (list_batches(home / "runs") or [None])[0], what="a batch")
+    return first_batch(home)  # type: ignore[return-value]
 
 
 def run_named(b: BatchDir, name: str) -> RunDir:
