@@ -44,6 +44,19 @@ def mlflow_client(uri: str | None = None):
     return MlflowClient(uri or os.environ["MLFLOW_TRACKING_URI"])
 
 
+def batch_in_store(home: Path, batch_id: str) -> tuple[str, str]:
+    """A finished one-run batch in ``home`` whose run is in the store (what `dstui ui` links to): (experiment id, run id)."""
+    from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
+
+    c = mlflow_client()
+    exp = c.create_experiment(batch_id.split("-")[0])
+    run_id = c.create_run(exp).info.run_id
+    b = BatchDir(home / "runs" / batch_id)
+    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run_id))
+    write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
+    return exp, run_id
+
+
 def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The temp folder of this whole test session: shared by every xdist worker (each has its own below it)."""
     base = tmp_path_factory.getbasetemp()

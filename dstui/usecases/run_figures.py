@@ -115,15 +115,17 @@ def eta_s(st: Mapping[str, Any], warmup: int, now: float | None = None) -> float
     now = time.time() if now is None else now
     pace = _pace(st.get("timeline"), warmup)
     if pace is not None:
-        per_step, t_last, s_last = pace
-        return max(0.0, per_step * (total - s_last) - max(0.0, now - t_last))
+        per_step, t_last, s_last, gap = pace
+        # the time since the last look counts for at most one look's worth of steps: a run that stalls
+        # keeps its steps to go, not an ETA counting down to "0s"
+        return max(0.0, per_step * (total - s_last) - min(max(0.0, now - t_last), max(per_step, gap)))
     it = _num((st.get("last") or {}).get("iter_time"))
     return it * (total - done) if it else None
 
 
-def _pace(timeline: Any, warmup: int) -> tuple[float, float, float] | None:
-    """(seconds per step, time of the last look, its step) over the looks after warm-up: from the first
-    look that saw a step past warm-up to the last; None with fewer than two such looks."""
+def _pace(timeline: Any, warmup: int) -> tuple[float, float, float, float] | None:
+    """(seconds per step, time of the last look, its step, seconds between looks) over the looks after
+    warm-up: from the first look that saw a step past warm-up to the last; None with fewer than two."""
     points = []
     for p in timeline if isinstance(timeline, (list, tuple)) else ():
         if isinstance(p, (list, tuple)) and len(p) == 2 and _num(p[0]) is not None and _num(p[1]) is not None:
@@ -134,7 +136,7 @@ def _pace(timeline: Any, warmup: int) -> tuple[float, float, float] | None:
     (t0, s0), (t1, s1) = warm[0], warm[-1]
     if s1 <= s0 or t1 <= t0:
         return None
-    return (t1 - t0) / (s1 - s0), t1, s1
+    return (t1 - t0) / (s1 - s0), t1, s1, (t1 - t0) / (len(warm) - 1)
 
 
 def eta_text(st: Mapping[str, Any], warmup: int, now: float | None = None) -> str:

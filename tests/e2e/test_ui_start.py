@@ -9,18 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import mlflow_client
-
-from dstui.core.rundir import BatchDir, RunDir, merge_status, write_json_atomic
+from helpers import batch_in_store
 
 
 def test_ui_start_prints_the_links_first(home: Path) -> None:
-    c = mlflow_client()
-    exp = c.create_experiment("started")
-    run = c.create_run(exp)
-    b = BatchDir(home / "runs" / "started-20260101-000000")
-    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run.info.run_id))
-    write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
+    exp, run_id = batch_in_store(home, "started-20260101-000000")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -32,7 +25,7 @@ def test_ui_start_prints_the_links_first(home: Path) -> None:
         text = "".join(lines)
         assert lines[0].startswith(f"starting MLflow's UI at http://127.0.0.1:{port}/#/experiments?"), text
         assert f"http://127.0.0.1:{port}/#/experiments/{exp}/runs?viewStateShareKey=" in text
-        assert run.info.run_id in text
+        assert run_id in text
         # that the server then listens is tests/e2e/test_reliability.py's (ui --start without the venv on PATH)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

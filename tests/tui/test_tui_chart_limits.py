@@ -81,9 +81,12 @@ def test_y_ticks_sit_one_per_row_at_most(rows: int) -> None:
     from dstui.tui.widgets.charts import Y_TICKS, row_ticks
 
     ticks = row_ticks((0.96, 5.78), rows)
-    assert len(ticks) == min(Y_TICKS, rows) and ticks[0] == 0.96 and ticks[-1] == pytest.approx(5.78)
+    assert 2 <= len(ticks) <= min(Y_TICKS, rows) and ticks[0] == 0.96 and ticks[-1] == pytest.approx(5.78)
     on_rows = [(t - 0.96) / (5.78 - 0.96) * (rows - 1) for t in ticks]
     assert all(abs(r - round(r)) < 1e-9 for r in on_rows) and len({round(r) for r in on_rows}) == len(ticks)
+    steps = {round(b - a) for a, b in zip(on_rows, on_rows[1:], strict=False)}
+    if any((rows - 1) % (n - 1) == 0 for n in range(4, min(Y_TICKS, rows) + 1)):
+        assert len(steps) == 1 and len(ticks) >= 4, (rows, on_rows)  # even steps where the rows allow them
 
 
 @pytest.mark.anyio

@@ -33,10 +33,15 @@ async def test_l_asks_before_launching_and_no_launches_nothing(tui_env: Path) ->
         assert any(n.message == "not launched" for n in app._notifications)
 
 
+def app_on(tui_env: Path, shipped: str) -> DstuiApp:
+    """The app on a copy of one of dstui's specs (the shipped ones are read-only in Compose)."""
+    spec = tui_env / shipped
+    shutil.copy(REPO / "configs/experiments" / shipped, spec)
+    return DstuiApp(spec_path=spec, supervise=False, watch_s=0.3)
+
+
 async def test_escape_leaves_a_text_field_and_the_keys_work_again(tui_env: Path) -> None:
-    spec = tui_env / "smoke.yaml"
-    shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
-    app = DstuiApp(spec_path=spec, supervise=False, watch_s=0.3)
+    app = app_on(tui_env, "smoke.yaml")
     async with app.run_test(size=(120, 36)) as pilot:
         screen = await open_compose(pilot)
         steps = screen.query_one("#in-steps", Input)
@@ -53,9 +58,7 @@ async def test_escape_leaves_a_text_field_and_the_keys_work_again(tui_env: Path)
 
 
 async def test_compose_shows_an_lr_axis_in_a_column(tui_env: Path) -> None:
-    spec = tui_env / "lrsweep.yaml"
-    shutil.copy(REPO / "configs/experiments/lrsweep.yaml", spec)
-    app = DstuiApp(spec_path=spec, supervise=False, watch_s=0.3)
+    app = app_on(tui_env, "lrsweep.yaml")
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await open_compose(pilot)
         table = screen.query_one("#runlist", DataTable)

@@ -73,19 +73,14 @@ def test_dry_run_of_a_revisions_spec_builds_no_env(home: Path, tmp_path: Path, c
 
 def test_ui_names_its_links_without_mlflows_client(home: Path) -> None:
     """`dstui ui` took 12.8 s to print: MLflow's client was imported to find a run's experiment."""
-    from helpers import mlflow_client
+    from helpers import batch_in_store
 
-    c = mlflow_client()
-    exp = c.create_experiment("links")
-    run = c.create_run(exp)
-    b = BatchDir(home / "runs" / "links-20260101-000000")
-    merge_status(RunDir(b.path / "a-r0"), dict(name="a-r0", state="done", mlflow_run_id=run.info.run_id))
-    write_json_atomic(b.batch_file, {"id": b.id, "runs": ["a-r0"], "created": 1.0, "finalized": True})
+    exp, run_id = batch_in_store(home, "links-20260101-000000")
     probe = ("import sys; from dstui import cli; cli.main(['ui', '--port', '5123']); "
              "print('MLFLOW IMPORTED' if 'mlflow' in sys.modules else 'NO MLFLOW')")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=home).stdout
     assert f"http://127.0.0.1:5123/#/experiments/{exp}/runs?viewStateShareKey=" in out
-    assert f"experiments=%5B%22{exp}%22%5D" in out and run.info.run_id in out
+    assert f"experiments=%5B%22{exp}%22%5D" in out and run_id in out
     assert out.strip().endswith("NO MLFLOW")
 
 

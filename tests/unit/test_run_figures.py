@@ -112,6 +112,14 @@ def test_eta_after_warm_up_is_within_2x_of_the_truth_on_a_300_step_run(start_up:
     assert seen >= 5
 
 
+def test_a_stalled_run_keeps_its_steps_to_go() -> None:
+    """The looks saw step 10 of 20 last, 30 s ago, at 2 s a step and a look every 7 s: the 10 steps to go
+    less one look's worth, not '0s'."""
+    st = {"state": "running", "steps_done": 10, "steps_total": 20, "timeline": [[0.0, 3], [4.0, 5], [14.0, 10]]}
+    assert run_figures.eta_s(st, warmup=2, now=44.0) == pytest.approx(2.0 * 10 - 7.0)
+    assert run_figures.eta_s(st, warmup=2, now=14.5) == pytest.approx(2.0 * 10 - 0.5)  # on pace: counts down
+
+
 def test_eta_is_none_before_warm_up_and_for_a_finished_run() -> None:
     assert run_figures.eta_s({"state": "running", "steps_done": 2, "steps_total": 9, "timeline": [[0, 1], [1, 2]]}, 2) is None
     assert run_figures.eta_s({"state": "done", "steps_done": 9, "steps_total": 9}, 2) is None

@@ -69,7 +69,7 @@ class RunsScreen(Screen):
         "run folders. Runs go on when you quit; start dstui again to watch them.\n"
         "iter s and tok/s: a finished run's means over its steps after warm-up (as the report has them); "
         "a live run's last step, dimmed. ETA: from the pace of the steps after warm-up (none before).\n"
-        "l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`: the same checks "
+        "l launches the spec open in Compose (or `dstui tui SPEC`) like `dstui run`, after asking: the same checks "
         "(a refusal is said in the spec line), predicted-OOM runs skipped when the spec says so, "
         "runs sharing the box on disjoint GPUs (the gpus column). R resumes the highlighted batch "
         "from its spec like `dstui run SPEC --resume BATCH`: done runs kept, the others run again.\n"

@@ -212,7 +212,8 @@ Y_TICKS = 7  # plotext's own count of y ticks on a tall chart
 
 
 def row_ticks(lim: tuple[float, float], rows: int) -> list[float]:
-    """Y ticks for a canvas of ``rows`` text rows: at most one per row, each exactly on a row, evenly spread.
+    """Y ticks for a canvas of ``rows`` text rows: at most one per row, each exactly on a row, evenly spread
+    (4 to 7 of them at even steps where the rows divide, else 7 as even as rounding gets).
 
     plotext puts its 7 ticks at the nearest row: on a 6-row chart two fall on one row and one
     label is lost, so the axis read 4.17, 2.57 with 3.37 gone (issue 38.3).
@@ -220,7 +221,9 @@ def row_ticks(lim: tuple[float, float], rows: int) -> list[float]:
     lo, hi = lim
     if rows < 2 or not hi > lo:
         return [lo, hi]
-    n = min(Y_TICKS, rows)
+    # evenly spaced where the rows allow it (11 rows: 6 ticks, every other row), else as even as rounding gets
+    even = [n for n in range(min(Y_TICKS, rows), 3, -1) if (rows - 1) % (n - 1) == 0]
+    n = even[0] if even else min(Y_TICKS, rows)
     picked = sorted({round(i * (rows - 1) / (n - 1)) for i in range(n)})
     return [lo + (hi - lo) * r / (rows - 1) for r in picked]
 
