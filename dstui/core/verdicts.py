@@ -38,6 +38,11 @@ def ratio_range(summary: dict[str, Any]) -> tuple[float, float, int] | None:
     return (min(values), max(values), len(values)) if values else None
 
 
+def _fixed(x: float, places: int) -> str:
+    """Fixed point for the numbers a verdict shows; exponent form past a million (1e250 in fixed point is 250 digits)."""
+    return f"{x:.{places}f}" if abs(x) < 1e6 else f"{x:.3e}"
+
+
 def evidence(summary: dict[str, Any]) -> str | None:
     """'verify FAIL at step 1: grad-norm ratio 0.2500, uniform scale 0.2500 = 1/GAS ...', or the PASS's numbers.
 
@@ -57,8 +62,8 @@ def evidence(summary: dict[str, Any]) -> str | None:
     span = ratio_range(summary)
     if span:
         lo, hi, n = span
-        parts.append(f"grad-norm ratio {lo:.4f}" + (f"..{hi:.4f}" if hi != lo else "") + f" over {n} steps")
+        parts.append(f"grad-norm ratio {_fixed(lo, 4)}" + (f"..{_fixed(hi, 4)}" if hi != lo else "") + f" over {n} steps")
     margin = _number(summary.get("margin_max"))
     if margin is not None:
-        parts.append("bit-exact" if margin == 0 else f"largest difference {margin:.2f}x its tolerance")
+        parts.append("bit-exact" if margin == 0 else f"largest difference {_fixed(margin, 2)}x its tolerance")
     return "verify PASS" + (": " + ", ".join(parts) if parts else "")
