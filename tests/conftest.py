@@ -28,8 +28,8 @@ E2E_DIR = Path(__file__).resolve().parent / "e2e"
 #: xdist groups in the order they start, the longest first (docs/BENCHMARKS.md, "Test suite
 #: time", has their durations); ungrouped tests follow in file order
 LONGEST_FIRST = (
-    "revisions", "bisect", "runner", "sp", "zero-init", "compare-loss", "guard", "slurm", "smoke-batch",
-    "team-server", "spec-fuzz",
+    "tune", "compare-loss", "revisions", "bisect", "sp", "runner", "zero-init", "team-server", "slurm-nodes",
+    "guard", "slurm", "source-env", "imports-deepspeed", "spec-fuzz", "argv-secrets", "smoke-batch",
 )  # fmt: skip
 
 #: how many workers ``-n auto`` starts per core: the full suite mostly waits on processes,
@@ -70,6 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.dont_write_bytecode = False
     if not os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("dist") == "loadgroup":
         check_loadgroup_groups()
+    # pytest's unraisable-exception check runs gc.collect() 5 times as each process ends: 1.7 CPU-s
+    # in a collecting process, more in a worker that held Textual apps and MLflow stores; once
+    # finds what a test left behind (pytest's own stash key; its pytester sets it the same way)
+    from _pytest.unraisableexception import gc_collect_iterations_key
+
+    config.stash[gc_collect_iterations_key] = 1
     # One ccache for every DeepSpeed JIT op build of the session (helpers.compiler_cache_env),
     # set by the controller before xdist starts its workers, so every process sees the same CXX.
     if not os.environ.get("PYTEST_XDIST_WORKER"):

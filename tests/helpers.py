@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,31 @@ SPECS = REPO / "configs" / "experiments"
 #: unit/test_ds_answers, tui/test_tui_compose) run on one xdist worker, so one worker pays
 #: those imports rather than each (~3 CPU-s a worker)
 IMPORTS_DEEPSPEED = pytest.mark.xdist_group("imports-deepspeed")
+
+#: a test that costs 2 CPU-seconds or more (a long Pilot session of Compose or Results, a fuzzer
+#: over a real MLflow store, a subprocess that imports transformers) runs in the full suite and
+#: not in the `-m "not e2e"` fast loop: the fast loop is CPU-bound on 2 cores, and these ~40 tests
+#: were 60% of its CPU (benchmarks/cpu_per_test.py measures each test; docs/BENCHMARKS.md)
+HEAVY = pytest.mark.e2e
+
+
+class RunnerModule:
+    """A module of runners/, imported at its first attribute use.
+
+    parity, parity_tolerance and parity_options import torch (~1.2 CPU-s): imported at module
+    level by a test file, every xdist worker paid it while collecting, whichever ran the tests.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        runners = str(REPO / "runners")
+        if runners not in sys.path:
+            sys.path.insert(0, runners)
+        return getattr(importlib.import_module(self._name), attr)
 
 
 def dstui(*args: str, timeout: float = 600, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -73,6 +73,7 @@ def grid_times(batch: BatchDir) -> dict[str, probe_rules.StepTime]:
 
 
 @pytest.mark.timeout(2700)  # 12 grid runs and up to 11 probes of 2 CPU ranks: start-up (20-45 s each under load) dominates
+@pytest.mark.xdist_group("tune")  # the suite's longest single test: tests/conftest.py starts it first
 def test_tune_finds_the_grids_winner_with_fewer_probes_each_within_its_box(tmp_path: Path) -> None:
     spec = tune_spec(tmp_path, "tune-grid", {"zero_stage": [0, 1, 2, 3], "micro_batch": [1, 2, 4]})
     tune_env, grid_env = env_for(tmp_path / "tune-home"), env_for(tmp_path / "grid-home")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import yaml
-from helpers import IMPORTS_DEEPSPEED
+from helpers import HEAVY, IMPORTS_DEEPSPEED
 from textual.widgets import Input, Static
 from tui_helpers import REPO, run_cli, wait_for
 
@@ -27,6 +27,7 @@ def listed(path) -> list[tuple[str, str]]:  # noqa: ANN001
     return rows
 
 
+@HEAVY
 async def test_compose_new_spec_save_then_list(tui_env):  # noqa: F811
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -64,6 +65,7 @@ async def test_compose_new_spec_save_then_list(tui_env):  # noqa: F811
     assert [(r.name, r.key) for r in runs] == ui
 
 
+@HEAVY
 async def test_compose_open_existing_edit_roundtrip(tui_env):  # noqa: F811
     src = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", src)
@@ -97,6 +99,7 @@ async def test_compose_open_existing_edit_roundtrip(tui_env):  # noqa: F811
     assert saved["settings"]["model"] == "tiny-llama"  # untouched fields survive
 
 
+@HEAVY
 async def test_compose_flags_invalid_combination_like_cli(tui_env):  # noqa: F811
     path = tui_env / "bad.yaml"
     path.write_text(yaml.safe_dump({"name": "bad", "settings": {"steps": 4}, "axes": {"zero_stage": [0, 1]}}))
@@ -123,6 +126,7 @@ async def test_compose_flags_invalid_combination_like_cli(tui_env):  # noqa: F81
     assert yaml.safe_load(path.read_text())["axes"] == {"zero_stage": [0, 1]}  # not overwritten
 
 
+@HEAVY
 async def test_compose_deepspeed_validation_inline(tui_env):  # noqa: F811
     path = tui_env / "ds.yaml"
     path.write_text(yaml.safe_dump({

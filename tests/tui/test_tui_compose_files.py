@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import HEAVY
 from textual.widgets import Collapsible, DataTable, Input, OptionList, Static, TextArea
 from tui_helpers import REPO, confirm_launch, open_compose, wait_for
 
@@ -85,6 +86,7 @@ async def taken(pilot, screen: ComposeScreen, before: int) -> None:  # noqa: ANN
     await pilot.pause()
 
 
+@HEAVY
 async def test_one_field_edited_and_saved_keeps_every_other_byte(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)
@@ -102,6 +104,7 @@ async def test_one_field_edited_and_saved_keeps_every_other_byte(tui_env) -> Non
     assert yaml.safe_load(after)["settings"]["micro_batch"] == 3
 
 
+@HEAVY
 async def test_a_shipped_spec_is_read_only_and_saved_only_as_a_copy(tui_env) -> None:  # noqa: ANN001
     shipped = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
     before = shipped.read_bytes()
@@ -148,6 +151,7 @@ async def test_a_shipped_spec_is_read_only_and_saved_only_as_a_copy(tui_env) -> 
                                               ("baseline: z0", "baseline: z1")]  # fmt: skip
 
 
+@HEAVY
 async def test_quitting_with_unsaved_edits_asks_first(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)
@@ -182,6 +186,7 @@ async def test_quitting_with_unsaved_edits_asks_first(tui_env) -> None:  # noqa:
     assert path.read_text() == COMMENTED  # quitting never saves
 
 
+@HEAVY
 async def test_quitting_without_edits_does_not_ask(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)
@@ -197,6 +202,7 @@ async def test_quitting_without_edits_does_not_ask(tui_env) -> None:  # noqa: AN
         assert app.return_code == 0
 
 
+@HEAVY
 async def test_save_as_key_writes_there_and_asks_before_overwriting(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)
@@ -232,6 +238,7 @@ async def test_save_as_key_writes_there_and_asks_before_overwriting(tui_env) -> 
     assert changed(COMMENTED, path.read_text()) == [("  steps: 4   # short", "  steps: 7   # short")]
 
 
+@HEAVY
 async def test_enter_after_ctrl_o_opens_and_never_overwrites(tui_env) -> None:  # noqa: ANN001
     """The review's case: an edit, ctrl+o, an existing path, Enter once asked to overwrite that file."""
     path = tui_env / "mine.yaml"
@@ -286,6 +293,7 @@ async def test_enter_after_ctrl_o_opens_and_never_overwrites(tui_env) -> None:  
     assert path.read_text() == COMMENTED and other.read_text() == other_text
 
 
+@HEAVY
 async def test_quitting_a_read_only_spec_offers_save_as(tui_env) -> None:  # noqa: ANN001
     """ctrl+s cannot write one of dstui's own specs: the quit question names the key that keeps the edits."""
     shipped = paths.CONFIGS_DIR / "experiments" / "smoke.yaml"
@@ -310,6 +318,7 @@ async def test_quitting_a_read_only_spec_offers_save_as(tui_env) -> None:  # noq
         assert Path(screen.query_one("#path", Input).value).resolve() == tui_env / "smoke.yaml"
 
 
+@HEAVY
 async def test_exclusions_conditions_and_ds_overrides_edit_preview_and_file(tui_env) -> None:  # noqa: ANN001
     path = tui_env / "mine.yaml"
     path.write_text(COMMENTED)

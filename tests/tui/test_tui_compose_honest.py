@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from helpers import HEAVY
 from textual.widgets import DataTable, Input, Static
 from tui_helpers import open_compose, wait_for
 
@@ -64,6 +65,7 @@ def refused(app: DstuiApp, why: str) -> bool:
 
 
 @pytest.mark.parametrize("row", ["zero_stage", "dtype"])
+@HEAVY
 async def test_a_choice_row_with_nothing_checked_is_marked_and_blocks(tui_env, row) -> None:  # noqa: ANN001
     async with composing(tui_env) as (app, pilot, screen):
         boxes = [f"#ck-{row}-0", f"#ck-{row}-1"] if row == "zero_stage" else [f"#ck-{row}-0"]
@@ -98,6 +100,7 @@ async def test_a_choice_row_with_nothing_checked_is_marked_and_blocks(tui_env, r
         assert {str(cells.get_cell(r.name, column)) for r in screen.runs} == {want}
 
 
+@HEAVY
 async def test_an_emptied_field_shows_the_default_it_uses(tui_env) -> None:  # noqa: ANN001
     async with composing(tui_env) as (app, pilot, screen):
         mb = screen.query_one("#in-micro_batch", Input)
@@ -110,6 +113,7 @@ async def test_an_emptied_field_shows_the_default_it_uses(tui_env) -> None:  # n
         assert {r.settings.micro_batch for r in screen.runs} == {1} and not screen.invalid
 
 
+@HEAVY
 async def test_a_field_that_does_not_read_blocks_launch_with_its_reason(tui_env) -> None:  # noqa: ANN001
     async with composing(tui_env) as (app, pilot, screen):
         mb = screen.query_one("#in-micro_batch", Input)
@@ -139,6 +143,7 @@ async def test_a_field_that_does_not_read_blocks_launch_with_its_reason(tui_env)
         assert {r.settings.micro_batch for r in screen.runs} == {3}
 
 
+@HEAVY
 async def test_the_unsaved_edits_question_names_no_save_key_while_a_field_is_marked(tui_env) -> None:  # noqa: ANN001
     """ctrl+s is refused while a field is ✗: the question must not offer it."""
     from dstui.tui.screens.confirm import ConfirmScreen
@@ -175,6 +180,7 @@ def test_a_folder_as_the_spec_is_refused_before_the_screen_starts(tui_env) -> No
 
 
 @pytest.mark.parametrize("mode", ["compose", "runs", "results"])
+@HEAVY
 async def test_help_text_reflows_instead_of_breaking_mid_sentence(tui_env, mode) -> None:  # noqa: ANN001
     """The help is wrapped by its widget: a line break in the text is a paragraph end, never a wrap."""
     app = DstuiApp(supervise=False)

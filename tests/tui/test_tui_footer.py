@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import HEAVY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from textual.widgets._footer import FooterKey
@@ -70,6 +71,7 @@ SCREENS = {"1": "compose", "2": "runs", "3": "results"}
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+@HEAVY
 async def test_every_screen_shows_help_within_the_width(tui_env, size: tuple[int, int]) -> None:  # noqa: ANN001
     app = DstuiApp(supervise=False)
     async with app.run_test(size=size) as pilot:
@@ -83,6 +85,7 @@ async def test_every_screen_shows_help_within_the_width(tui_env, size: tuple[int
                 assert helps[0] != "? Help" and "+" in helps[0], texts
 
 
+@HEAVY
 async def test_a_wider_terminal_brings_the_keys_back(tui_env) -> None:  # noqa: ANN001
     app = DstuiApp(supervise=False)
     async with app.run_test(size=(80, 24)) as pilot:

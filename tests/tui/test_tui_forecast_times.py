@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import HEAVY
 from rich.text import Text
 from textual.widgets import DataTable, Static
 from tui_helpers import add_phases, fixture_batch, wait_for
@@ -51,6 +52,7 @@ async def compose_forecast(tmp: Path, name: str, spec: dict) -> tuple[dict[str, 
         return cells, str(note.render()), list(screen.runs)
 
 
+@HEAVY
 async def test_compose_forecast_per_run_coloured_against_the_declared_gpu(tui_env) -> None:  # noqa: ANN001
     from dstui.analysis import forecast
     from dstui.spec import dsconfig
@@ -83,6 +85,7 @@ async def test_compose_forecast_without_a_gpu_is_uncoloured_with_a_note(tui_env)
         assert str(cell).endswith(" GiB") and not cell.style  # a number, no colour, no OOM verdict
 
 
+@HEAVY
 async def test_compose_forecast_of_a_command_run_is_a_dash(tui_env) -> None:  # noqa: ANN001
     cells, _, _ = await compose_forecast(tui_env, "cmd", {
         "name": "cmd", "settings": {"kind": "command", "steps": 4, "warmup_steps": 1}, "gpu_memory_gib": 30,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import HEAVY
 from rich.segment import Segment
 from textual.color import Color
 from textual.widgets import Log
@@ -86,6 +87,7 @@ def test_the_line_filter_removes_any_control_character_left_and_keeps_textuals_o
     assert TerminalSafe().apply(line[3:], Color(0, 0, 0)) == line[3:]
 
 
+@HEAVY
 async def test_compose_refuses_a_yaml_bomb_in_one_line(tui_env) -> None:  # noqa: ANN001
     """Issue 40.5 in the TUI: opening a billion-laughs spec in Compose is a one-line notice; nothing is loaded."""
     import sys

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_fixtures import slurm_cluster_fixture  # noqa: F401 - the `slurm_cluster` fixture
-from helpers import IMPORTS_DEEPSPEED
+from helpers import HEAVY, IMPORTS_DEEPSPEED
 from textual.widgets import Input, Static
 from tui_helpers import confirm_launch, wait_for
 
@@ -101,6 +101,7 @@ async def test_an_unknown_model_is_refused_in_one_line_from_runs_and_compose(tui
 
 
 @IMPORTS_DEEPSPEED
+@HEAVY
 async def test_fixing_the_model_unmarks_the_field(tui_env: Path) -> None:
     spec = tui_env / "lama.yaml"
     spec.write_text(LAMA)

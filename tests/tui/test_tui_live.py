@@ -7,6 +7,7 @@ import time
 from array import array
 
 import pytest
+from helpers import HEAVY
 from textual.widgets import Log
 from tui_helpers import fixture_batch, home_shown, wait_for, write_run
 
@@ -84,6 +85,7 @@ async def test_live_view_draws_runs_and_log(tui_env):  # noqa: F811
         assert await wait_for(pilot, lambda: screen.series[0].steps["loss"].x[-1] == 99.0)
 
 
+@HEAVY
 async def test_live_view_eight_long_runs_stays_responsive(tui_env):  # noqa: F811
     """8 runs x 20k steps: first full draw and a redraw stay well under a second."""
     path = tui_env / "runs" / "long-20260101-000000"

@@ -6,6 +6,7 @@ import sys
 import types
 
 import pytest
+from helpers import HEAVY
 from textual.widgets import Input, Static
 from tui_helpers import make_store, wait_for
 
@@ -24,6 +25,7 @@ async def open_results(pilot, app) -> ResultsScreen:  # noqa: ANN001
     return screen
 
 
+@HEAVY
 async def test_results_conditions_baseline_sort_filter(tui_env):  # noqa: F811
     make_store()
     app = DstuiApp(supervise=False)
@@ -91,6 +93,7 @@ async def test_results_export_and_mlflow_ui(tui_env, monkeypatch):  # noqa: F811
         assert "mlflow ui --backend-store-uri sqlite:///" in body and "--host 127.0.0.1" in body
 
 
+@HEAVY
 async def test_results_without_report_module(tui_env, monkeypatch):  # noqa: F811
     make_store()
     monkeypatch.setitem(sys.modules, "dstui.usecases.report", None)  # import fails

@@ -4,6 +4,7 @@ the table's columns fit 120 and 80 columns. Real MLflow store (SQLite), real app
 from __future__ import annotations
 
 import pytest
+from helpers import HEAVY
 from test_tui_live_views import save_shot
 from textual.widgets import DataTable, Select
 from tui_helpers import make_store, wait_for
@@ -68,6 +69,7 @@ async def filter_and_pick_all(pilot, screen: ResultsScreen, text: str) -> list[s
 
 
 @pytest.mark.parametrize("size", [(120, 36), (80, 24)], ids=lambda s: f"{s[0]}x{s[1]}")
+@HEAVY
 async def test_results_charts_runs_picked_from_two_batches(tui_env, tmp_path, size):  # noqa: F811
     make_store()  # experiment fixture, batch fixture-b1: z0, z1, z2 x 2 repeats
     add_batch("fixture", "fixture-b2", "z0", B2_ITERS, loss_off=0.5)
@@ -134,6 +136,7 @@ async def test_results_charts_runs_picked_from_two_batches(tui_env, tmp_path, si
         save_shot(app, tmp_path, f"results_chart_{size[0]}x{size[1]}")
 
 
+@HEAVY
 async def test_results_export_of_picked_runs_writes_a_report(tui_env):  # noqa: F811
     """e exports the picked runs (two batches) through the report's entry point: a real report."""
     make_store()

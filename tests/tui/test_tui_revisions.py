@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import yaml
-from helpers import git_at
+from helpers import HEAVY, git_at
 from test_tui_compose import listed
 from textual.widgets import DataTable, Input, Static
 from tui_helpers import REPO
@@ -34,6 +34,7 @@ async def _save_as(pilot, compose, out) -> list[tuple[str, str]]:  # noqa: ANN00
     return [(r.name, r.key) for r in compose.runs]
 
 
+@HEAVY
 async def test_add_edit_remove_revisions(tui_env):
     spec = tui_env / "smoke.yaml"
     shutil.copy(REPO / "configs/experiments/smoke.yaml", spec)
@@ -97,6 +98,7 @@ async def test_add_edit_remove_revisions(tui_env):
     assert listed(out) == ui
 
 
+@HEAVY
 async def test_an_edit_keeps_the_revisions_install_and_the_editor_sets_one(tui_env):
     """`install` (how a git revision's env is built) has its field: an edit of another field keeps it."""
     repo = tui_env / "ds"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from helpers import HEAVY
 from tui_helpers import (
     REPO,
     add_phases,
@@ -102,6 +103,7 @@ def test_snapshot_compose_forecast(tui_env, snap_compare):  # noqa: F811
     assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=compose_checked)
 
 
+@HEAVY
 def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
     spec = tui_env / "revs.yaml"
     spec.write_text(
@@ -117,6 +119,7 @@ def test_snapshot_revision_editor(tui_env, snap_compare):  # noqa: F811
     assert snap_compare(DstuiApp(spec_path=spec, supervise=False), terminal_size=(100, 30), run_before=run_before)
 
 
+@HEAVY
 def test_snapshot_results(tui_env, snap_compare):  # noqa: F811
     make_store()
 

@@ -12,11 +12,15 @@ alone) are read by tests/unit/code_rules.py, and shown to catch a planted violat
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import code_rules
 import pytest
+
+# one worker parses the tree for the module's rules (product() below), not each worker it lands on
+pytestmark = pytest.mark.xdist_group("architecture")
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "dstui"
@@ -174,33 +178,36 @@ def test_the_checker_sees_a_violation() -> None:
 
 # -- the house rules over every module (tests/unit/code_rules.py) --------------------------------------
 
-PRODUCT = code_rules.load(REPO, ("dstui", "runners"))
+@functools.cache
+def product() -> dict[str, code_rules.Module]:
+    """dstui/ and runners/ parsed once per process, when a test first asks (not at every worker's collection)."""
+    return code_rules.load(REPO, ("dstui", "runners"))
 
 
 def test_no_import_cycle_between_modules() -> None:
     """Function-level imports count (they run, only later); ``if TYPE_CHECKING:`` imports do not."""
-    found = code_rules.cycles(PRODUCT)
+    found = code_rules.cycles(product())
     assert not found, "import cycles (move what both need into a module of its own):\n" + "\n".join(found)
 
 
 def test_no_module_over_450_lines_and_no_function_over_80() -> None:
-    found = code_rules.long_modules(PRODUCT) + code_rules.long_functions(PRODUCT)
+    found = code_rules.long_modules(product()) + code_rules.long_functions(product())
     assert not found, "split these:\n" + "\n".join(found)
 
 
 def test_no_private_name_is_used_across_modules() -> None:
-    found = code_rules.private_imports(PRODUCT)
+    found = code_rules.private_imports(product())
     assert not found, "a name another module needs is public (drop the underscore):\n" + "\n".join(found)
 
 
 def test_one_import_path_per_name() -> None:
     """No front doors: a name is imported from the module that defines it, by the product, its tests and benchmarks."""
-    found = code_rules.reexports(code_rules.load(REPO, ("dstui", "runners", "tests", "benchmarks")))
+    found = code_rules.reexports({**product(), **code_rules.load(REPO, ("tests", "benchmarks"))})
     assert not found, "import these from where they are defined:\n" + "\n".join(found)
 
 
 def test_a_run_state_is_written_through_run_status_alone() -> None:
-    found = code_rules.state_writers(PRODUCT)
+    found = code_rules.state_writers(product())
     assert not found, "\n".join(found)
 
 

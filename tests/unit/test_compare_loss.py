@@ -36,26 +36,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import RunnerModule
 from parity_jobs import Job, finished, jobs_fixture, uses
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
 
 
-class _LazyParity:
-    """runners/parity.py, imported at first use: it imports torch, which every xdist worker would
-    otherwise pay at collection although one worker runs this module (its xdist group)."""
-
-    def __getattr__(self, name: str) -> Any:
-        import parity as module
-
-        return getattr(module, name)
-
-
-parity = _LazyParity()
+parity = RunnerModule("parity")  # torch at first use, not at every worker's collection
 
 # one xdist worker runs the module in order: the e2e tests read jobs one module fixture launches together
 pytestmark = pytest.mark.xdist_group("compare-loss")

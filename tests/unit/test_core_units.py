@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import HEAVY
 
 from dstui.core import failures, secrets, shm
 from dstui.core.records import Follower, metric_values, parse_json_line, parse_seed_line, seed_line
@@ -174,6 +175,7 @@ def test_status_is_written_atomically(tmp_path: Path) -> None:
     assert [p.name for p in rd.path.iterdir()] == ["status.json"]  # no temp files left
 
 
+@HEAVY
 def test_every_command_has_help() -> None:
     from dstui.cli import COMMANDS
 
@@ -258,6 +260,7 @@ def test_sqlite_store_is_switched_to_write_ahead_log(tmp_path: Path) -> None:
     assert [m.value for m in c.get_metric_history(rid, "loss")] == [1.5, 1.25]
 
 
+@HEAVY
 def test_runs_are_found_by_tags_with_quotes_and_backslashes(tmp_path: Path) -> None:
     from dstui.tracking import client as tracking
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HEAVY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,6 +148,7 @@ def big_log(path: Path, n: int) -> None:
             fh.write(line(s, 2.0 + 1 / s) + "\n")
 
 
+@HEAVY
 def test_interrupted_import_is_marked_partial_and_rerun_replaces_it(
     uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

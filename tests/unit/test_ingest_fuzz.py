@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import fuzz_examples, sink_store
+from helpers import HEAVY, fuzz_examples, sink_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,6 +120,7 @@ def _new_run(store: dict, fmt: str) -> RunDir:
 
 @FUZZ
 @given(output=run_outputs(), cuts=st.lists(st.integers(0, 10**6), max_size=6))
+@HEAVY
 def test_no_run_output_breaks_the_follower_the_parsers_or_the_mlflow_sink(store: dict, output: tuple, cuts: list[int]) -> None:
     fmt, data, expected, bad, first = output
     rd = _new_run(store, fmt)
@@ -221,6 +222,7 @@ def test_import_parser_never_raises_and_hands_out_every_valid_step_once(tmp_path
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(log=old_logs())
+@HEAVY
 def test_import_makes_runs_only_for_what_it_imports_and_leaves_none_running(store: dict, tmp_path_factory: pytest.TempPathFactory, log: tuple) -> None:
     data, valid, _bad = log
     folder = tmp_path_factory.mktemp("old")

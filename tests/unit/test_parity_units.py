@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import RunnerModule
 
 from dstui.core import failures
 from dstui.core.errors import SpecError
@@ -18,9 +19,9 @@ from dstui.spec.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
 
-import parity  # noqa: E402
 import parity_inject  # noqa: E402
-import parity_tolerance  # noqa: E402
+
+parity, parity_tolerance = RunnerModule("parity"), RunnerModule("parity_tolerance")  # torch at first use
 
 # -- fault specs -----------------------------------------------------------------------------
 

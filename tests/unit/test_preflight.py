@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import HEAVY
 from model_folders import EMPTY_BPE, GPT2, QWEN2, UNK_1000, config_only, with_tokenizer
 
 from dstui.core import model_folder
@@ -49,6 +50,7 @@ def test_config_only_folder_needs_no_tokenizer_check(tmp_path: Path) -> None:
     assert tokenizer_problem(str(folder), "tiny-corpus") is None  # byte tokens: nothing to try
 
 
+@HEAVY
 def test_tokenizer_that_yields_nothing_or_too_large_ids_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,6 +69,7 @@ def test_tokenizer_that_yields_nothing_or_too_large_ids_is_refused_in_one_line(
     assert not list((tmp_path / "cache").rglob("tokenizer-probe/*"))
 
 
+@HEAVY
 def test_a_working_tokenizer_passes_and_its_answer_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSTUI_CACHE", str(tmp_path / "cache"))
     ok = with_tokenizer(tmp_path / "ok", GPT2, {"type": "WordLevel", "vocab": {"[UNK]": 0, "the": 1}, "unk_token": "[UNK]"})

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import HEAVY
 
 from dstui.analysis import fetch
 from dstui.analysis.fetch import fetch_histories, fetch_runs
@@ -280,6 +281,7 @@ def test_history_paths_agree(store: tuple[Any, str, str]) -> None:
                 np.testing.assert_array_equal(hist[k][1], loaded[other][run_id][k][1])
 
 
+@HEAVY
 def test_grid_with_oom_and_failed_cells(store: tuple[Any, str, str], tmp_path: Path) -> None:
     client, exp_id, _ = store
     parent = make_parent(client, exp_id, BATCH)

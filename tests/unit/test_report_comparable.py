@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import fuzz_examples
+from helpers import HEAVY, fuzz_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_report import BATCH, EXP, STEPS, log_run, losses, make_parent, store  # noqa: F401
@@ -77,6 +77,7 @@ def test_fastest_by_tokens_per_second_and_no_ratio_from_one_repeat(store: tuple[
     assert "- **Speed**: no condition is shown to be faster than the others (mb2 over mb1: n=1, no interval)" in md
 
 
+@HEAVY
 def test_same_numerics_are_judged_and_ratios_carry_intervals(store: tuple[Any, str, str], tmp_path: Path) -> None:  # noqa: F811
     """micro_batch x zero_stage: mb2-z3 is judged against mb2-z0 (same numerics), not against the mb1 baseline."""
     client, exp_id, _ = store

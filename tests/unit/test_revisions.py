@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import HEAVY
 
 from dstui.core.errors import DstuiError, SpecError
 from dstui.revisions import build as RB
@@ -470,6 +471,7 @@ def test_compare_loss_memory_and_failed_runs() -> None:
     assert c.loss_max_diff == float("inf") and c.loss_max_step == 10
 
 
+@HEAVY
 def test_compare_command_reads_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`dstui compare` over a real MLflow store laid out as the supervisor writes it."""
     import argparse

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
+from helpers import RunnerModule
 
 from dstui.core.rundir import RunDir
 from dstui.execute import launch
@@ -25,7 +26,6 @@ from dstui.spec.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runners"))
 
-import parity_options  # noqa: E402
 import train_args  # noqa: E402
 
 # Settings that dstui itself acts on (how to start, watch and configure a run), never a runner flag.
@@ -40,7 +40,8 @@ SAME_NAME_OTHER_MEANING = {"ds_config"}
 # Where the parity runner's standalone defaults differ from the model (short runs, a large lr).
 PARITY_DEFAULTS = {"seq_length": 64, "steps": 5, "lr": 1e-3, "zero_stage": 1}
 
-PARSERS = {"train": train_args.build_parser, "verify": parity_options.build_parser}
+parity_options = RunnerModule("parity_options")  # torch at first use, not at every worker's collection
+PARSERS = {"train": train_args.build_parser, "verify": lambda: parity_options.build_parser()}
 
 
 def _setting_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
