@@ -57,6 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # leaves it unset (a subprocess with a hand-made env, say) writes under the session's temp folder
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["XDG_DATA_HOME"] = str(config._tmp_path_factory.getbasetemp() / "xdg-data")  # noqa: SLF001 - pytest's own
+        # dstui's cache (DeepSpeed's remembered answers, prebuilt-op records, bytecode, compile
+        # caches, cwd links; dstui.core.paths.cache_dir) is the session's, as on CI's fresh machine:
+        # an answer another session (or another dstui) left in ~/.cache/dstui never decides a test
+        os.environ["DSTUI_CACHE"] = str(config._tmp_path_factory.getbasetemp() / "dstui-cache")  # noqa: SLF001
     # The machine's ledger of GPUs and cores (dstui.execute.gpu_ledger): a batch's runs wait while
     # another batch's runs use the cores. Tests run side by side on purpose, so each process (and
     # each test with a `home`) has its own; the machine's, shared by every user of this box, never.
