@@ -2,7 +2,8 @@
 
 Tiers by folder: ``unit/`` (no process launched unless marked e2e), ``tui/`` (Textual Pilot and
 snapshots), ``e2e/`` (real processes: supervisors, DeepSpeed). Everything under ``e2e/`` is
-marked ``e2e`` here, so ``pytest -m "not e2e"`` is the fast inner loop.
+marked ``e2e`` here, and so are the tests of the other tiers that cost 2 CPU-seconds or more
+(``helpers.HEAVY``), so ``pytest -m "not e2e"`` is the fast inner loop.
 
 Side by side (pytest-xdist, the README's ``-n auto``): most e2e tests wait on processes, daemons
 and clocks far more than they compute, so several run at once. A module whose tests share
