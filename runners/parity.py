@@ -184,6 +184,8 @@ class StepEvidence:
     rank_spread: float = 0.0
     loss: tuple[float, float] | None = None  # (|d|, tolerance) when out of tolerance
     l2: tuple[float, float] | None = None  # (|d-g|/|g|, tolerance) when out
+    #: (DeepSpeed's pre-clip gradient norm, the baseline's, their |d|/|g|, tolerance) when out
+    norm: tuple[float, float, float, float] | None = None
     tensors: tuple[tuple[str, str, float, float], ...] = ()  # (kind, name, |d|, tolerance) out of tolerance
 
 
@@ -196,6 +198,11 @@ def divergence_reason(ev: StepEvidence) -> str:
         parts.append(f"loss |d| {ev.loss[0]:.3e} > {ev.loss[1]:.3e}")
     if ev.l2:
         parts.append(f"whole gradient |d-g|/|g| {ev.l2[0]:.3e} > {ev.l2[1]:.3e}")
+    if ev.norm:
+        # with the gradient itself wrong, the norm only follows it; alone, clipping used a wrong one
+        why = "" if ev.l2 else ": the gradients agree, the norm DeepSpeed clipped by does not"
+        parts.append(f"pre-clip gradient norm {ev.norm[0]:.4g} vs baseline {ev.norm[1]:.4g} "
+                     f"(|d|/|g| {ev.norm[2]:.3e} > {ev.norm[3]:.3e}){why}")
     for kind, name, d, tol in ev.tensors:
         parts.append(f"{kind} |d| {d:.3e} > {tol:.3e} in {name}")
     return "; ".join(parts) or "no difference recorded"

@@ -14,7 +14,11 @@ BF16_Optimizer for ZeRO-1 with fp32 accumulation, the ZeRO 1/2/3 optimizers),
 it ends in the *basic* optimizer's ``step()`` on fp32 tensors whose ``.grad`` is
 the reduced, averaged, unscaled and clipped gradient. A step pre-hook
 (``Optimizer.register_step_pre_hook``) copies those gradients; the tensors
-themselves are the masters. Where each parameter lives in them is read from
+themselves are the masters. The hook sees them *after* clipping, which rescales
+a wrong gradient back to the length of a right one; :meth:`AppliedState.unclipped`
+undoes DeepSpeed's own coefficient, from the pre-clip norm DeepSpeed computed,
+so what is compared is the reduced gradient before clipping (and that norm is
+checked on its own). Where each parameter lives in them is read from
 the engine, not assumed (:func:`locate`):
 
 * ``module``: the module's parameters are the optimizer's (ZeRO-0 fp32).
@@ -36,6 +40,7 @@ masters) falls back to DeepSpeed's public API and says so in the header.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,14 +207,58 @@ def covers_every_element(layout: Layout, named: list[tuple[str, Any]], device: A
     return bool(ok.item())
 
 
+#: DeepSpeed's clipping adds this to the norm before dividing (ZeRO 1/2/3, FP16/BF16 optimizers, torch's clip)
+CLIP_EPS = 1e-6
+
+
+def as_norm(value: Any) -> float | None:
+    """A norm DeepSpeed reported (float or tensor) as a float; None when absent, negative or not finite."""
+    if value is None:
+        return None
+    x = float(value.item() if hasattr(value, "item") else value)
+    return x if math.isfinite(x) and x >= 0 else None
+
+
+def clip_coefficient(norm: float, clip: float) -> float:
+    """What DeepSpeed multiplies the gradient by when it clips to ``clip`` a gradient of norm ``norm``."""
+    if clip <= 0:
+        return 1.0
+    return 1.0 / max(1.0, (norm + CLIP_EPS) / clip)
+
+
 class AppliedState:
     """Copies the gradients the basic optimizer steps with; reads its masters after the step."""
 
     def __init__(self, engine: Any, layout: Layout) -> None:
         self.layout = layout
+        self.engine = engine
         self.grads: dict[int, torch.Tensor] = {}
         self.calls = 0
+        self.fp32_norm: float | None = None
         basic_optimizer(engine).register_step_pre_hook(self._capture)
+        self._watch_fp32_clipping(engine)
+
+    def _watch_fp32_clipping(self, engine: Any) -> None:
+        """ZeRO-0 fp32 clips with torch's clip_grad_norm_ and keeps no norm: note it just before.
+
+        An instance attribute shadows the engine's method for this engine only; the
+        gradients are replicated there, so this rank's norm is the global one.
+        """
+        clip = getattr(engine, "clip_fp32_gradients", None)
+        if not callable(clip):
+            return
+
+        def noted() -> Any:
+            norms = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
+            self.fp32_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+            return clip()
+
+        engine.clip_fp32_gradients = noted
+
+    def pre_clip_norm(self) -> float | None:
+        """The global gradient norm DeepSpeed clipped by at the last step (None when it kept none)."""
+        norm = as_norm(self.engine.get_global_grad_norm())
+        return norm if norm is not None else as_norm(self.fp32_norm)
 
     def _capture(self, opt: Any, _args: Any, _kwargs: Any) -> None:
         # ZeRO steps one sub-group at a time, swapping param_groups: every call adds its tensors.
@@ -222,6 +271,7 @@ class AppliedState:
     def begin_step(self) -> None:
         self.grads.clear()
         self.calls = 0
+        self.fp32_norm = None
 
     def owned(self, what: str) -> list[tuple[str, int, torch.Tensor]]:
         """This rank's pieces of the applied gradient (``grad``) or of the masters (``param``)."""

@@ -18,9 +18,13 @@ recipes do, with nothing hidden:
   and the masters are cast back into the module after each step. fp16 uses the
   loss scale that DeepSpeed used at that step, and skips the step when
   DeepSpeed did.
-* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients;
-  :meth:`Baseline.step` returns the gradient as the optimizer applies it
-  (reduced, unscaled, clipped), which is what DeepSpeed's side is read as.
+* **gradient clipping**: by the global L2 norm of the averaged fp32 gradients.
+  :meth:`Baseline.step` returns the gradient *before* clipping (reduced,
+  unscaled) with the coefficient it clipped by: clipping rescales a wrong
+  gradient back to the right length (a ZeRO-2 bucket doubled on every step
+  applied the same update as the baseline under ``gradient_clipping: 1``), so
+  the comparison is made before it; :meth:`BaseStep.after_clipping` gives
+  the applied one where DeepSpeed's side can only be read after.
 
 A *twin* (``coarse=True``) is the same baseline with every rounding choice
 turned the other legitimate way: the opposite reduction order, the sum over
@@ -53,13 +57,23 @@ class BaseStep:
     """One optimizer step of a baseline, in the terms DeepSpeed's optimizer applies."""
 
     loss: float  # mean over this rank's micro-batches
-    grads: dict[str, torch.Tensor]  # reduced, averaged, unscaled and clipped fp32: what the optimizer applies
+    grads: dict[str, torch.Tensor]  # reduced, averaged and unscaled fp32, before clipping
     norm: float  # global norm before clipping (what DeepSpeed reports)
+    coef: float = 1.0  # the clipping coefficient: the optimizer applied ``grads`` times this
     #: this rank's own gradient, never reduced (same scaling): what a rank-local bug applies
     local: dict[str, torch.Tensor] = field(default_factory=dict)
     #: each micro-step's reduced share of ``grads`` (explaining baselines with grad_accum > 1)
     micro: list[dict[str, torch.Tensor]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # each micro-batch's loss (fp32 values)
+
+    def after_clipping(self) -> BaseStep:
+        """The same step in the terms of the gradient the optimizer applied (clipped)."""
+        if self.coef == 1.0:
+            return self
+        c = self.coef
+        return BaseStep(self.loss, {n: g * c for n, g in self.grads.items()}, self.norm, 1.0,
+                        local={n: g * c for n, g in self.local.items()},
+                        micro=[{n: g * c for n, g in m.items()} for m in self.micro], losses=self.losses)
 
 
 class Baseline:
@@ -178,10 +192,9 @@ class Baseline:
             self._update(applied)
         for _, p in self.named:
             p.grad = None
-        same = unscale * coef
-        return BaseStep(sum(losses) / gas, applied, norm,
-                        local={n: g * same for n, g in local.items()},
-                        micro=[{n: g * same for n, g in m.items()} for m in micro], losses=losses)
+        return BaseStep(sum(losses) / gas, grads, norm, coef,
+                        local={n: g * unscale for n, g in local.items()},
+                        micro=[{n: g * unscale for n, g in m.items()} for m in micro], losses=losses)
 
     def _norm(self, grads: dict[str, torch.Tensor]) -> float:
         if not grads:

@@ -15,6 +15,9 @@ makes it (parity_inject.py lists them; ``$DSTUI_PARITY_INJECT`` selects one):
 * ``stage_scale``: in a pipeline, the rank of stage ``stage`` divides its
   applied gradient by the accumulation steps once more (stages that repeat the
   GA scaling); a step pre-hook on the optimizer that updates it.
+* ``norm_doubled``: ZeRO-1/2 compute the step's global gradient norm twice as
+  large (its ``scaled_global_norm``): the gradients are right, the clipping
+  coefficient and the reported norm are not.
 
 Each prints ``parity_inject: <fault> ...`` when it fires.
 """
@@ -25,7 +28,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-STEP_FAULTS = ("gas_scaled_twice", "rank_local", "drop_micro", "stage_scale")
+STEP_FAULTS = ("gas_scaled_twice", "rank_local", "drop_micro", "stage_scale", "norm_doubled")
 # reductions a "rank-local" step short-circuits (deepspeed.comm's backend object and torch.distributed alike)
 REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter", "all_reduce_coalesced")
 
@@ -138,6 +141,9 @@ def install(engine: Any, fault: Any) -> None:
     if fault.kind == "stage_scale":
         install_stage_scale(engine, fault, gas)
         return
+    if fault.kind == "norm_doubled":
+        install_norm_doubled(engine, fault)
+        return
     engine.backward = patched_backward
     engine.step = patched_step
 
@@ -160,3 +166,21 @@ def install_stage_scale(engine: Any, fault: Any, gas: int) -> None:
 
     basic_optimizer(engine).register_step_pre_hook(scale)
 
+
+
+def install_norm_doubled(engine: Any, fault: Any) -> None:
+    """ZeRO-1/2: the norm the step clips by (and reports) is doubled at ``fault.step``."""
+    opt = engine.optimizer
+    norm_of = getattr(opt, "scaled_global_norm", None)
+    if not callable(norm_of):
+        raise SystemExit(f"compare_loss.py: error: norm_doubled needs ZeRO stage 1 or 2 "
+                         f"(this engine's optimizer is {type(opt).__name__})")
+
+    def doubled(*args: Any, **kwargs: Any) -> Any:
+        norm = norm_of(*args, **kwargs)
+        if engine.global_steps + 1 != fault.step:
+            return norm
+        print(f"parity_inject: norm_doubled at step {fault.step}: the clipping norm x 2", flush=True)
+        return norm * 2.0
+
+    opt.scaled_global_norm = doubled

@@ -28,6 +28,8 @@ Faults of the whole step's gradient, at any ZeRO stage (runners/parity_faults.py
   nothing to the gradient, on every rank.
 * ``stage_scale``: pipeline runs only: the gradient of pipeline stage
   ``stage`` (default 1) is divided by the accumulation steps once more.
+* ``norm_doubled``: ZeRO-1/2 only: the global norm the step clips by (and
+  reports) is twice the gradient's; the gradients themselves are right.
 
 Each patch prints ``parity_inject: ...`` naming the parameters it touched, so a
 test can check that the check names the same ones.
@@ -43,7 +45,7 @@ import parity_faults
 
 ENV = "DSTUI_PARITY_INJECT"
 FAULTS = ("drop_bucket", "double_grad", "skip_gas_scaling", "gas_scaled_twice", "rank_local", "drop_micro",
-          "stage_scale")
+          "stage_scale", "norm_doubled")
 OPTIONS = ("step", "bucket", "micro", "stage")
 
 

@@ -130,22 +130,25 @@ class PipelineParitySession(ParitySession):
         sync(self.accel)
         iter_time = time.perf_counter() - t0
         params = module_params(self.ds_named, 0, masters=False)
-        pieces = applied.owned("grad")
+        skipped = applied.calls == 0
+        pieces, norm, before_clip = self.unclipped(applied.owned("grad"), skipped)
         grads = applied.full(pieces, self.device, group=self.dp_group)
         params.update(applied.full(applied.owned("param"), self.device, group=self.dp_group))
-        skipped = applied.calls == 0
         return {"loss": float(loss), "grads": {} if skipped else grads, "pieces": [] if skipped else pieces,
-                "params": params, "scale": 1.0, "skipped": skipped, "iter_time": iter_time}
+                "params": params, "scale": 1.0, "skipped": skipped, "iter_time": iter_time, "norm": norm,
+                "before_clip": before_clip}
 
     def train_both(self, step: int) -> tuple[dict[str, Any], Any]:
         xs = micro_batches(self.args, step, rank=self.dp_rank, world=self.dp_world, micro=self.micro,
                            gas=self.gas, vocab=self.vocab, device=self.device)
         ds = self.ds_side(xs, 1.0)
         base = self.base.step(xs, self.loss_fn)
+        if not ds["before_clip"]:
+            base = base.after_clipping()
         base.loss = fp32_mean(base.losses)
         mine = {n for n, _ in self.ds_named}
         ds["base_params"] = {n: p for n, p in self.base.params().items() if n in mine}
-        self.twin_noise(xs, base, ds["base_params"])
+        self.twin_noise(xs, base, ds["base_params"], after_clipping=not ds["before_clip"])
         base.grads = {n: g for n, g in base.grads.items() if n in mine and not ds["skipped"]}
         base.local = {}  # one replica per data-parallel rank already: no rank-local shape to tell apart
         missing = set(ds["grads"]) ^ set(base.grads)

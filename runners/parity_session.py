@@ -202,16 +202,33 @@ class ParitySession:
         iter_time = time.perf_counter() - t0
         params = module_params(self.ds_named, self.stage, masters=applied is None)
         if applied is not None:
-            pieces = applied.owned("grad")
+            pieces, norm, before_clip = self.unclipped(applied.owned("grad"), es.skipped)
             grads = applied.full(pieces, self.device)
             params.update(applied.full(applied.owned("param"), self.device))
-        else:
+        else:  # read after the last backward, before the step: already before clipping
             grads = es.public_grads
             pieces = [(n, 0, g.reshape(-1)) for n, g in grads.items()]
+            norm, before_clip = parity_applied.as_norm(self.engine.get_global_grad_norm()), True
         if es.skipped:
             grads, pieces = {}, []
         return {"loss": es.loss, "grads": grads, "pieces": pieces, "params": params, "scale": es.scale,
-                "skipped": es.skipped, "iter_time": iter_time}
+                "skipped": es.skipped, "iter_time": iter_time, "norm": norm, "before_clip": before_clip}
+
+    def unclipped(self, pieces: list[tuple[str, int, torch.Tensor]], skipped: bool
+                  ) -> tuple[list[tuple[str, int, torch.Tensor]], float | None, bool]:
+        """(this rank's gradient pieces before clipping, DeepSpeed's pre-clip norm, whether they are before it).
+
+        The optimizer's pre-hook sees the clipped gradient; DeepSpeed's own coefficient
+        (from the norm it reported) is divided out. Without a norm they stay clipped and the
+        baseline is compared after clipping too (False).
+        """
+        norm = self.applied.pre_clip_norm() if self.applied is not None else None
+        if self.clip <= 0 or skipped:
+            return pieces, norm, True
+        if norm is None:
+            return pieces, None, False
+        c = parity_applied.clip_coefficient(norm, self.clip)
+        return ([(n, s, t / c) for n, s, t in pieces] if c != 1.0 else pieces), norm, True
 
     def train_both(self, step: int) -> tuple[dict[str, Any], BaseStep]:
         """One optimizer step of DeepSpeed and of the baseline(s): (deepspeed side, baseline step)."""
@@ -221,8 +238,11 @@ class ParitySession:
         grad_scale = GRAD_INJECT_FACTOR if args.inject == "grad" and step == args.inject_step else 1.0
         ds = self.ds_side(xs, grad_scale)
         base = self.base.step(xs, self.loss_fn, loss_scale=ds["scale"], skip=ds["skipped"])
+        if not ds["before_clip"]:
+            base = base.after_clipping()
         ds["base_params"] = self.base.params()
-        self.twin_noise(xs, base, ds["base_params"], loss_scale=ds["scale"], skip=ds["skipped"])
+        self.twin_noise(xs, base, ds["base_params"], loss_scale=ds["scale"], skip=ds["skipped"],
+                        after_clipping=not ds["before_clip"])
         if ds["skipped"]:
             base.grads = {}
         missing = set(ds["grads"]) ^ set(base.grads)
@@ -231,11 +251,13 @@ class ParitySession:
         return ds, base
 
     def twin_noise(self, xs: list[torch.Tensor], base: BaseStep, base_params: dict[str, torch.Tensor], *,
-                   loss_scale: float = 1.0, skip: bool = False) -> None:
+                   loss_scale: float = 1.0, skip: bool = False, after_clipping: bool = False) -> None:
         """The twin's step and how far it lands from the baseline's: the noise the tolerance is made of."""
         if self.twin is None:
             return
         twin = self.twin.step(xs, self.loss_fn, loss_scale=loss_scale, skip=skip)
+        if after_clipping:
+            twin = twin.after_clipping()
         twin_params = self.twin.params()
         noise = self.policy.noise
         noise.observe("loss", [(torch.tensor(twin.loss), torch.tensor(base.loss))])
@@ -262,9 +284,23 @@ class ParitySession:
         allowed = loss_atol + rtol * abs(base.loss)
         loss_ratio = 0.0 if loss_d == 0 else (loss_d / allowed if allowed > 0 else math.inf)
         l2_ratio = 0.0 if not shape.rel or math.isnan(shape.rel) else (shape.rel / tol if tol > 0 else math.inf)
+        norm = self.norm_check(ds, base)
+        norm_ratio = 0.0 if norm is None or norm[2] == 0 else (norm[2] / norm[3] if norm[3] > 0 else math.inf)
         return {"loss_d": loss_d, "loss_ok": loss_ok, "loss_tol": allowed, "diffs": diffs, "shape": shape, "spread": spread,
-                "l2_tol": tol, "margin_local": max(loss_ratio, l2_ratio, diffs["grad"].max_ratio,
-                                                   diffs["param"].max_ratio)}
+                "l2_tol": tol, "norm": norm, "norm_ok": norm is None or not norm[2] > norm[3],
+                "margin_local": max(loss_ratio, l2_ratio, norm_ratio, diffs["grad"].max_ratio,
+                                    diffs["param"].max_ratio)}
+
+    def norm_check(self, ds: dict[str, Any], base: BaseStep) -> tuple[float, float, float, float] | None:
+        """(DeepSpeed's pre-clip norm, the baseline's, their |d|/|g|, its tolerance) where the norm sets clipping.
+
+        Gradients compared before clipping cannot see a wrong norm: it only changes the
+        clipping coefficient, to which Adam is nearly blind. The tolerance is the whole
+        gradient's: ``| |d| - |g| | <= |d - g|``.
+        """
+        if self.clip <= 0 or ds["skipped"] or ds["norm"] is None or not base.norm > 0:
+            return None
+        return ds["norm"], base.norm, abs(ds["norm"] - base.norm) / base.norm, self.policy.l2_tol()
 
     def spread_group(self) -> Any:
         """The ranks that hold the same tensors: all of them here, a stage's data-parallel group in a pipeline."""
@@ -273,7 +309,7 @@ class ParitySession:
     def record(self, step: int, ds: dict[str, Any], base: BaseStep, cmp: dict[str, Any]) -> dict[str, Any]:
         """The step record, combined over ranks: means of losses, maxima of differences."""
         gdiff, pdiff, shape = cmp["diffs"]["grad"], cmp["diffs"]["param"], cmp["shape"]
-        l2_ok = not (shape.rel > cmp["l2_tol"]) and cmp["spread"] == 0.0
+        l2_ok = not (shape.rel > cmp["l2_tol"]) and cmp["spread"] == 0.0 and cmp["norm_ok"]
         sums = torch.tensor([ds["loss"], base.loss], dtype=torch.float64, device=self.device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         worst = torch.tensor([cmp["loss_d"], gdiff.max_abs, gdiff.max_rel, pdiff.max_abs, pdiff.max_rel,
@@ -295,6 +331,7 @@ class ParitySession:
             "param_within_tol": int(not w[8]), "within_tol": int(not any(w[6:])),
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "grad_norm_baseline": base.norm, "grad_norm_ratio": _finite(shape.ratio),
+            "grad_norm_rel_diff": _finite(cmp["norm"][2]) if cmp["norm"] else None,
             "grad_l2_rel_diff": _finite(shape.rel), "grad_l2_tol": cmp["l2_tol"],
             "grad_scale_fit": _finite(shape.scale), "rank_spread": cmp["spread"], "skipped": int(ds["skipped"]),
             "iter_time": iter_time, "tokens_per_s": self.tokens_per_step / iter_time if iter_time > 0 else 0.0,
@@ -346,6 +383,7 @@ class ParitySession:
             rank_spread=rec["rank_spread"],
             loss=None if rec["loss_within_tol"] else (rec["loss_abs_diff"], cmp["loss_tol"]),
             l2=(shape.rel, cmp["l2_tol"]) if shape.rel > cmp["l2_tol"] else None,
+            norm=None if cmp["norm_ok"] else cmp["norm"],
             tensors=tensors)
 
     # -- the run --------------------------------------------------------------------

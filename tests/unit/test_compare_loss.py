@@ -92,6 +92,9 @@ RECIPES: dict[str, tuple[dict, str | None]] = {
     "ga4_z1_double_grad": (recipe_config(1), "double_grad:step=2"),
     "ga4_z3_skip_gas": (recipe_config(3), "skip_gas_scaling:step=2"),
     "ga4_z1_bf16_clip": (recipe_config(1, bf16={"enabled": True}, gradient_clipping=0.5), None),
+    # clipping on every step (norms ~1 against 0.01) rescales a wrong gradient to the right length
+    "ga4_z2_clip_gas_twice": (recipe_config(2, gradient_clipping=0.01), "gas_scaled_twice:step=2"),
+    "ga4_z2_clip_norm_doubled": (recipe_config(2, gradient_clipping=0.01), "norm_doubled:step=2"),
 }
 CASE_ARGS = {"ga4_z3_skip_gas": ["--mirror-zero3-hooks"]}
 for _name in RECIPES:
@@ -336,6 +339,35 @@ def test_bf16_masters_with_clipping_pass_within_a_tolerance_measured_from_noise(
     # the comparison is not vacuous: the sides do differ, and clipping was engaged
     assert max(r["grad_max_abs_diff"] for r in steps) > 0
     assert all(r["grad_norm"] > 0.5 for r in steps)
+
+
+@pytest.mark.e2e
+@uses("ga4_z2_clip_gas_twice")
+def test_clipping_cannot_hide_a_wrongly_scaled_gradient(jobs: dict[str, Job]) -> None:
+    """1/GAS applied twice, clipped to the same length as the right gradient: the same update, still a FAIL."""
+    job = _finished(jobs, "ga4_z2_clip_gas_twice")
+    summary = job.summary()
+    steps = {r["step"]: r for r in job.records("step")}
+    assert job.returncode == 1 and summary["first_diverging_step"] == 2, job.output[-4000:]
+    assert steps[1]["within_tol"] == 1
+    # both sides clipped at every step: the applied updates are the same length, the pre-clip ratio is 1/GAS
+    assert all(r["grad_norm_baseline"] > 0.01 * 10 for r in steps.values())
+    assert steps[2]["grad_norm_ratio"] == pytest.approx(0.25, rel=1e-3)
+    assert "uniform scale 0.2500 = 1/GAS" in summary["reason"], summary["reason"]
+
+
+@pytest.mark.e2e
+@uses("ga4_z2_clip_norm_doubled")
+def test_a_wrong_clipping_norm_fails_though_the_gradients_agree(jobs: dict[str, Job]) -> None:
+    job = _finished(jobs, "ga4_z2_clip_norm_doubled")
+    summary = job.summary()
+    steps = {r["step"]: r for r in job.records("step")}
+    assert job.returncode == 1 and summary["first_diverging_step"] == 2, job.output[-4000:]
+    assert "parity_inject: norm_doubled at step 2" in job.output
+    assert steps[1]["within_tol"] == 1 and steps[1]["grad_norm_rel_diff"] < 1e-5
+    assert steps[2]["grad_norm_rel_diff"] == pytest.approx(1.0, rel=1e-4)
+    assert steps[2]["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)  # the gradient before clipping is right
+    assert "the gradients agree, the norm DeepSpeed clipped by does not" in summary["reason"], summary["reason"]
 
 
 # -- through the pipeline: `kind: verify` conditions, verdicts in MLflow ---------------------

@@ -26,3 +26,13 @@ def test_an_exact_check_states_zero_tolerance() -> None:
     text = parity.divergence_reason(parity.StepEvidence(tensors=(("grad", "w", 1.863e-09, 0.0),)))
     assert text == "grad |d| 1.863e-09 > 0.000e+00 in w"
     assert parity.divergence_reason(parity.StepEvidence()) == "no difference recorded"
+
+
+def test_a_wrong_pre_clip_norm_is_named_apart_from_a_wrong_gradient() -> None:
+    """Clipping hides a gradient's length; the norm DeepSpeed clipped by is its own evidence."""
+    alone = parity.divergence_reason(parity.StepEvidence(norm=(5.041, 2.52, 1.0004, 9.5e-7)))
+    assert alone == ("pre-clip gradient norm 5.041 vs baseline 2.52 (|d|/|g| 1.000e+00 > 9.500e-07): "
+                     "the gradients agree, the norm DeepSpeed clipped by does not")
+    with_gradient = parity.divergence_reason(parity.StepEvidence(l2=(1.0, 9.5e-7), norm=(5.041, 2.52, 1.0004, 9.5e-7)))
+    assert with_gradient.endswith("pre-clip gradient norm 5.041 vs baseline 2.52 (|d|/|g| 1.000e+00 > 9.500e-07)")
+    assert "agree" not in with_gradient
