@@ -7,6 +7,13 @@ own relative noise). Among those, the one predicted fastest is probed next (ties
 in the spec's order). The search stops when none can still win, when the budget
 cannot pay for another probe, or when the probe count is reached.
 
+A measured probe also bounds the candidates that do all of its work and more
+(:func:`does_more_work`: ZeRO-3 where it ran ZeRO 0-2, or activation checkpointing
+added, all else equal): none of them can be faster than the low end of its 95%
+interval, whatever the time model says. On one H100 the time model's prior for
+ZeRO-3 was wide enough ([304, 917] ms) that the search spent a fourth probe on
+z3-mb4 after z2-mb4 had measured 404 ms; that probe measured 654 ms.
+
 An out-of-memory probe teaches the memory side: every candidate that needs at
 least as much memory as it did (same ZeRO set-up and Ulysses degree, no less
 micro batch, checkpointing not added, no more offload) is left out, and the forecasts
@@ -56,8 +63,32 @@ def margin_of(best: Best, margin: float) -> float:
     return max(margin, noise)
 
 
-def can_win(pred: Prediction, best: Best | None, *, z: float, margin: float) -> bool:
-    return best is None or pred.bound(z) < best.time.mean * (1 - margin_of(best, margin))
+def can_win(pred: Prediction, best: Best | None, *, z: float, margin: float, floor: float = 0.0) -> bool:
+    """``floor``: a step time the candidate cannot beat (:func:`floor_of`), whatever the prediction says."""
+    return best is None or max(pred.bound(z), floor) < best.time.mean * (1 - margin_of(best, margin))
+
+
+def does_more_work(measured: Candidate, other: Candidate) -> bool:
+    """``other`` does everything ``measured`` did, and more, on the same batch shape.
+
+    ZeRO-3 adds a parameter all-gather before every forward and backward (1.5x the
+    communication of ZeRO 1/2) and module hooks to ZeRO 0-2's work; activation
+    checkpointing adds a forward recompute. Offload is not ordered: on a CPU-only box the
+    "offloaded" optimizer is DeepSpeed's CPU Adam, which can beat torch's.
+    """
+    a, b = measured.choice, other.choice
+    if any(a[k] != b[k] for k in ("micro_batch", "offload_kind", "deepcompile", "sequence_parallel")):
+        return False
+    stage_ok = b["zero_stage"] == a["zero_stage"] or (b["zero_stage"] == 3 and a["zero_stage"] < 3)
+    ckpt_ok = b["activation_checkpointing"] or not a["activation_checkpointing"]
+    return stage_ok and ckpt_ok and a != b
+
+
+def floor_of(cand: Candidate, candidates: Sequence[Candidate], measured: dict[str, StepTime]) -> tuple[float, str]:
+    """(the fastest step time ``cand`` could have given what was measured, the probe that says so) or (0, "")."""
+    floors = [(measured[c.name].low, c.name) for c in candidates
+              if c.name in measured and measured[c.name].steps >= 2 and does_more_work(c, cand)]  # fmt: skip
+    return max(floors, default=(0.0, ""))
 
 
 def decide(
@@ -67,23 +98,29 @@ def decide(
     *,
     confidence: float,
     margin: float,
+    measured: dict[str, StepTime] | None = None,
 ) -> Decision:
     """The open candidate predicted fastest among those that can still win; or stop, saying why.
 
     "No remaining candidate can win" is said of all of them at once: the one-sided level is
     split among the candidates left (Bonferroni), so a large space is not left out at 10% a
-    candidate.
+    candidate. ``measured``: the probes' step times, which bound what does more work.
     """
     open_ = [c for c in candidates if c.open and c.name in predictions]
     if not open_:
         return Decision(None, "every candidate was probed or left out")
     z = joint_z(confidence, len(open_))
-    contenders = [c for c in open_ if can_win(predictions[c.name], best, z=z, margin=margin)]
+    floors = {c.name: floor_of(c, candidates, measured or {}) for c in open_}
+    contenders = [c for c in open_ if can_win(predictions[c.name], best, z=z, margin=margin, floor=floors[c.name][0])]
     if not contenders:
         assert best is not None
         m = margin_of(best, margin)
+        # the ones the prediction alone would have probed: bounded by a measured probe they out-work
+        by_work = [f"{c.name} (>= {floors[c.name][1]})" for c in open_
+                   if floors[c.name][1] and can_win(predictions[c.name], best, z=z, margin=margin)]  # fmt: skip
+        more = f"; doing more work than a measured probe: {', '.join(by_work)}" if by_work else ""
         return Decision(None, f"no remaining candidate can beat {best.name} ({best.time.mean * 1e3:.4g} ms/step) "
-                              f"by {m:.1%} at {confidence:.0%} confidence ({len(open_)} left unprobed)")  # fmt: skip
+                              f"by {m:.1%} at {confidence:.0%} confidence ({len(open_)} left unprobed{more})")  # fmt: skip
     pick = min(contenders, key=lambda c: (predictions[c.name].seconds, c.order))
     p = predictions[pick.name]
     lo, hi = p.interval(z)

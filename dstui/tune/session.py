@@ -212,7 +212,10 @@ class Session:
             preds = self.predictions(st)
             best = best_probe(st)
             top = search.Best(best.candidate, probe_rules.StepTime(best.step_time or 0.0, best.half or 0.0, best.steps)) if best else None
-            decision = search.decide(self.candidates, preds, top, confidence=opts.confidence, margin=opts.margin)
+            measured = {p.candidate: probe_rules.StepTime(p.step_time or 0.0, p.half or 0.0, p.steps)
+                        for p in st.probes if p.usable and p.step_time}
+            decision = search.decide(self.candidates, preds, top, confidence=opts.confidence, margin=opts.margin,
+                                     measured=measured)
             why_not = decision.why if decision.candidate is None else self._out_of_budget(st)
             if why_not:
                 st.status, st.stop_reason = "done", why_not

@@ -173,3 +173,26 @@ def test_measured_gpu_peaks_refit_the_forecast_and_leave_out_what_no_longer_fits
     assert cands.refit(out["z1-mb8-ga1"], 60 * 2**30, fit)
     assert out["z1-mb8-ga1"].pruned.startswith("predicted OOM (") and "fit on 3 runs" in out["z1-mb8-ga1"].memory_source
     assert not cands.refit(out["z1-mb1-ga8"], 60 * 2**30, fit) and out["z1-mb1-ga8"].open
+
+
+def test_a_measured_probe_bounds_what_does_more_work() -> None:
+    """One H100, llama-1b: after z2-mb4 measured 404 ms, the prior's [304, 917] ms for z3-mb4 spent a probe."""
+    z1, z2, z3 = _cand("z1-mb4", 0), _cand("z2-mb4", 1, zero_stage=2), _cand("z3-mb4", 2, zero_stage=3)
+    z3_mb2, z2_ac = _cand("z3-mb2", 3, zero_stage=3, micro_batch=2), _cand("z2-mb4-ac", 4, zero_stage=2,
+                                                                          activation_checkpointing=True)
+    assert search.does_more_work(z2, z3) and search.does_more_work(z1, z3) and search.does_more_work(z2, z2_ac)
+    assert not search.does_more_work(z3, z2) and not search.does_more_work(z1, z2)  # ZeRO 1 and 2: no order
+    assert not search.does_more_work(z2, z3_mb2) and not search.does_more_work(z2, z2)  # another batch shape; itself
+    cs = [z1, z2, z3]
+    measured = {"z1-mb4": StepTime(0.4031, 0.0018, 20), "z2-mb4": StepTime(0.4043, 0.0149, 12)}
+    best = search.Best("z1-mb4", measured["z1-mb4"])
+    wide = {"z3-mb4": Prediction(0.528, 0.31, "prior")}  # its optimistic end is far below 403 ms
+    assert search.decide(cs, wide, best, confidence=0.9, margin=0.03).candidate == "z3-mb4"  # the prediction alone
+    done = search.decide(cs, wide, best, confidence=0.9, margin=0.03, measured=measured)
+    assert done.candidate is None
+    # the highest low end of the probes it out-works: z1's 401.3 ms (z2's noisier interval reaches 389.4)
+    assert "doing more work than a measured probe: z3-mb4 (>= z1-mb4)" in done.why, done.why
+    assert search.floor_of(z3, cs, measured) == (pytest.approx(0.4031 - 0.0018), "z1-mb4")
+    # a floor below the best's margin leaves the candidate in: a bound, not a verdict
+    fast_z2 = {"z2-mb4": StepTime(0.30, 0.01, 12)}
+    assert search.decide(cs, wide, best, confidence=0.9, margin=0.03, measured=fast_z2).candidate == "z3-mb4"
