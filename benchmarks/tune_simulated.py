@@ -67,7 +67,8 @@ def one_search(spec, rng: random.Random, a: argparse.Namespace) -> tuple[int, in
         preds = {n: model.predict(t) for n, t in t_of.items() if n not in measured}
         best = min(measured, key=measured.get) if measured else None
         top = search.Best(best, probe_rules.StepTime(measured[best], 2 * a.noise * measured[best], 20)) if best else None
-        decision = search.decide(cands, preds, top, confidence=opts.confidence, margin=opts.margin)
+        times = {n: probe_rules.StepTime(m, 2 * a.noise * m, 20) for n, m in measured.items()}
+        decision = search.decide(cands, preds, top, confidence=opts.confidence, margin=opts.margin, measured=times)
         if decision.candidate is None:
             break
         name = decision.candidate

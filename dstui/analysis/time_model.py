@@ -17,14 +17,16 @@ a factor calibrated on measured runs. Per optimizer step and rank:
   gradients once per step, ZeRO-2 reduce-scatters every micro step, ZeRO-3
   gathers the parameters twice and reduce-scatters the gradients every micro
   step; Ulysses adds its all-to-alls of q, k, v and the attention output;
-* **collectives**: a latency per collective call, however small: ZeRO-1
+* **collectives**: a latency per collective call, however small: ZeRO-0
+  all-reduces once a step, at the accumulation boundary, in buckets
+  (``engine.allreduce_gradients`` -> ``buffered_allreduce_fallback``), ZeRO-1
   reduces and gathers once a step, ZeRO-2 reduces every micro step, ZeRO-3
   reduce-scatters every micro step (its per-module gathers are the *zero3*
-  term); ZeRO-0 is counted as a call per parameter tensor and micro step: on
-  CPU ranks (gloo) its step grows with the micro steps, ~1 s each for
-  tiny-llama on 2 ranks against ZeRO-1's 20-50 ms a step (measured 2026-11-27,
-  DeepSpeed 0.19.8); on CPU ranks under load every call waits for both
-  processes to be scheduled, and this term dominates;
+  term). (ZeRO-0 was once counted as a call per parameter tensor and micro
+  step; on 2 CPU ranks of tiny-llama it is the fastest stage at every micro
+  batch, 14-24 ms against ZeRO-1's 20-58 ms, 2026-11-28, DeepSpeed 0.19.8, and
+  that prior kept `dstui tune` from probing it.) On CPU ranks under load every
+  call waits for both processes to be scheduled, and this term dominates;
 * **optimizer**: Adam's state traffic over the rank's partition on the GPU;
 * **cpu_adam** / **host_link**: with offload, Adam on the host and the bytes
   over PCIe (or NVMe);
@@ -122,19 +124,13 @@ def _comm_bytes(s: Settings, shape: ModelShape, ranks: int) -> float:
     return zero + s.grad_accum * a2a
 
 
-def param_tensors(shape: ModelShape) -> int:
-    """Parameter tensors of the model (weights; GPT-2's biases too)."""
-    modules = shape.layers * modules_per_layer(shape) + 3
-    return 2 * modules if shape.family == "gpt2" else modules
-
-
 def _calls(s: Settings, shape: ModelShape, ranks: int) -> float:
     """Collective calls per optimizer step (latency-bound, whatever their size); none on one rank."""
     if ranks <= 1:
         return 0.0
     buckets = float(max(1, math.ceil(shape.params / DEFAULT_REDUCE_BUCKET)))  # DeepSpeed's bucket: elements
     ga = s.grad_accum
-    per_stage = {0: float(ga * param_tensors(shape)), 1: 2 * buckets, 2: (ga + 1) * buckets, 3: ga * buckets}
+    per_stage = {0: buckets, 1: 2 * buckets, 2: (ga + 1) * buckets, 3: ga * buckets}
     sp = max(1, s.sequence_parallel)
     return per_stage[s.zero_stage] + (ga * 8 * shape.layers if sp > 1 else 0)
 
