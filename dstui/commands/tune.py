@@ -109,5 +109,7 @@ def print_outcome(doc: dict[str, Any]) -> None:
           f"search {cost['search_wall_s']:.0f} s" + (f", {cost['gpu_s']:.0f} GPU-s" if cost["gpu_s"] else ""))  # fmt: skip
     print(f"stopped: {doc['stop_reason']}")
     if doc.get("winner"):
-        print(f"winner: {doc['winner']}; its spec: dstui run {doc['winner_spec']}")
+        ties = [r["candidate"] for r in doc["ranking"] if r.get("within_noise_of_winner")]
+        tied = f" (not told apart from {', '.join(ties)}: their 95% intervals overlap)" if ties else ""
+        print(f"winner: {doc['winner']}{tied}; its spec: dstui run {doc['winner_spec']}")
     print(f"report section: {doc['report']}")

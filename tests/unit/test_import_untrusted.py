@@ -221,7 +221,9 @@ def test_sigint_to_the_cli_says_what_to_run(uri: str, tmp_path: Path) -> None:
         if "sending" in text or time.monotonic() > deadline:
             break
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    # quiet: it ends in ~1 s; under a suite at load 10+ once not within 120 s (its runs' ends go
+    # through the store's retries): a bound for a hang, not a measure of the ctrl+c's speed
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "import interrupted" in err and "no --force needed" in err
     c = client(uri)

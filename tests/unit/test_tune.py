@@ -196,3 +196,23 @@ def test_a_measured_probe_bounds_what_does_more_work() -> None:
     # a floor below the best's margin leaves the candidate in: a bound, not a verdict
     fast_z2 = {"z2-mb4": StepTime(0.30, 0.01, 12)}
     assert search.decide(cs, wide, best, confidence=0.9, margin=0.03, measured=fast_z2).candidate == "z3-mb4"
+
+
+def test_the_printed_winner_names_the_probes_it_was_not_told_apart_from(capsys: pytest.CaptureFixture[str]) -> None:
+    from dstui.commands.tune import print_outcome
+
+    def row(name: str, s: float, half: float, *, winner: bool = False, tie: bool = False) -> dict:
+        return {"candidate": name, "predicted_s": s, "measured_s": s, "measured_half_s": half, "error_pct": 0.0,
+                "tokens_per_s": 1000.0, "mem_peak": None, "outcome": "ranked", "wall_s": 9.0, "winner": winner,
+                "within_noise_of_winner": tie}  # fmt: skip
+
+    doc = {"ranking": [row("z1-mb4", 0.0272, 0.0013, winner=True), row("z0-mb4", 0.0278, 0.0033, tie=True),
+                       row("z2-mb4", 0.0617, 0.0073)], "candidates": 12, "left_out": [], "not_probed": [],
+           "cost": {"probes": 3, "probe_wall_s": 80.0, "search_wall_s": 90.0, "gpu_s": 0.0}, "stop_reason": "x",
+           "winner": "z1-mb4", "winner_spec": "w.yaml", "report": "r.md"}  # fmt: skip
+    print_outcome(doc)
+    out = capsys.readouterr().out
+    assert "winner: z1-mb4 (not told apart from z0-mb4: their 95% intervals overlap); its spec: dstui run w.yaml" in out
+    doc["ranking"][1]["within_noise_of_winner"] = False
+    print_outcome(doc)
+    assert "winner: z1-mb4; its spec" in capsys.readouterr().out
