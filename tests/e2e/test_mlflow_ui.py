@@ -128,18 +128,19 @@ def check_chart_view(browser: Any, link: str, batch_run: str, runs: set[str], tm
     drawn = lambda: [c for c in browser.execute_script(CARDS) if c["legend"]]  # noqa: E731 - a poll
     cards = until("the training charts with their legends", lambda: len(drawn()) >= 4 and drawn())
     close_assistant(browser)
-    titles = [c["title"] for c in browser.execute_script(CARDS)]
+    # closing the panel redraws the cards: under load their titles were read once as [] (a suite run)
+    titles = until("the charts' titles", lambda: [c["title"] for c in browser.execute_script(CARDS) if c["title"]])
     assert titles[:2] == ["loss", "iter_time"], titles
     for card in cards:  # every run of the batch, and nothing else: the batch run holds no data to draw
         shown = {t.rsplit(" (", 1)[0] for t in card["legend"]}
         assert batch_run not in shown and shown <= runs, (card["title"], card["legend"])
-    memory = next(c for c in cards if c["title"] == "mem_peak_gib")
+    browser.set_window_size(1600, 1500)  # the memory charts in the picture too (under load drawn only then)
+    memory = until("the memory chart drawn", lambda: next(
+        (c for c in drawn() if c["title"] == "mem_peak_gib" and any(t.strip() for t in c["yticks"])), None))
     ticks = [float(t.replace("\u2212", "-")) for t in memory["yticks"] if t.strip()]
     assert ticks and max(ticks) < 64, memory  # GiB (a CPU run's RSS is well under 1), not 520000000 bytes
     text = body_text(browser)
     assert text.index("Training") < text.index("Summary") < text.index("Time"), text[:2000]
-    browser.set_window_size(1600, 1500)  # the memory charts in the picture too
-    until("the memory chart drawn", lambda: any(c["title"] == "mem_peak_gib" and c["yticks"] for c in drawn()))
     shot(browser, "chart-view", tmp_path)
     browser.set_window_size(1600, 1000)
 
