@@ -15,7 +15,7 @@ it ends in the *basic* optimizer's ``step()`` on fp32 tensors whose ``.grad`` is
 the reduced, averaged, unscaled and clipped gradient. A step pre-hook
 (``Optimizer.register_step_pre_hook``) copies those gradients; the tensors
 themselves are the masters. The hook sees them *after* clipping, which rescales
-a wrong gradient back to the length of a right one; :meth:`AppliedState.unclipped`
+a wrong gradient back to the length of a right one; ``ParitySession.unclipped``
 undoes DeepSpeed's own coefficient, from the pre-clip norm DeepSpeed computed,
 so what is compared is the reduced gradient before clipping (and that norm is
 checked on its own). Where each parameter lives in them is read from
