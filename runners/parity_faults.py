@@ -167,7 +167,6 @@ def install_stage_scale(engine: Any, fault: Any, gas: int) -> None:
     basic_optimizer(engine).register_step_pre_hook(scale)
 
 
-
 def install_norm_doubled(engine: Any, fault: Any) -> None:
     """ZeRO-1/2: the norm the step clips by (and reports) is doubled at ``fault.step``."""
     opt = engine.optimizer

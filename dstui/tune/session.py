@@ -179,7 +179,7 @@ class Session:
         for p in st.probes:
             c = by_name.get(p.candidate)
             if p.usable and c is not None and c.settings is not None:
-                rel = probe_rules.StepTime(p.step_time or 0.0, p.half or 0.0, p.steps).rel_sd
+                rel = p.time.rel_sd
                 found = time_forecast.observation_of(c.settings, p.step_time or 0.0, rel, hw, p.candidate)
                 if found:
                     out.append(found)
@@ -211,9 +211,8 @@ class Session:
             self.fit(st, history)
             preds = self.predictions(st)
             best = best_probe(st)
-            top = search.Best(best.candidate, probe_rules.StepTime(best.step_time or 0.0, best.half or 0.0, best.steps)) if best else None
-            measured = {p.candidate: probe_rules.StepTime(p.step_time or 0.0, p.half or 0.0, p.steps)
-                        for p in st.probes if p.usable and p.step_time}
+            top = search.Best(best.candidate, best.time) if best else None
+            measured = {p.candidate: p.time for p in st.probes if p.usable and p.step_time}
             decision = search.decide(self.candidates, preds, top, confidence=opts.confidence, margin=opts.margin,
                                      measured=measured)
             why_not = decision.why if decision.candidate is None else self._out_of_budget(st)
@@ -267,7 +266,7 @@ class Session:
         opts = self.spec.tune
         assert opts is not None and st.batch is not None
         best = best_probe(st)
-        top = probe_rules.StepTime(best.step_time or 0.0, best.half or 0.0, best.steps) if best else None
+        top = best.time if best else None
 
         def enough(times: list[float]) -> str | None:
             return probe_rules.verdict(times, warmup=opts.warmup_steps, min_steps=opts.min_steps,

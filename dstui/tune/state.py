@@ -29,6 +29,7 @@ from dstui.core import names
 from dstui.core.holder_lock import HolderLock
 from dstui.core.rundir import read_json, write_json_atomic
 from dstui.spec.experiment import ExperimentSpec
+from dstui.tune.probe_rules import StepTime
 
 STATE_FILE = "state.json"
 SPACE_FILE = "space.yaml"
@@ -59,6 +60,11 @@ class Probe:
     tokens_per_s: float | None = None
     mem_peak: float | None = None
     mlflow_run_id: str | None = None
+
+    @property
+    def time(self) -> StepTime:
+        """Its mean step time and 95% interval as the search weighs them (zeros where nothing was measured)."""
+        return StepTime(self.step_time or 0.0, self.half or 0.0, self.steps)
 
     @property
     def usable(self) -> bool:
