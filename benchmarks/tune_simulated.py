@@ -38,6 +38,7 @@ from dstui.tune import candidates as cands_mod  # noqa: E402
 from dstui.tune import probe_rules, search  # noqa: E402
 
 GPU = "NVIDIA H100 80GB HBM3"
+CAPACITY = 80 * 2**30
 SPACES = {
     "1 GPU: llama-1b, ZeRO 1-3 x mb 1/2/4 (benchmarks/gpu/tune1.yaml)": {
         "settings": {"model": "llama-1b", "seq_length": 2048, "dtype": "bf16", "gpus": 1},
@@ -55,7 +56,7 @@ SPACES = {
 def one_search(spec, rng: random.Random, a: argparse.Namespace) -> tuple[int, int, float]:
     """(probes, candidates, winner's true time / true best) for one simulated machine."""
     hw = gpu_hardware(GPU)
-    cands = [c for c in cands_mod.build(spec, cuda=True, capacity=80 * 2**30) if c.open]
+    cands = [c for c in cands_mod.build(spec, cuda=True, capacity=CAPACITY) if c.open]
     factor = {t: math.exp(rng.gauss(0, a.factor_sd)) for t in TERMS}
     t_of = {c.name: terms(c.settings, forecastable_shape(c.settings), hw) for c in cands}
     true = {n: sum(factor[k] * v for k, v in t.items()) * math.exp(rng.gauss(0, a.config_sd)) for n, t in t_of.items()}
@@ -68,7 +69,8 @@ def one_search(spec, rng: random.Random, a: argparse.Namespace) -> tuple[int, in
         best = min(measured, key=measured.get) if measured else None
         top = search.Best(best, probe_rules.StepTime(measured[best], 2 * a.noise * measured[best], 20)) if best else None
         times = {n: probe_rules.StepTime(m, 2 * a.noise * m, 20) for n, m in measured.items()}
-        decision = search.decide(cands, preds, top, confidence=opts.confidence, margin=opts.margin, measured=times)
+        decision = search.decide(cands, preds, top, confidence=opts.confidence, margin=opts.margin, measured=times,
+                                 capacity=CAPACITY)
         if decision.candidate is None:
             break
         name = decision.candidate

@@ -27,12 +27,14 @@
 #                                      # the sp-check on each; then benchmarks/gpu/sp_table.py's table and
 #                                      # the report's SP section. ONLY="eager dc dc-unchecked" runs those alone.
 #   benchmarks/gpu/validate.sh sp4         # issue 41 on 4 GPUs (~6.5 min): benchmarks/gpu/sp4.yaml, sp 2 x dp 2
-#   benchmarks/gpu/validate.sh tune        # issue 42 on 1 GPU (~7.5 min): llama-1b, ZeRO 1-3 x micro batch
+#   benchmarks/gpu/validate.sh tune        # issue 42 on 1 GPU (~9.5 min): llama-1b, ZeRO 1-3 x micro batch
 #                                      # 1/2/4: the exhaustive grid (`dstui run` of the search's grid.yaml,
 #                                      # a home of its own), `dstui tune` over the same space, then DeepSpeed's
 #                                      # autotuner (mlflow hidden: it crashes with KeyError MLFLOW_RUN_ID
 #                                      # otherwise) for AUTOTUNE_LIMIT s; benchmarks/gpu/tune_compare.py
-#                                      # prints winner vs grid best, probes and GPU time, model errors
+#                                      # prints winner vs grid best, probes and GPU time, model errors.
+#                                      # 2 GPUs: TUNE_SPEC=benchmarks/gpu/tune2.yaml CUDA_VISIBLE_DEVICES=0,1
+#                                      # AUTOTUNE_GPUS=2
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
@@ -284,7 +286,8 @@ phase_tune() {  # issue 42 on 1 GPU: grid vs dstui tune vs DeepSpeed's autotuner
     DSTUI_HOME=$WORK/tune-home timeout "${TUNE_LIMIT:-150}" $PY -m dstui tune "$spec" --json >"$b/tune.json" 2>"$b/tune.err"
     say "tune exited $? after $(( $(date +%s) - t ))s"; tail -4 "$b/tune.err"
     DSTUI_HOME=$WORK/tune-home $PY -m dstui tune "$spec" --dry-run --json >"$b/plan-after.json" 2>>"$b/plan.err"
-    autotune "$b"
+    # the autotuner gets what is left of the command but the comparison's and the archive's 30 s
+    AUTOTUNE_LIMIT=${AUTOTUNE_LIMIT:-$(( $(left) > 90 ? $(left) - 30 : 60 ))} autotune "$b"
     $PY benchmarks/gpu/tune_compare.py --grid-batch "$gb" --tune "$b/tune.json" --before "$b/plan-before.json" \
         --after "$b/plan-after.json" --autotune-dir "$WORK/autotune" \
         --autotune-wall "$(cat "$b/autotune-wall" 2>/dev/null || echo 0)" --json "$b/compare.json" | tee "$b/compare.md"
@@ -314,7 +317,7 @@ autotune() {  # $1 = output folder: DeepSpeed's autotuner on the same model and 
     t=$(date +%s)
     # timeout signals its whole process group (the experiments' launchers and ranks too); KILL 10 s later
     (cd "$at" && PATH="$at/bin:$PATH" PYTHONPATH="$at/no-mlflow:${PYTHONPATH:-}" timeout --kill-after=10 "${AUTOTUNE_LIMIT:-130}" \
-        "$at/bin/deepspeed" --autotuning run --num_gpus 1 "$REPO/benchmarks/gpu/autotune_bare.py" \
+        "$at/bin/deepspeed" --autotuning run --num_gpus "${AUTOTUNE_GPUS:-1}" "$REPO/benchmarks/gpu/autotune_bare.py" \
         --model-config "$REPO/${AUTOTUNE_MODEL:-configs/models/llama-1b.json}" --seq-length "${AUTOTUNE_SEQ:-2048}" \
         --deepspeed_config "$at/ds_config.json") >"$b/autotune.log" 2>&1
     say "autotuner exited $? after $(( $(date +%s) - t ))s"

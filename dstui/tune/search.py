@@ -8,11 +8,14 @@ in the spec's order). The search stops when none can still win, when the budget
 cannot pay for another probe, or when the probe count is reached.
 
 A measured probe also bounds the candidates that do all of its work and more
-(:func:`does_more_work`: ZeRO-3 where it ran ZeRO 0-2, or activation checkpointing
-added, all else equal): none of them can be faster than the low end of its 95%
+(:func:`does_more_work`: ZeRO-3 where it ran ZeRO 0-2, activation checkpointing
+added, a smaller micro batch (more accumulation steps for the same global batch),
+all else equal): none of them can be faster than the low end of its 95%
 interval, whatever the time model says. On one H100 the time model's prior for
 ZeRO-3 was wide enough ([304, 917] ms) that the search spent a fourth probe on
-z3-mb4 after z2-mb4 had measured 404 ms; that probe measured 654 ms.
+z3-mb4 after z2-mb4 had measured 404 ms; that probe measured 654 ms. Replayed on
+that grid's measurements, the stage order alone still left z3-mb1 open (no
+z1/z2-mb1 measured, its prior [360, 3098] ms); the micro-batch order closes it.
 
 An out-of-memory probe teaches the memory side: every candidate that needs at
 least as much memory as it did (same ZeRO set-up and Ulysses degree, no less
@@ -68,26 +71,39 @@ def can_win(pred: Prediction, best: Best | None, *, z: float, margin: float, flo
     return best is None or max(pred.bound(z), floor) < best.time.mean * (1 - margin_of(best, margin))
 
 
-def does_more_work(measured: Candidate, other: Candidate) -> bool:
-    """``other`` does everything ``measured`` did, and more, on the same batch shape.
+HEADROOM = 0.9  # above this share of the GPU, a larger micro batch may pay the allocator's cache flushes
+
+
+def does_more_work(measured: Candidate, other: Candidate, capacity: int | None = None) -> bool:
+    """``other`` does everything ``measured`` did, and more, for the same global batch.
 
     ZeRO-3 adds a parameter all-gather before every forward and backward (1.5x the
     communication of ZeRO 1/2) and module hooks to ZeRO 0-2's work; activation
-    checkpointing adds a forward recompute. Offload is not ordered: on a CPU-only box the
-    "offloaded" optimizer is DeepSpeed's CPU Adam, which can beat torch's.
+    checkpointing adds a forward recompute; a smaller micro batch trains the same
+    tokens in more micro steps, each paying the per-step costs again (kernel launches,
+    ZeRO-3's gathers, ZeRO-2's reduction, hooks) on smaller matrices that use the device
+    no better (on one H100 every stage measured mb4 < mb2 < mb1: 403/468/682 ms at ZeRO-1,
+    798/1572/3327 at ZeRO-3). That last order holds only while the larger batch fits with
+    room (its forecast under :data:`HEADROOM` of ``capacity``, where a capacity is known):
+    near the limit, PyTorch's allocator flushes its cache and the larger batch can lose.
+    Offload is not ordered: on a CPU-only box the "offloaded" optimizer is DeepSpeed's CPU
+    Adam, which can beat torch's.
     """
     a, b = measured.choice, other.choice
-    if any(a[k] != b[k] for k in ("micro_batch", "offload_kind", "deepcompile", "sequence_parallel")):
+    if any(a[k] != b[k] for k in ("offload_kind", "deepcompile", "sequence_parallel")):
         return False
+    roomy = capacity is None or (measured.memory is not None and measured.memory <= HEADROOM * capacity)
+    batch_ok = b["micro_batch"] == a["micro_batch"] or (b["micro_batch"] < a["micro_batch"] and roomy)
     stage_ok = b["zero_stage"] == a["zero_stage"] or (b["zero_stage"] == 3 and a["zero_stage"] < 3)
     ckpt_ok = b["activation_checkpointing"] or not a["activation_checkpointing"]
-    return stage_ok and ckpt_ok and a != b
+    return batch_ok and stage_ok and ckpt_ok and a != b
 
 
-def floor_of(cand: Candidate, candidates: Sequence[Candidate], measured: dict[str, StepTime]) -> tuple[float, str]:
+def floor_of(cand: Candidate, candidates: Sequence[Candidate], measured: dict[str, StepTime],
+             capacity: int | None = None) -> tuple[float, str]:  # fmt: skip
     """(the fastest step time ``cand`` could have given what was measured, the probe that says so) or (0, "")."""
     floors = [(measured[c.name].low, c.name) for c in candidates
-              if c.name in measured and measured[c.name].steps >= 2 and does_more_work(c, cand)]  # fmt: skip
+              if c.name in measured and measured[c.name].steps >= 2 and does_more_work(c, cand, capacity)]  # fmt: skip
     return max(floors, default=(0.0, ""))
 
 
@@ -99,18 +115,20 @@ def decide(
     confidence: float,
     margin: float,
     measured: dict[str, StepTime] | None = None,
+    capacity: int | None = None,
 ) -> Decision:
     """The open candidate predicted fastest among those that can still win; or stop, saying why.
 
     "No remaining candidate can win" is said of all of them at once: the one-sided level is
     split among the candidates left (Bonferroni), so a large space is not left out at 10% a
-    candidate. ``measured``: the probes' step times, which bound what does more work.
+    candidate. ``measured``: the probes' step times, which bound what does more work;
+    ``capacity``: the GPU's bytes, None on a CPU-only machine (:func:`does_more_work`).
     """
     open_ = [c for c in candidates if c.open and c.name in predictions]
     if not open_:
         return Decision(None, "every candidate was probed or left out")
     z = joint_z(confidence, len(open_))
-    floors = {c.name: floor_of(c, candidates, measured or {}) for c in open_}
+    floors = {c.name: floor_of(c, candidates, measured or {}, capacity) for c in open_}
     contenders = [c for c in open_ if can_win(predictions[c.name], best, z=z, margin=margin, floor=floors[c.name][0])]
     if not contenders:
         assert best is not None

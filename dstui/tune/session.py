@@ -214,7 +214,7 @@ class Session:
             top = search.Best(best.candidate, best.time) if best else None
             measured = {p.candidate: p.time for p in st.probes if p.usable and p.step_time}
             decision = search.decide(self.candidates, preds, top, confidence=opts.confidence, margin=opts.margin,
-                                     measured=measured)
+                                     measured=measured, capacity=self.machine.capacity)
             why_not = decision.why if decision.candidate is None else self._out_of_budget(st)
             if why_not:
                 st.status, st.stop_reason = "done", why_not

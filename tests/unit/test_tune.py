@@ -18,6 +18,8 @@ from dstui.tune import candidates as cands
 from dstui.tune import probe_rules, search, state
 from dstui.tune.probe_rules import StepTime
 
+REPO = Path(__file__).resolve().parents[2]
+
 BASE = {"model": "tiny-llama", "seq_length": 64, "gpus": 2, "dtype": "fp32"}
 
 
@@ -182,7 +184,7 @@ def test_a_measured_probe_bounds_what_does_more_work() -> None:
                                                                           activation_checkpointing=True)
     assert search.does_more_work(z2, z3) and search.does_more_work(z1, z3) and search.does_more_work(z2, z2_ac)
     assert not search.does_more_work(z3, z2) and not search.does_more_work(z1, z2)  # ZeRO 1 and 2: no order
-    assert not search.does_more_work(z2, z3_mb2) and not search.does_more_work(z2, z2)  # another batch shape; itself
+    assert not search.does_more_work(z3_mb2, z3) and not search.does_more_work(z2, z2)  # a larger batch; itself
     cs = [z1, z2, z3]
     measured = {"z1-mb4": StepTime(0.4031, 0.0018, 20), "z2-mb4": StepTime(0.4043, 0.0149, 12)}
     best = search.Best("z1-mb4", measured["z1-mb4"])
@@ -196,6 +198,56 @@ def test_a_measured_probe_bounds_what_does_more_work() -> None:
     # a floor below the best's margin leaves the candidate in: a bound, not a verdict
     fast_z2 = {"z2-mb4": StepTime(0.30, 0.01, 12)}
     assert search.decide(cs, wide, best, confidence=0.9, margin=0.03, measured=fast_z2).candidate == "z3-mb4"
+
+
+def test_a_smaller_micro_batch_is_more_work_only_while_the_larger_one_fits_with_room() -> None:
+    """Same global batch: mb2 runs twice mb4's micro steps; near the GPU's limit the allocator can flip that."""
+    gib = 2**30
+    z1_mb4, z3_mb2 = _cand("z1-mb4", 0), _cand("z3-mb2", 1, zero_stage=3, micro_batch=2)
+    z1_mb4.memory = 60 * gib
+    assert search.does_more_work(z1_mb4, z3_mb2)  # no capacity (CPU): the order holds
+    assert search.does_more_work(z1_mb4, z3_mb2, 80 * gib)  # 60 of 80 GiB: room
+    assert not search.does_more_work(z1_mb4, z3_mb2, 64 * gib)  # 60 of 64 GiB: past the 90% headroom
+    z1_mb4.memory = None
+    assert not search.does_more_work(z1_mb4, z3_mb2, 80 * gib)  # no forecast: no claim
+    assert not search.does_more_work(z3_mb2, _cand("z3-mb4", 2, zero_stage=3))  # a larger batch is not more work
+
+
+def test_replayed_on_the_one_h100_grid_the_search_spends_a_third_of_it() -> None:
+    """The 9 measured conditions of the one-H100 grid (docs/gpu-validation, section 10) as the machine's truth.
+
+    With ZeRO stage as the only order of work the search probed 4 (z3-mb1 stayed open: its prior
+    spanned [360, 3098] ms and no mb1 was measured); with the micro-batch order it stops at 3 of 9,
+    with the grid's best among them.
+    """
+    import json
+
+    from dstui.analysis.forecast import forecastable_shape
+    from dstui.analysis.time_fit import Observation, TimeModel
+    from dstui.analysis.time_model import gpu_hardware, terms
+    from dstui.spec.loading import load_spec
+
+    grid = json.loads((REPO / "benchmarks/results/gpu-2xh100-2026-11-28-tune/compare.json").read_text())["grid"]
+    sp = load_spec(REPO / "benchmarks/gpu/tune1.yaml")
+    hw, capacity = gpu_hardware("NVIDIA H100 80GB HBM3"), 80 * 2**30
+    cs = [c for c in cands.build(sp, cuda=True, capacity=capacity) if c.open]
+    t_of = {c.name: terms(c.settings, forecastable_shape(c.settings), hw) for c in cs}
+    measured: dict[str, StepTime] = {}
+    observations: list[Observation] = []
+    while True:
+        model = TimeModel(hw, observations).fit()
+        preds = {n: model.predict(t) for n, t in t_of.items() if n not in measured}
+        best = min(measured, key=lambda n: measured[n].mean) if measured else None
+        top = search.Best(best, measured[best]) if best else None
+        d = search.decide(cs, preds, top, confidence=sp.tune.confidence, margin=sp.tune.margin, measured=measured,
+                          capacity=capacity)  # fmt: skip
+        if d.candidate is None:
+            break
+        g = grid[d.candidate]
+        measured[d.candidate] = StepTime(g["step_s"], g["half_s"], 6)
+        observations.append(Observation(t_of[d.candidate], g["step_s"], measured[d.candidate].rel_sd))
+    assert len(cs) == 9 and len(measured) == 3, (sorted(measured), d.why)
+    assert "z1-mb4-ga2" in measured and "z3-mb4-ga2 (>= z1-mb4-ga2)" in d.why, d.why
 
 
 def test_the_printed_winner_names_the_probes_it_was_not_told_apart_from(capsys: pytest.CaptureFixture[str]) -> None:
