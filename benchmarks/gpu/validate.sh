@@ -35,6 +35,8 @@
 #                                      # prints winner vs grid best, probes and GPU time, model errors.
 #                                      # 2 GPUs: TUNE_SPEC=benchmarks/gpu/tune2.yaml CUDA_VISIBLE_DEVICES=0,1
 #                                      # AUTOTUNE_GPUS=2
+#   benchmarks/gpu/validate.sh autotune    # DeepSpeed's autotuner alone on tune1.yaml's space, given the
+#                                      # whole command (its answer needs ~6 min on one GPU)
 #   benchmarks/gpu/validate.sh bare        # issue 31 on 1 GPU: a bare DeepSpeed script vs `dstui run`
 #                                      # (llama-1b, ZeRO-1, bf16, 4 x 2048, 10 steps), interleaved,
 #                                      # BARE_ROUNDS (3) rounds after a warm-up (bare_vs_dstui.py);
@@ -325,6 +327,15 @@ autotune() {  # $1 = output folder: DeepSpeed's autotuner on the same model and 
     grep -E "optimal|Tuning completed|num_experiments|Error" "$b/autotune.log" | tail -8
 }
 
+phase_autotune() {  # DeepSpeed's autotuner alone, to its answer: what is left of the command but 20 s
+    local b=$WORK/bench/autotune
+    mkdir -p "$b"
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+    AUTOTUNE_LIMIT=${AUTOTUNE_LIMIT:-$(( $(left) - 20 ))} autotune "$b"
+    ls "$WORK/autotune/autotuning_results"; cat "$WORK/autotune/autotuning_results/"*summary* 2>/dev/null | head -20
+    tar -C "$WORK" -czf "$OUT/autotune-data.tgz" bench/autotune autotune/autotuning_results 2>/dev/null || true
+}
+
 phase_folders() {  # ~3 min on 1 GPU: issue 31.3, local model folders as users make them (model_folders.py)
     local b
     $PY benchmarks/gpu/model_folders.py prepare "$WORK"
@@ -483,7 +494,7 @@ case $PHASE in bare|folders) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; es
 case $PHASE in turnaround) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in profile) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder dc.DeepCompileBuilder};; esac
 case $PHASE in forecast) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder CPUAdamBuilder dc.DeepCompileBuilder};; esac
-case $PHASE in tune) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
+case $PHASE in tune|autotune) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 case $PHASE in mfu|watch|bench) PREBUILD_OPS=${PREBUILD_OPS:-FusedAdamBuilder};; esac
 # the SP specs train with torch's AdamW: only DeepCompile's op is built
 case $PHASE in sp|sp4) PREBUILD_OPS=${PREBUILD_OPS:-dc.DeepCompileBuilder};; esac
@@ -498,6 +509,7 @@ case $PHASE in
     bare) phase_bare ;;
     folders) phase_folders ;;
     tune) phase_tune ;;
+    autotune) phase_autotune ;;
     forecast) phase_forecast ;;
     profile) phase_profile ;;
     bench) phase_mfu; phase_watch ;;
@@ -508,6 +520,6 @@ case $PHASE in
     matrix) phase_matrix ;;
     gap) phase_gap ;;
     setup) ;;
-    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|matrix|gap|tune|bench|all|setup" >&2; exit 2 ;;
+    *) echo "usage: $0 batch|mfu|watch|turnaround|bare|forecast|profile|share|sp|sp4|matrix|gap|tune|autotune|bench|all|setup" >&2; exit 2 ;;
 esac
 say "done ($PHASE)"
