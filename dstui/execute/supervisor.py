@@ -39,6 +39,7 @@ from dstui.execute.follow import RunFollower
 from dstui.execute.injob import standby
 from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
 from dstui.execute.sink import MlflowSink
+from dstui.tracking import sqlite_store
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -220,3 +221,5 @@ def main(batch_path: str) -> int:
     except LockHeld as e:
         print(f"dstui: {e}", file=sys.stderr)
         return 3
+    finally:
+        sqlite_store.close_all()  # the store whole in mlflow.db now, however the process then ends (cli: quick_exit)
