@@ -4,8 +4,9 @@ The supervisor (``dstui supervise``), its standby and the run wrappers are start
 by ``dstui run`` in sessions of their own and outlive it, so no ``wait`` of the
 benchmark ever sees them. Here the benchmark makes itself a *child subreaper*
 (prctl PR_SET_CHILD_SUBREAPER): every process of the batch that is orphaned is
-handed to it instead of init, and ``wait4`` returns each one's own user+sys CPU
-when it exits, exact, with nothing added to the product. A thread walks the
+handed to it instead of init, and each one's own user+sys CPU is read when it has
+exited (its /proc stat as a zombie, before it is reaped), with nothing added to
+the product. A thread walks the
 benchmark's process tree every 20 ms to learn what each pid is (its command
 line is gone once it has exited).
 
@@ -112,31 +113,43 @@ class TreeWatch:
             self._stop.wait(0.02)
 
 
-def cpu_of(ru: object) -> float:
-    return float(ru.ru_utime + ru.ru_stime)  # type: ignore[attr-defined]
-
-
 def reap_all(first: int, watch: TreeWatch, timeout: float) -> dict[str, list[float]]:
     """Wait for ``first`` (dstui run) and every orphan of the batch; CPU-s per process, by kind.
 
-    A process of the batch that exits with a non-zero status stops the benchmark: a cheaper
+    A process's own CPU is read from its /proc stat while it is a zombie (``waitid`` with
+    WNOWAIT), before it is reaped: ``wait4``'s figure would add its own children's (a
+    supervisor's run wrappers and their jobs), reported apart as ``<kind> children``. A
+    process of the batch that exits with a non-zero status stops the benchmark: a cheaper
     supervisor that fails is no result.
     """
     by_kind: dict[str, list[float]] = {}
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            pid, status, ru = os.wait4(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return by_kind  # nothing of the batch is left
-        if pid == 0:
+        if info is None:
             time.sleep(0.02)
             continue
+        own, children = zombie_cpu(info.si_pid)
+        pid, status, _ = os.wait4(info.si_pid, 0)
         kind = "dstui run" if pid == first else kind_of(watch.cmdlines.get(pid, ""))
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"{kind} (pid {pid}) exited with {os.waitstatus_to_exitcode(status)}: {by_kind}")
-        by_kind.setdefault(kind, []).append(round(cpu_of(ru), 3))
+        by_kind.setdefault(kind, []).append(own)
+        if children:
+            by_kind.setdefault(f"{kind} children", []).append(children)
     raise SystemExit(f"the batch's processes did not all end in {timeout:.0f} s: {by_kind}")
+
+
+def zombie_cpu(pid: int) -> tuple[float, float]:
+    """(own user+sys, its waited-for children's user+sys) of an exited, not yet reaped process, in s."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    utime, stime, cutime, cstime = (int(x) / tick for x in fields[11:15])
+    return round(utime + stime, 3), round(cutime + cstime, 3)
 
 
 def empty_store(folder: Path) -> Path:
@@ -159,6 +172,12 @@ def run_batch(tree: Path, home: Path, spec: Path, extra_env: dict[str, str], tim
     """One batch of ``spec`` through ``dstui run`` of ``tree`` (this venv's Python, the tree's dstui)."""
     env = dict(os.environ, DSTUI_HOME=str(home), PYTHONPATH=os.pathsep.join([str(tree), *extra_env.pop("_path", [])]))
     env.pop("MLFLOW_TRACKING_URI", None)
+    if env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
+        # what `dstui run` re-executes itself with here (dstui.execute.bytecode), set from the start: a tree
+        # with no __pycache__ beside its sources (a new worktree) would otherwise compile the CLI's imports
+        # from source before that re-exec, and a tree with one would not (0.1 CPU-s apart)
+        cache = Path(os.environ.get("DSTUI_CACHE", Path.home() / ".cache" / "dstui")) / "bytecode"
+        env["PYTHONPYCACHEPREFIX"] = str(cache)
     env.update(extra_env)
     log = home / "dstui-run.log"
     with TreeWatch() as watch, open(log, "wb") as out:
