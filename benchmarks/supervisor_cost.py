@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -103,10 +102,13 @@ def supervisor_pid(batch: Path, timeout: float = 30.0) -> int:
 
 
 def run_state(batch: Path) -> str:
+    """The run's state; "tracked" once it runs and its MLflow run exists (the supervisor launches first,
+    then imports MLflow and makes the run: a window opened at "running" would count that start)."""
     try:
-        return json.loads((batch / "fake-r0" / "status.json").read_text()).get("state", "?")
+        st = json.loads((batch / "fake-r0" / "status.json").read_text())
     except (OSError, ValueError):
         return "?"
+    return "tracked" if st.get("state") == "running" and st.get("mlflow_run_id") else str(st.get("state", "?"))
 
 
 def strace_counts(text: str) -> dict[str, int]:
@@ -120,19 +122,18 @@ def strace_counts(text: str) -> dict[str, int]:
     return counts
 
 
-def measure(home: Path, spec: Path, seconds: float, trace: bool) -> dict:
-    env = dict(os.environ, DSTUI_HOME=str(home))
-    env.pop("MLFLOW_TRACKING_URI", None)
+def measure(home: Path, spec: Path, seconds: float, trace: bool, tree: Path = REPO) -> dict:
+    env = life.env_for(tree, home, {})
     subprocess.run(
         [sys.executable, "-m", "dstui", "run", str(spec), "--detach", "--quiet"],
-        env=env, check=True, capture_output=True, timeout=120,
+        env=env, check=True, capture_output=True, timeout=120, cwd=tree,
     )  # fmt: skip
     batch = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     pid = supervisor_pid(batch)
     proc = psutil.Process(pid)
-    # measure only while the run is live: from its first step on
+    # measure only while the run is live and tracked: from its MLflow run on
     deadline = time.time() + 60
-    while run_state(batch) != "running" and time.time() < deadline:
+    while run_state(batch) != "tracked" and time.time() < deadline:
         time.sleep(0.05)
     tracer = None
     if trace:
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure whole-life CPU of a short batch's processes, this many rounds")  # fmt: skip
     ap.add_argument("--runs", type=int, default=2, help="--life: runs per batch (one condition each)")
     ap.add_argument("--tree", action="append", type=Path, default=[],
-                    help="--life: another checkout to measure too, interleaved (repeatable)")  # fmt: skip
+                    help="another checkout to measure too (--life: interleaved round by round; repeatable)")  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="--life: the supervisor's imports and profile")
     ap.add_argument("--keep", type=Path, help="--breakdown: keep its homes, logs and profiles in this new folder")
     a = ap.parse_args(argv)
@@ -254,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         t = Path(tmp)
         spec = spec_for(t, steps, a.step_s)
         result["cpu"] = measure(t / "home-cpu", spec, a.seconds, trace=False)
+        for i, tree in enumerate(a.tree):  # other checkouts, one window each after this one's
+            result[f"cpu {tree}"] = measure(t / f"home-cpu-{i}", spec, a.seconds, trace=False, tree=tree.resolve())
         if a.strace:
             result["syscalls"] = measure(t / "home-strace", spec, a.seconds, trace=True)
     print(json.dumps(result, indent=1))

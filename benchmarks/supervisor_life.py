@@ -168,8 +168,8 @@ def home_with(store: Path, home: Path) -> Path:
     return home
 
 
-def run_batch(tree: Path, home: Path, spec: Path, extra_env: dict[str, str], timeout: float) -> dict[str, list[float]]:
-    """One batch of ``spec`` through ``dstui run`` of ``tree`` (this venv's Python, the tree's dstui)."""
+def env_for(tree: Path, home: Path, extra_env: dict) -> dict[str, str]:
+    """The environment of a `dstui` command of ``tree`` with its runs home in ``home``."""
     env = dict(os.environ, DSTUI_HOME=str(home), PYTHONPATH=os.pathsep.join([str(tree), *extra_env.pop("_path", [])]))
     env.pop("MLFLOW_TRACKING_URI", None)
     if env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
@@ -179,6 +179,12 @@ def run_batch(tree: Path, home: Path, spec: Path, extra_env: dict[str, str], tim
         cache = Path(os.environ.get("DSTUI_CACHE", Path.home() / ".cache" / "dstui")) / "bytecode"
         env["PYTHONPYCACHEPREFIX"] = str(cache)
     env.update(extra_env)
+    return env
+
+
+def run_batch(tree: Path, home: Path, spec: Path, extra_env: dict[str, str], timeout: float) -> dict[str, list[float]]:
+    """One batch of ``spec`` through ``dstui run`` of ``tree`` (this venv's Python, the tree's dstui)."""
+    env = env_for(tree, home, extra_env)
     log = home / "dstui-run.log"
     with TreeWatch() as watch, open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "dstui", "run", str(spec), "--quiet"],
