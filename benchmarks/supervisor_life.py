@@ -101,14 +101,13 @@ class TreeWatch:
             todo = self._children(os.getpid())
             while todo:
                 pid = todo.pop()
-                if pid not in self.cmdlines:
-                    try:
-                        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                            raw = fh.read()
-                    except OSError:
-                        raw = b""
-                    if raw:  # empty for a zombie: learn it next pass (or never)
-                        self.cmdlines[pid] = raw.replace(b"\0", b" ").decode(errors="replace")
+                try:  # read again each pass: between fork and exec a child shows its parent's command line
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        raw = fh.read()
+                except OSError:
+                    raw = b""
+                if raw:  # empty for a zombie: the last one read stays
+                    self.cmdlines[pid] = raw.replace(b"\0", b" ").decode(errors="replace")
                 todo.extend(self._children(pid))
             self._stop.wait(0.02)
 
