@@ -17,7 +17,18 @@ through `dstui run`, and the detached supervisor that follows it is measured:
 
     python benchmarks/supervisor_cost.py [--seconds 60] [--step-s 0.08] [--strace]
 
-Prints one JSON object; docs/BENCHMARKS.md records the results.
+``--life N`` measures instead what a short batch's processes cost over their
+whole life (issue 39: ~140 supervisors in a suite run, ~2.8 CPU-s each): N
+rounds of a two-run batch of the stand-in runner through ``dstui run``, each
+detached process's own user+sys CPU taken by ``wait4`` as a child subreaper
+(benchmarks/supervisor_life.py). ``--tree DIR`` (repeatable) measures other
+checkouts too, interleaved round by round with this one on the same Python
+(e.g. ``git worktree add /tmp/sv-base main``); ``--breakdown`` adds the
+supervisor's imports (-X importtime) and a cProfile of it per tree:
+
+    python benchmarks/supervisor_cost.py --life 5 --tree /tmp/sv-base --breakdown
+
+Prints one JSON object (and the profiles); docs/BENCHMARKS.md records the results.
 """
 
 from __future__ import annotations
@@ -25,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -37,12 +47,15 @@ from pathlib import Path
 import psutil
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import supervisor_life as life  # noqa: E402 - the benchmark's folder on the path first
+
 REPO = Path(__file__).resolve().parents[1]
 FAKE = REPO / "tests" / "programs" / "fake_runner.py"
 COUNTED = ("fsync", "fdatasync", "rename", "renameat", "renameat2", "write", "pwrite64", "openat")
 
 
-def spec_for(tmp: Path, steps: int, step_s: float) -> Path:
+def spec_for(tmp: Path, steps: int, step_s: float, runs: int = 1) -> Path:
     spec = {
         "name": "supervisor-cost",
         "settings": {
@@ -67,6 +80,9 @@ def spec_for(tmp: Path, steps: int, step_s: float) -> Path:
             }  # fmt: skip
         ],
     }
+    if runs > 1:  # one condition per run: the same program, a label apart
+        base = spec["conditions"][0]
+        spec["conditions"] = [{**base, "name": f"fake{i}"} for i in range(runs)]
     path = tmp / "supervisor-cost.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -86,10 +102,13 @@ def supervisor_pid(batch: Path, timeout: float = 30.0) -> int:
 
 
 def run_state(batch: Path) -> str:
+    """The run's state; "tracked" once it runs and its MLflow run exists (the supervisor launches first,
+    then imports MLflow and makes the run: a window opened at "running" would count that start)."""
     try:
-        return json.loads((batch / "fake-r0" / "status.json").read_text()).get("state", "?")
+        st = json.loads((batch / "fake-r0" / "status.json").read_text())
     except (OSError, ValueError):
         return "?"
+    return "tracked" if st.get("state") == "running" and st.get("mlflow_run_id") else str(st.get("state", "?"))
 
 
 def strace_counts(text: str) -> dict[str, int]:
@@ -103,19 +122,18 @@ def strace_counts(text: str) -> dict[str, int]:
     return counts
 
 
-def measure(home: Path, spec: Path, seconds: float, trace: bool) -> dict:
-    env = dict(os.environ, DSTUI_HOME=str(home))
-    env.pop("MLFLOW_TRACKING_URI", None)
+def measure(home: Path, spec: Path, seconds: float, trace: bool, tree: Path = REPO) -> dict:
+    env = life.env_for(tree, home, {})
     subprocess.run(
         [sys.executable, "-m", "dstui", "run", str(spec), "--detach", "--quiet"],
-        env=env, check=True, capture_output=True, timeout=120,
+        env=env, check=True, capture_output=True, timeout=120, cwd=tree,
     )  # fmt: skip
     batch = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     pid = supervisor_pid(batch)
     proc = psutil.Process(pid)
-    # measure only while the run is live: from its first step on
+    # measure only while the run is live and tracked: from its MLflow run on
     deadline = time.time() + 60
-    while run_state(batch) != "running" and time.time() < deadline:
+    while run_state(batch) != "tracked" and time.time() < deadline:
         time.sleep(0.05)
     tracer = None
     if trace:
@@ -149,6 +167,53 @@ def measure(home: Path, spec: Path, seconds: float, trace: bool) -> dict:
     return out
 
 
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return round((xs[n // 2] + xs[(n - 1) // 2]) / 2, 3) if xs else float("nan")
+
+
+def measure_life(trees: list[Path], rounds: int, runs: int, breakdown: bool, keep: Path | None = None) -> dict:
+    """Round by round, one batch per tree: CPU-s of each detached process, medians by kind."""
+    per_tree: dict[str, dict[str, list[float]]] = {str(t): {} for t in trees}
+    out: dict = {"runs_per_batch": runs, "rounds": rounds}
+    life.become_subreaper()
+    with tempfile.TemporaryDirectory(prefix="dstui-suplife-") as tmp:
+        t = Path(tmp)
+        spec = spec_for(t, steps=20, step_s=0.05, runs=runs)
+        store = life.empty_store(t / "template")
+        for r in range(rounds):
+            for i, tree in enumerate(trees):
+                got = life.run_batch(tree, life.home_with(store, t / f"home-{i}-{r}"), spec, {}, timeout=300)
+                for kind, cpus in got.items():
+                    per_tree[str(tree)].setdefault(kind, []).extend(cpus)
+                print(f"round {r + 1} {tree}: {got}", file=sys.stderr, flush=True)
+        out["cpu_s_median"] = {
+            tree: {k: median(v) for k, v in sorted(kinds.items())} for tree, kinds in per_tree.items()
+        }
+        out["cpu_s_all"] = per_tree
+        if breakdown:
+            where = keep or t
+            out["breakdown"] = {str(tree): breakdown_of(tree, where / f"bd-{i}", spec, store) for i, tree in enumerate(trees)}
+    return out
+
+
+def breakdown_of(tree: Path, where: Path, spec: Path, store: Path) -> dict:
+    """One batch with the supervisor under -X importtime, one under cProfile (sitecustomize.py)."""
+    hook = where / "hook"
+    hook.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(life.SITECUSTOMIZE)
+    env = {"SUPCOST_MODE": "importtime", "_path": [str(hook)]}
+    life.run_batch(tree, life.home_with(store, where / "imports"), spec, env, timeout=300)  # type: ignore[arg-type]
+    profiles = where / "profiles"
+    profiles.mkdir()
+    env = {"SUPCOST_MODE": "profile", "SUPCOST_OUT": str(profiles), "_path": [str(hook)]}
+    life.run_batch(tree, life.home_with(store, where / "profile"), spec, env, timeout=300)  # type: ignore[arg-type]
+    text = life.profile_breakdown(profiles)
+    print(f"---- cProfile of the supervisor, {tree} ----\n{text}", file=sys.stderr)
+    return {"import_self_s_by_package": life.import_breakdown(where / "imports")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -165,7 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--strace", action="store_true", help="also count file-system syscalls (needs strace)"
     )
+    ap.add_argument("--life", type=int, default=0, metavar="ROUNDS",
+                    help="measure whole-life CPU of a short batch's processes, this many rounds")  # fmt: skip
+    ap.add_argument("--runs", type=int, default=2, help="--life: runs per batch (one condition each)")
+    ap.add_argument("--tree", action="append", type=Path, default=[],
+                    help="another checkout to measure too (--life: interleaved round by round; repeatable)")  # fmt: skip
+    ap.add_argument("--breakdown", action="store_true", help="--life: the supervisor's imports and profile")
+    ap.add_argument("--keep", type=Path, help="--breakdown: keep its homes, logs and profiles in this new folder")
     a = ap.parse_args(argv)
+    if a.life:
+        trees = [REPO, *(t.resolve() for t in a.tree)]
+        result = {"bench": "supervisor_life", **measure_life(trees, a.life, a.runs, a.breakdown, a.keep)}
+        print(json.dumps(result, indent=1))
+        return 0
     if a.strace and shutil.which("strace") is None:
         raise SystemExit("--strace needs strace (apt-get install strace)")
     steps = int((a.seconds + 40) / a.step_s)  # outlasts start-up and the window
@@ -178,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         t = Path(tmp)
         spec = spec_for(t, steps, a.step_s)
         result["cpu"] = measure(t / "home-cpu", spec, a.seconds, trace=False)
+        for i, tree in enumerate(a.tree):  # other checkouts, one window each after this one's
+            result[f"cpu {tree}"] = measure(t / f"home-cpu-{i}", spec, a.seconds, trace=False, tree=tree.resolve())
         if a.strace:
             result["syscalls"] = measure(t / "home-strace", spec, a.seconds, trace=True)
     print(json.dumps(result, indent=1))

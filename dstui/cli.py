@@ -13,7 +13,7 @@ import sys
 
 from dstui import __version__
 from dstui.commands import _machine
-from dstui.core import exit_codes, home_check, library_logs, secrets, terminal
+from dstui.core import exit_codes, home_check, library_logs, quick_exit, secrets, terminal
 from dstui.core.errors import DstuiError, NotFound
 from dstui.execute import bytecode
 
@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ui": ("dstui.commands.ui", "print (or start) the `mlflow ui` command for these runs"),
     "supervise": ("dstui.commands.supervise", argparse.SUPPRESS),
 }
+# Commands whose process ends without Python's module teardown once their work is done (core.quick_exit):
+# a batch's supervisor holds MLflow, SQLAlchemy and pandas, and their teardown was a fifth of its CPU.
+ENDS_QUICKLY = {"supervise"}
 
 EPILOG = """\
 examples:
@@ -100,7 +103,8 @@ def quiet_closed_pipe() -> None:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the real command line, not a call from Python
+    real_command_line = argv is None  # not a call from Python
+    if real_command_line:
         bytecode.reexec_with_cache()
     secrets.private_umask()  # run folders, cmd.txt, the MLflow store: 0700/0600 (core.secrets)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -121,7 +125,10 @@ def _main(argv: list[str] | None = None) -> int:
         terminal.guard_output()  # no escape sequence from a run or spec reaches the terminal (core.terminal)
     if args.command != "supervise":  # the supervisor's stdout is its log already
         library_logs.route(verbose=getattr(args, "verbose", False))
-    return _run_command(importlib.import_module(COMMANDS[args.command][0]), args)
+    code = _run_command(importlib.import_module(COMMANDS[args.command][0]), args)
+    if real_command_line and args.command in ENDS_QUICKLY:  # never a caller's own process (tests call main())
+        quick_exit.end(code)
+    return code
 
 
 def writes_home(args: argparse.Namespace) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import os
 import sys
@@ -39,6 +40,7 @@ from dstui.execute.follow import RunFollower
 from dstui.execute.injob import standby
 from dstui.execute.mlflow_runs import EARLIER_ATTEMPTS
 from dstui.execute.sink import MlflowSink
+from dstui.tracking import sqlite_store
 
 log = logging.getLogger("dstui.execute.supervisor")
 
@@ -109,6 +111,7 @@ class Supervisor:
                     # is restarted by the next `dstui` call and dies again, in a loop
                     self._trouble(e)
                     time.sleep(TROUBLE_WAIT_S)
+                collect_again()
                 time.sleep(self._pause())
         finally:
             self.lock.release()
@@ -200,8 +203,24 @@ class Supervisor:
         return True
 
 
+def collect_again() -> None:
+    """After the first pass: Python's cycle collector on again, with what the start made set aside for good.
+
+    The first pass imports MLflow and opens its store (with pandas and SQLAlchemy, some 450,000
+    objects). With the collector on, its full collections walked that growing heap again and
+    again meanwhile: 0.5 of the 2.0 CPU-s of the imports and the store's open (docs/BENCHMARKS.md,
+    "Supervisor cost"). ``gc.freeze`` keeps the collections of the passes that follow off those
+    objects too (0.13 CPU-s a full collection otherwise). Garbage of the start that the collector
+    would have freed stays: a one-off, a start's worth at most.
+    """
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def main(batch_path: str) -> int:
     startup_trace.mark("supervisor_main", "supervisor")  # after the interpreter's start and the imports
+    gc.disable()  # until the first pass is done (collect_again)
     # An unreachable tracking server must not stall following the runs: fail fast,
     # keep the metrics on disk, retry on a later pass (backing off: execute/store.py).
     # One immediate retry of a failed request: a server failing every third request
@@ -220,3 +239,5 @@ def main(batch_path: str) -> int:
     except LockHeld as e:
         print(f"dstui: {e}", file=sys.stderr)
         return 3
+    finally:
+        sqlite_store.close_all()  # the store whole in mlflow.db now, however the process then ends (cli: quick_exit)

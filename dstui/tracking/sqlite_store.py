@@ -29,6 +29,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,3 +257,18 @@ def forget(uri: str | None) -> None:
     path = sqlite_path(uri)
     if path is not None:
         _READY.difference_update({k for k in _READY if k[0] == str(path)})
+
+
+def close_all() -> None:
+    """Close this process's MLflow database connections now (the process is about to end).
+
+    At its last connection's close SQLite folds the write-ahead log into the store and
+    removes it, so ``mlflow.db`` alone holds everything; Python's teardown does this
+    too, but a process ended without it (core.quick_exit) does it here. MLflow keeps
+    one engine per store URI per store class; nothing is imported to find them.
+    """
+    for name in ("mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store"):
+        store_cls = getattr(sys.modules.get(name), "SqlAlchemyStore", None)
+        for engine in list(getattr(store_cls, "_engine_map", {}).values()):
+            with contextlib.suppress(Exception):  # a store gone or locked: the kernel closes it at exit
+                engine.dispose()
