@@ -65,6 +65,10 @@ for _p in (str(_REPO), str(_RUNNERS)):
 
 # One JIT-op cache per DeepSpeed install, shared with train.py (see common.isolate_op_cache):
 # must happen before deepspeed is imported.
+import collector  # noqa: E402
+
+collector.pause()  # until both sides are built (parity_session.ParitySession.run): runners/collector.py
+
 import common  # noqa: E402
 
 common.isolate_op_cache()

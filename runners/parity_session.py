@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import Any
 
+import collector
 import common
 import deepspeed
 import parity_applied
@@ -391,6 +392,7 @@ class ParitySession:
     def run(self) -> int:
         """Train both sides for ``args.steps`` steps; return the exit code (0 PASS, 1 FAIL)."""
         self.build()
+        collector.resume()  # paused by compare_loss.py while it started (runners/collector.py)
         self.write_header()
         for step in range(1, self.args.steps + 1):
             ds, base = self.train_both(step)

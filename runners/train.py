@@ -32,6 +32,10 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
+import collector  # noqa: E402
+
+collector.pause()  # until the engine is ready (trainer.Trainer): runners/collector.py says why
+
 import common  # noqa: E402
 import process_group  # noqa: E402
 import sp_check  # noqa: E402

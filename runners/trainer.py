@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import Any
 
+import collector
 import common
 import corpus
 import placement
@@ -113,6 +114,7 @@ class Trainer:
             self.engine.compile()
         if clock is not None:
             clock.mark("engine_ready")  # the engine and this rank's data
+        collector.resume()  # paused by the runner script while it started (runners/collector.py)
 
     def _attention(self, config: Any, probe: Probe | None) -> Any:
         """Install this run's attention (an SP mode, or plain SDPA probed for the sp-check); the SP mpu or None."""
