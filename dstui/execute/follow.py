@@ -155,16 +155,27 @@ class RunFollower:
                 self.backend.cancel(st, grace_s=1.0)
         self.sink.header(t, rec)
 
-    def _finalize_run(self, t: Tracked) -> None:
-        # drain whatever the job wrote last (reads are capped per call, so loop)
+    def _drained(self, t: Tracked) -> bool:
+        """Whatever the job wrote last read and sent (reads are capped per call, so loop); False: MLflow is down."""
         while True:
             before = (t.metrics.offset, t.system.offset)
             t.pending.extend(self._read(t, final=True))
             self._flush(t, force=True)
             if t.pending:
-                return  # MLflow is down: try again on the next pass
+                return False
             if (t.metrics.offset, t.system.offset) == before:
-                break
+                return True
+
+    def _finalize_run(self, t: Tracked) -> None:
+        if not self._drained(t):
+            return  # try again on the next pass
+        # the backend's look at the ended run again, now that its last step is in status.json: the end
+        # may have been seen (follow_job) before the last lines were read, and what it settled then
+        # (the overlap's timeline) would stop short of the last step; a last merge of what the job's
+        # nodes sampled (Slurm) is read by a second drain
+        self.backend.readings(t, t.rd.status(), live=False, interval_s=self.system_interval_s)
+        if not self._drained(t):
+            return
         try:  # the run's time breakdown into status.json, for the sink and `dstui status`
             phases.record(t.rd)
         except (TypeError, ValueError, KeyError) as e:  # odd phases/summary records: no breakdown, the run still ends

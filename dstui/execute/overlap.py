@@ -150,6 +150,12 @@ def _load_text(host: dict[str, Any]) -> str:
     return f"host load {float(host['mean']):.1f} mean, {float(host['max']):.1f} max on {host.get('cores', '?')} cores"
 
 
+def at_last_step(st: dict[str, Any]) -> bool:
+    """The timeline's last point is at the steps status.json counts (an end seen before the last lines were read is not)."""
+    timeline = [p for p in (st.get(TIMELINE) or []) if isinstance(p, list) and len(p) == 2]
+    return bool(timeline) and timeline[-1][1] == _int(st.get("steps_done"))
+
+
 def settled(st: dict[str, Any]) -> dict[str, Any] | None:
     """An ended run's final summary (what was still beside it at its last look stayed to its end); None: nothing to settle."""
     summary = st.get(OVERLAP)

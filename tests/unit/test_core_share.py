@@ -134,3 +134,28 @@ def test_a_waiting_batch_starts_beside_only_when_launched_to_overlap(tmp_path: P
         pass
     assert [e.run for e in gpu_ledger.read()[1]] == ["z0-r0"]
     assert "z0-r0" in (tmp_path / "ledger" / "recent.json").read_text()
+
+
+def test_an_end_seen_before_the_last_lines_were_read_is_settled_again_at_the_last_step(tmp_path: Path) -> None:
+    """The supervisor can see a job's end (and settle its overlap) before it has read the job's last lines.
+
+    Seen in a suite run: a 300-step run ended `done` with its timeline stopping at the steps read
+    when the end was seen; the draining that follows counted the rest. The backend's look after the
+    drain (follow.RunFollower._finalize_run) settles it again at the last step; a settled look at the
+    last step is not redone.
+    """
+    from dstui.execute.backends.local import LocalBackend
+
+    rd = _run(tmp_path, started=100.0, steps_done=280, steps_total=300)
+    rd.update_status(**overlap.record(rd, rd.status(), [], [], 110.0, None, 2))
+    merge_status(rd, {"state": "done", "ended": 111.0})
+    backend = LocalBackend()
+    backend._settle_overlap(rd)  # noqa: SLF001 - the end seen before the last lines were read
+    assert rd.status()[overlap.TIMELINE][-1] == [110.0, 280] and rd.status()[overlap.OVERLAP]["final"]
+    rd.update_status(steps_done=300)  # the drain read the rest
+    backend._settle_overlap(rd)  # noqa: SLF001
+    st = rd.status()
+    assert st[overlap.TIMELINE][-1] == [111.0, 300] and overlap.at_last_step(st) and st[overlap.OVERLAP]["final"]
+    before = st[overlap.TIMELINE]
+    backend._settle_overlap(rd)  # noqa: SLF001 - settled at the last step: nothing to do
+    assert rd.status()[overlap.TIMELINE] == before

@@ -195,7 +195,8 @@ class LocalBackend:
         """Once the run ended: a last look (a run that ended since the previous one is in the ledger's recent
         runs), and what was still beside it then stayed to its end (status.json, then MLflow's tags)."""
         st = rd.status()
-        if st.get("state") not in FINAL_STATES or not st.get("started") or (st.get(overlap.OVERLAP) or {}).get("final"):
+        settled = (st.get(overlap.OVERLAP) or {}).get("final") and overlap.at_last_step(st)
+        if st.get("state") not in FINAL_STATES or not st.get("started") or settled:
             return
         end = st.get("ended") if isinstance(st.get("ended"), (int, float)) else time.time()
         live, ended = gpu_ledger.read()
