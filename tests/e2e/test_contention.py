@@ -4,9 +4,11 @@ Three batches of one spec on this machine (no GPUs), each a `fast` and a `slow` 
 `kind: command` runs that print seed lines with a fixed step time (10 ms and 20 ms, so the
 report's ratio is known whatever the machine's load):
 
-- A, default: its runs start;
-- B, ``--overlap``: told the cores are shared, its runs start beside A's (each pair of twin runs
-  meets at a barrier, so they do overlap);
+- A, default, ``--parallel 2``: its two runs start together;
+- B, ``--overlap --parallel 2``: told the cores are shared, its runs start beside A's (each pair
+  of twin runs meets at a barrier, so they do overlap). Both batches run their two runs at once:
+  run one after another, A's second run (default: it waits for cores) could start only once B had
+  no live run, while B's second run waited at the barrier for it; a suite run timed out there;
 - C, default, launched while A's and B's last runs still live: told the cores are busy, its runs
   wait and start only once every run of A and B has ended.
 
@@ -101,13 +103,13 @@ def test_a_second_batch_waits_for_the_cores_or_its_overlap_is_marked_and_left_ou
     spec = home / "pace.yaml"
     spec.write_text(SPEC.format(program=program, bar=bar))
 
-    first = dstui("run", str(spec), "--detach", timeout=180)
+    first = dstui("run", str(spec), "--detach", "--parallel", "2", timeout=180)
     assert first.returncode == 0, first.stdout + first.stderr
     a = _batch(home, 0)
     _wait("A's first run to start", lambda: _status(a, "fast-r0").get("pgid"))
-    second = dstui("run", str(spec), "--overlap", "--detach", timeout=180)
+    second = dstui("run", str(spec), "--overlap", "--parallel", "2", "--detach", timeout=180)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"! cores shared: batch {a.id} (run fast-r0) use this machine's" in second.stdout, second.stdout
+    assert f"! cores shared: batch {a.id} (runs fast-r0, slow-r0) use this machine's" in second.stdout, second.stdout
     b = _batch(home, 1)
     # both slow runs met at the barrier: from here on nothing new pairs up
     _wait("the slow twins to meet", lambda: (bar / "slow").is_dir() and len(list((bar / "slow").iterdir())) == 2)
@@ -143,9 +145,10 @@ def test_a_second_batch_waits_for_the_cores_or_its_overlap_is_marked_and_left_ou
         for run in ("fast-r0", "slow-r0"):
             tags = tagged[(x.id, run)]
             assert tags["dstui.overlapped"] == "true", tags
-            # its twin at least (another run of the twin's batch may have started while it finished)
+            # its twin's batch at least (beside its own batch's other run too: both run at once)
             text = tags["dstui.overlap"]
-            assert text.startswith("steps ") and f"beside batch {twin.id} (run" in text and run in text, text
+            assert text.startswith("steps ") and " beside batch " in text and f"batch {twin.id} (run" in text, text
+            assert run in text.split(f"batch {twin.id} (", 1)[1].split(")", 1)[0], text  # the twin itself
     assert all(tagged[(c.id, run)]["dstui.overlapped"] == "false" for run in ("fast-r0", "slow-r0"))
 
     report = dstui("report", "-e", "pace", "-o", str(home / "report"), "--no-mlflow-artifact", timeout=300)
