@@ -204,8 +204,9 @@ class LocalBackend:
         rd.update_status(**{**seen, overlap.OVERLAP: overlap.settled({**st, **seen})})
 
     def follow_job(self, t: Tracked, st: dict[str, Any]) -> None:
+        # an end seen here is settled (overlap) once the follower has drained the job's last lines:
+        # its look at the ended run in RunFollower._finalize_run, before the MLflow run's end takes the tags
         liveness.check(t, st, self)
-        self._settle_overlap(t.rd)  # the end was just seen: before the MLflow run's end takes the tags
 
     def tags(self, st: dict[str, Any]) -> dict[str, Any]:
         """Whether other runs shared the machine during its timed steps (dstui.overlapped, dstui.overlap)."""
