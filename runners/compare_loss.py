@@ -34,6 +34,11 @@ decides whether a run must be bit-exact or gets a tolerance measured from a
 twin baseline's noise. Faults can be injected into the engine through
 ``$DSTUI_PARITY_INJECT`` (runners/parity_inject.py).
 
+A matrix of recipes can share one launch: ``--cases FILE`` runs several parity runs
+in the same ranks, each with its own argv, environment, metrics file, log and exit
+code (runners/parity_cases.py); on these tiny models that spends a few CPU-seconds
+a case instead of a rank start-up's ~12.
+
 ZeRO-3 and exactness: ZeRO-3 wraps the inputs and outputs of every module in
 identity autograd Functions (its backward hooks). They change no values but
 regroup how autograd sums the gradient of a tensor used three or more times
@@ -75,6 +80,7 @@ common.isolate_op_cache()
 common.skip_unused_imports()
 
 import deepspeed  # noqa: E402
+import parity_cases  # noqa: E402
 import parity_inject  # noqa: E402
 import process_group  # noqa: E402
 import torch  # noqa: E402
@@ -119,6 +125,17 @@ def run(args: argparse.Namespace) -> int:
         writer.close()
 
 
+def run_cases(launch: argparse.Namespace) -> int:
+    """``--cases``: each case run as a launch of its own would run it (runners/parity_cases.py)."""
+    cases = parity_cases.load(launch.cases)
+    parity_cases.refuse_mixed_topologies([parse_args(c.argv).pipeline_stages for c in cases])
+    # what the launcher gave this process, as it would give it to each case's own launch
+    given = [f"--local_rank={launch.local_rank}"] if launch.local_rank >= 0 else []
+    return parity_cases.run_all(cases, lambda argv: run(parse_args([*argv, *given])),
+                                rank=lambda: dist.get_rank() if dist.is_initialized() else 0, barrier=dist.barrier,
+                                cleared=(parity_inject.ENV, "DSTUI_METRICS_FILE"), on_error=process_group.exit_now)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit code: 0 PASS, 1 FAIL, 2 error.
 
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     try:
-        code = run(args)
+        code = run_cases(args) if args.cases else run(args)
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr, flush=True)

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "$DSTUI_PARITY_INJECT, runners/parity_inject.py, for faults inside the engine).")
     p.add_argument("--inject-step", "--inject_step", type=int, default=3,
                    help="Step whose gradient --inject grad perturbs (1-based).")
+    p.add_argument("--cases", default=None, metavar="FILE",
+                   help="Run several parity runs in this one launch, each with its own argv, environment, "
+                        "log and exit file (JSON; runners/parity_cases.py): the ranks start once.")
     return p
 
 

@@ -96,6 +96,8 @@ RECIPES: dict[str, tuple[dict, str | None]] = {
     "ga4_z2_clip_gas_twice": (recipe_config(2, gradient_clipping=0.01), "gas_scaled_twice:step=2"),
     "ga4_z2_clip_norm_doubled": (recipe_config(2, gradient_clipping=0.01), "norm_doubled:step=2"),
 }
+# the same case in a launch of its own: what a case run after others in shared ranks is held to
+RECIPES["ga4_z2_clip_norm_doubled_alone"] = RECIPES["ga4_z2_clip_norm_doubled"]
 CASE_ARGS = {"ga4_z3_skip_gas": ["--mirror-zero3-hooks"]}
 for _name in RECIPES:
     CASES[_name] = [*RECIPE, *CASE_ARGS.get(_name, [])]
@@ -175,7 +177,7 @@ def test_verdict_line() -> None:
 # -- end to end: the real launcher, two gloo ranks -----------------------------
 
 
-jobs = jobs_fixture(CASES, RECIPES)
+jobs = jobs_fixture(CASES, RECIPES, alone=("ga4_z2_clip_norm_doubled_alone",))
 _finished = finished
 
 
@@ -369,6 +371,33 @@ def test_a_wrong_clipping_norm_fails_though_the_gradients_agree(jobs: dict[str, 
     assert steps[2]["grad_norm_rel_diff"] == pytest.approx(1.0, rel=1e-4)
     assert steps[2]["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)  # the gradient before clipping is right
     assert "the gradients agree, the norm DeepSpeed clipped by does not" in summary["reason"], summary["reason"]
+
+
+# what the machine's state and timing decide, not the arithmetic
+TIMING = {"time", "iter_time", "tokens_per_s", "mem_alloc", "mem_peak", "iter_time_mean", "iter_time_std",
+          "tokens_per_s_mean", "compile_time", "mem_peak_max"}
+
+
+@pytest.mark.e2e
+@uses("ga4_z1_double_grad", "ga4_z2_clip_norm_doubled", "ga4_z2_clip_norm_doubled_alone")
+def test_a_case_run_beside_others_gives_the_bits_it_gives_alone(jobs: dict[str, Job]) -> None:
+    """``compare_loss.py --cases``: a case run after others in the same ranks (a fault injected in one of
+    them) records the same loss, gradients, parameters and verdict, bit for bit, as a launch of its own."""
+    shared, alone = finished(jobs, "ga4_z2_clip_norm_doubled"), finished(jobs, "ga4_z2_clip_norm_doubled_alone")
+    assert shared.position >= 1 and not alone.position  # ranks that had already run another case
+    assert shared.returncode == alone.returncode == 1, shared.output[-2000:] + alone.output[-2000:]
+
+    def arithmetic(job: Job, kind: str) -> list[dict]:
+        records = [{k: v for k, v in r.items() if k not in TIMING} for r in job.records(kind)]
+        for r in records:  # the files the two jobs were given
+            r.get("config", {}).pop("ds_config", None), r.get("config", {}).pop("metrics_file", None)
+        return records
+
+    assert len(arithmetic(shared, "step")) == 3
+    for kind in ("header", "step", "summary"):
+        assert arithmetic(shared, kind) == arithmetic(alone, kind), kind
+    verdict = [line for line in alone.output.splitlines() if line.startswith("FAIL (")]
+    assert len(verdict) == 1 and verdict[0] in shared.output.splitlines()
 
 
 # -- through the pipeline: `kind: verify` conditions, verdicts in MLflow ---------------------
