@@ -196,8 +196,12 @@ def test_sigint_to_the_cli_says_what_to_run(uri: str, tmp_path: Path) -> None:
     big_log(root / "train.log", 20000)
     # The import holds after its first 'sending' line until the test's SIGINT comes (at most 120 s):
     # unheld, under load 10-16 it sent all 20,000 lines before the signal arrived and exited 0.
+    # SIGINT is set to Python's handler first, as in a terminal's foreground job: a suite started in the
+    # background of a shell without job control (`pytest ... &`) has SIGINT ignored, children inherit
+    # that, and Python then leaves it ignored (the ctrl+c never arrived; the test hung until its timeout)
     code = textwrap.dedent("""
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import dstui.importer.reading as s
         s.PROGRESS_EVERY_S = 0.0
         said = s.Progress.pass_of
