@@ -137,7 +137,8 @@ def run_cases(launch: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit code: 0 PASS, 1 FAIL, 2 error.
+    """Exit code: 0 PASS, 1 FAIL, 2 error (with ``--cases``: 0 once every case ran, each case's code in its
+    exit file, 2 as soon as one errs).
 
     On an error the process leaves with ``os._exit``: a normal exit would run
     the process group's destructor, which blocks while the other rank waits in
