@@ -52,6 +52,11 @@ def test_kill_at_random_instants_of_the_first_store_creation_leaves_no_broken_ho
         after = rng.uniform(0, whole_s * 1.1)  # any instant of a creation, and a few just after it
         code, lived = creator.make(f"sqlite:///{store}", kill_after=after)
         tries.append((store, round(after, 2), code, store_state(str(store))))
+        if code == 0:
+            # this creation ended before its kill: a creation takes at most `after` now. The calibration
+            # alone, made under a suite's load, once took 5.7 s where later ones took 2 s, and 20 of 30
+            # kills came after the creation (a fresh clone's CI run)
+            whole_s = min(whole_s, after)
     broken = [t for t in tries if t[3] == "broken"]
     assert broken == [], f"seed {seed}: {broken}"
     killed = [t for t in tries if t[2] == -9]
