@@ -81,25 +81,16 @@ def uses(*names: str) -> Callable[[F], F]:
 def _launch(group: list[Job], base: Path, slots: threading.Semaphore) -> None:
     """One launch running ``group``'s cases in order; each job is done as soon as its exit file is there."""
     with slots:
-        first = group[0].name
-        cases = base / f"launch-{first}.json"
-        cases.write_text(json.dumps([{"argv": [*job.argv, "--metrics-file", str(job.metrics)], "env": job.env,
-                                      "log": str(job.log), "exit_file": str(_exit_file(job))} for job in group]))
         for position, job in enumerate(group):
             job.position = position
-        runner = ["--cases", str(cases)]
-        if group[0].alone:
-            runner = [*group[0].argv, "--metrics-file", str(group[0].metrics)]
+        runner, extra_env, launch_log = _how(group, base)
         # dstui's rank starter, what `dstui run` uses on one node (test_ranks_env.py: the ranks get
         # what DeepSpeed's launcher gives them); the launcher would import DeepSpeed twice per job
         cmd = [sys.executable, "-m", "dstui.execute.injob.ranks", "--nproc", "2",
                "--master-port", str(free_port()), "--", sys.executable, str(RUNNER), *runner]
         env = {k: v for k, v in os.environ.items() if k not in ("DSTUI_METRICS_FILE", "DSTUI_PARITY_INJECT")}
-        launch_log = group[0].log if group[0].alone else base / f"launch-{first}.log"
-        if group[0].alone:
-            env.update(group[0].env)
         with open(launch_log, "w") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**env, **extra_env})
             deadline = time.monotonic() + CASE_TIMEOUT_S * len(group)
             while True:
                 ended = _wait(proc, deadline)
@@ -109,7 +100,7 @@ def _launch(group: list[Job], base: Path, slots: threading.Semaphore) -> None:
                         job.done.set()
                 if ended:
                     break
-        if group[0].alone and proc.returncode is not None:
+        if group[0].alone:  # its exit code is the launch's
             group[0].returncode = proc.returncode
             group[0].done.set()
         for job in group:  # the launch ended before these cases ran: their logs say how it ended
@@ -119,6 +110,17 @@ def _launch(group: list[Job], base: Path, slots: threading.Semaphore) -> None:
                               f"this case finished]\n{launch_log.read_text(errors='replace')[-4000:]}")
                 job.returncode = -1
                 job.done.set()
+
+
+def _how(group: list[Job], base: Path) -> tuple[list[str], dict[str, str], Path]:
+    """The runner's arguments, the environment a launch adds, and the launch's own log."""
+    first = group[0]
+    if first.alone:  # a launch of its own, as before --cases: its argv, its environment, its log
+        return [*first.argv, "--metrics-file", str(first.metrics)], first.env, first.log
+    cases = base / f"launch-{first.name}.json"
+    cases.write_text(json.dumps([{"argv": [*job.argv, "--metrics-file", str(job.metrics)], "env": job.env,
+                                  "log": str(job.log), "exit_file": str(_exit_file(job))} for job in group]))
+    return ["--cases", str(cases)], {}, base / f"launch-{first.name}.log"
 
 
 def _exit_file(job: Job) -> Path:
